@@ -1,0 +1,151 @@
+"""The agent: a detached sidecar that outlives `exec` and serves the launcher while it runs.
+
+`bootseer exec` writes `agent.json` into the run directory (the launcher's pid, the store, a list of
+tasks) and starts `bootseer agent --run-dir D` in its own session. The agent runs each task in a
+thread (`TASKS` maps a task's kind to its handler), uploads the run's stage events early and again at
+the end, and when the launcher's pid ends (normally, by failure or by SIGKILL) tells every task to
+stop, waits for them to clean up (unmount, stop seeding) and exits. A task handler is
+`handler(task: dict, agent: Agent) -> None` and must return soon after `agent.stopping` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .events import RunInfo, upload
+
+# task kind -> "module:function"
+TASKS: dict[str, str] = {}
+
+STOP_GRACE_S = 30.0
+
+
+class Agent:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.run = RunInfo.load(run_dir)
+        self.spec: dict[str, Any] = json.loads((run_dir / "agent.json").read_text())
+        self.launcher_pid = int(self.spec["launcher_pid"])
+        self.stopping = threading.Event()
+        self._store: Any = None
+        self._lock = threading.Lock()
+
+    def log(self, msg: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+    @property
+    def store(self) -> Any:
+        with self._lock:
+            if self._store is None:
+                from .store import open_store
+
+                self._store = open_store(self.spec.get("store_uri"))
+            return self._store
+
+    @property
+    def ready_file(self) -> Path:
+        return self.run_dir / "ready"
+
+    def launcher_alive(self) -> bool:
+        try:
+            os.kill(self.launcher_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return not _is_zombie(self.launcher_pid)
+
+    def wait_launcher(self) -> None:
+        """Block until the launcher's pid has ended (pidfd where the kernel has it, else polling)."""
+        try:
+            fd = os.pidfd_open(self.launcher_pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            try:
+                while not self.stopping.is_set():
+                    ready, _, _ = select.select([fd], [], [], 1.0)
+                    if ready:
+                        return
+            finally:
+                os.close(fd)
+            return
+        while self.launcher_alive() and not self.stopping.is_set():  # pragma: no cover - old kernels
+            time.sleep(0.5)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds`; True when the agent is stopping (tasks use this to pace themselves)."""
+        return self.stopping.wait(seconds)
+
+    def upload_events(self) -> None:
+        try:
+            rel = upload(self.store, self.run)
+            if rel:
+                self.log(f"events uploaded to {rel}")
+        except Exception as e:
+            self.log(f"could not upload events: {e}")
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _run_task(agent: Agent, task: dict[str, Any]) -> None:
+    kind = task.get("kind", "")
+    target = TASKS.get(kind)
+    if target is None:
+        agent.log(f"unknown task kind {kind!r}: ignored")
+        return
+    module, func = target.split(":")
+    try:
+        getattr(importlib.import_module(module), func)(task, agent)
+    except Exception:
+        agent.log(f"task {kind} failed:\n{traceback.format_exc()}")
+
+
+def main(run_dir: Path) -> int:
+    agent = Agent(run_dir)
+    agent.log(f"agent for launcher pid {agent.launcher_pid}, run {agent.run.run}")
+    (run_dir / "agent.pid").write_text(str(os.getpid()))
+
+    def _on_term(signum: int, _frame: Any) -> None:
+        agent.stopping.set()
+
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+    threads = []
+    for task in agent.spec.get("tasks", []):
+        t = threading.Thread(target=_run_task, args=(agent, task), name=task.get("kind", "task"), daemon=True)
+        t.start()
+        threads.append(t)
+    agent.upload_events()
+    agent.wait_launcher()
+    agent.log("launcher ended; stopping tasks")
+    agent.stopping.set()
+    deadline = time.time() + STOP_GRACE_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.time()))
+    agent.upload_events()
+    with contextlib.suppress(FileNotFoundError):
+        (run_dir / "agent.pid").unlink()
+    agent.log("agent done")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(Path(sys.argv[1])))

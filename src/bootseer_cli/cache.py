@@ -1,0 +1,88 @@
+"""The node-local blob cache: verified blobs by digest, bounded in size, least recently used out first.
+
+A restart on the same node then costs no transfer at all. Recency is the file's mtime, touched on
+every hit, so the cache needs no index file that could be torn by a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from .store import Store, blob_path
+
+
+class BlobCache:
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+
+    def path(self, digest: str) -> Path:
+        return self.root / blob_path(digest).removeprefix("blobs/")
+
+    def get(self, digest: str) -> Path | None:
+        """The cached file, its recency refreshed; None on a miss."""
+        p = self.path(digest)
+        try:
+            os.utime(p)
+        except FileNotFoundError:
+            return None
+        return p
+
+    def fetch(self, store: Store, digest: str, progress: Callable[[int], None] | None = None) -> tuple[Path, int]:
+        """The blob from the cache, else from the store (verified). Returns (path, bytes transferred)."""
+        hit = self.get(digest)
+        if hit is not None:
+            return hit, 0
+        dest = self.path(digest)
+        n = store.fetch_blob(digest, dest, progress=progress)
+        self.evict(keep=digest)
+        return dest, n
+
+    def adopt(self, src: Path, digest: str) -> Path:
+        """Move a file already known to match `digest` into the cache (e.g. a freshly built snapshot)."""
+        dest = self.path(digest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dest)
+        self.evict(keep=digest)
+        return dest
+
+    def entries(self) -> list[tuple[float, int, Path]]:
+        out = []
+        if not self.root.exists():
+            return out
+        for p in self.root.glob("sha256/*/*"):
+            if p.name.startswith("."):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                st = p.stat()
+                out.append((st.st_mtime, st.st_size, p))
+        return out
+
+    def total_bytes(self) -> int:
+        return sum(size for _, size, _ in self.entries())
+
+    def evict(self, keep: str | None = None) -> int:
+        """Remove least recently used blobs until the cache fits; returns bytes freed."""
+        entries = sorted(self.entries())
+        total = sum(size for _, size, _ in entries)
+        freed = 0
+        for _, size, p in entries:
+            if total <= self.max_bytes:
+                break
+            if keep and p.name == keep:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                total -= size
+                freed += size
+        return freed
+
+
+def cache_from_config(cfg) -> BlobCache:  # type: ignore[no-untyped-def]
+    from .paths import blob_cache_dir
+
+    root = Path(cfg.get("store", "cache_dir")).expanduser() if cfg.get("store", "cache_dir") else blob_cache_dir()
+    return BlobCache(root, int(cfg.get("store", "cache_max_gb") * (1 << 30)))

@@ -1,0 +1,30 @@
+"""Exceptions that the CLI turns into one-line messages instead of tracebacks."""
+
+from __future__ import annotations
+
+
+class BootseerError(Exception):
+    """A user-facing failure: the message is printed as is and the process exits with `exit_code`."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class ConfigError(BootseerError):
+    """Bad configuration or bad arguments (exit 2, like a usage error)."""
+
+    exit_code = 2
+
+
+class StoreError(BootseerError):
+    """The store could not be reached, or returned something unusable."""
+
+    exit_code = 1
+
+
+class IntegrityError(StoreError):
+    """Data did not match its digest: never use it."""

@@ -1,0 +1,205 @@
+"""Stage events: what each startup stage cost on each node, first to a local JSONL file, then to the store.
+
+The JSONL file is written with one `write` per event (O_APPEND), so the launcher's processes, the
+agent and `bootseer_cli.ready()` can all append to it without locks. The agent (or `exec` itself
+when there is no agent) converts it to Parquet under `events/<job>/<node>-<run>.parquet`, which is
+what `bootseer report` reads with a pyarrow dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .paths import runs_dir
+
+# The Parquet schema; anything else an event carries goes, as JSON, into `extra`.
+COLUMNS: dict[str, str] = {
+    "job": "string",
+    "run": "string",
+    "node": "string",
+    "rank": "int64",
+    "stage": "string",
+    "start": "float64",
+    "end": "float64",
+    "duration_s": "float64",
+    "outcome": "string",
+    "cache": "string",
+    "bytes": "int64",
+    "bytes_from_store": "int64",
+    "bytes_from_peers": "int64",
+    "reason": "string",
+    "detail": "string",
+    "extra": "string",
+}
+OUTCOMES = ("hit", "miss", "built", "restored", "skipped", "failed", "fallback", "done", "ok")
+
+
+def _first_env(*names: str) -> str | None:
+    for n in names:
+        v = os.environ.get(n)
+        if v:
+            return v
+    return None
+
+
+@dataclass
+class RunInfo:
+    """Who is starting: the job, this node, this launch."""
+
+    job: str
+    node: str
+    rank: int
+    run: str
+    run_dir: Path
+
+    @classmethod
+    def new(cls) -> RunInfo:
+        job = _first_env("BOOTSEER_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+        if not job or job == "none":  # torchrun's default rdzv id is the literal "none"
+            job = time.strftime("job-%Y%m%d-%H%M%S")
+        node = os.environ.get("BOOTSEER_NODE") or socket.gethostname()
+        rank_text = _first_env("NODE_RANK", "GROUP_RANK", "SLURM_NODEID", "RANK") or "0"
+        try:
+            rank = int(rank_text)
+        except ValueError:
+            rank = 0
+        run = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+        run_dir = runs_dir() / run
+        run_dir.mkdir(parents=True, exist_ok=True)
+        info = cls(job=_clean(job), node=_clean(node), rank=rank, run=run, run_dir=run_dir)
+        (run_dir / "run.json").write_text(json.dumps(info.as_dict()))
+        return info
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunInfo:
+        d = json.loads((run_dir / "run.json").read_text())
+        return cls(job=d["job"], node=d["node"], rank=int(d["rank"]), run=d["run"], run_dir=run_dir)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "node": self.node, "rank": self.rank, "run": self.run}
+
+    @property
+    def events_file(self) -> Path:
+        return self.run_dir / "events.jsonl"
+
+    def store_path(self) -> str:
+        return f"events/{self.job}/{self.node}-{self.run}.parquet"
+
+
+def _clean(name: str) -> str:
+    """Job and node names become store path segments."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".") or "unknown"
+
+
+def append(events_file: Path, event: dict[str, Any]) -> None:
+    line = (json.dumps(event, sort_keys=True) + "\n").encode()
+    fd = os.open(events_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def record(
+    run: RunInfo,
+    stage: str,
+    start: float,
+    end: float,
+    outcome: str,
+    *,
+    cache: str = "",
+    bytes: int = 0,
+    bytes_from_store: int = 0,
+    bytes_from_peers: int = 0,
+    reason: str = "",
+    detail: str = "",
+    **extra: Any,
+) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        **run.as_dict(),
+        "stage": stage,
+        "start": start,
+        "end": end,
+        "duration_s": max(0.0, end - start),
+        "outcome": outcome,
+        "cache": cache,
+        "bytes": int(bytes),
+        "bytes_from_store": int(bytes_from_store),
+        "bytes_from_peers": int(bytes_from_peers),
+        "reason": reason,
+        "detail": detail,
+    }
+    if extra:
+        event["extra"] = json.dumps(extra, sort_keys=True, default=str)
+    append(run.events_file, event)
+    return event
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue  # a torn last line from a killed writer
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def to_table(events: list[dict[str, Any]]) -> Any:
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "float64": pa.float64(), "int64": pa.int64()}
+    schema = pa.schema([(name, types[t]) for name, t in COLUMNS.items()])
+    cols: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+    for e in events:
+        for name, t in COLUMNS.items():
+            v = e.get(name)
+            if v is None:
+                v = "" if t == "string" else (0.0 if t == "float64" else 0)
+            cols[name].append(v)
+    return pa.table(cols, schema=schema)
+
+
+def upload(store: Any, run: RunInfo) -> str | None:
+    """Write this run's events to the store as Parquet (replacing an earlier upload of the same run)."""
+    events = read_jsonl(run.events_file)
+    if not events:
+        return None
+    import pyarrow.parquet as pq
+
+    table = to_table(events)
+    tmp = run.run_dir / f".events-{uuid.uuid4().hex[:8]}.parquet"
+    pq.write_table(table, tmp)
+    try:
+        rel = run.store_path()
+        store.put_bytes(rel, tmp.read_bytes())
+    finally:
+        tmp.unlink(missing_ok=True)
+    return rel
+
+
+def load_table(store: Any, job: str | None = None) -> Any:
+    """All events of one job (or of every job) as one pyarrow table."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    prefix = f"events/{job}" if job else "events"
+    files = [store.path(p) for p in store.list(prefix, recursive=True) if p.endswith(".parquet")]
+    if not files:
+        return to_table([])
+    dataset = ds.dataset(files, format="parquet", filesystem=store.fs)
+    return dataset.to_table().cast(to_table([]).schema) if dataset.count_rows() else pa.table({})

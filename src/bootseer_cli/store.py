@@ -1,0 +1,452 @@
+"""The store: content-addressed blobs, small JSON refs and single-flight leases over any pyarrow.fs.
+
+Layout (DESIGN.md section 3)::
+
+    blobs/sha256/ab/<digest>      immutable, verified against the digest on every read
+    refs/<kind>/<key>.json        written last, after the blobs they name
+    leases/<key>                  single-flight: owner, expiry
+    ckpt/…, events/…              owned by their modules, through the generic put/get/list helpers
+
+Atomic publication. On filesystems with rename (file://, hdfs://) a blob or ref is written under a
+temporary name and renamed. Object stores (s3://, gs://) make an object visible only when its upload
+completes, so a blob is put under its final key directly; a failed upload is deleted, and since
+every reader verifies the digest and refs are written last, a partial object is never used.
+
+Leases. On file:// a lease is created with O_EXCL, which is atomic. pyarrow exposes no
+create-if-absent on object stores, so there a lease is taken by writing a unique owner id, waiting
+a settle time and reading it back: of several nodes that write within the settle window, exactly
+one (the last writer) reads back its own id. The guarantee holds as long as a write completes within
+`settle_s` (default 1 s; raise it for slow stores). Expired leases are taken over the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from .errors import IntegrityError, StoreError
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+CHUNK = 4 << 20
+KEEP_NAME = ".keep"
+SUPPORTED_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "")
+_OBJECT_STORES = ("s3", "gcs")
+
+Progress = Callable[[int], None]
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def blob_path(digest: str) -> str:
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise IntegrityError(f"not a sha256 digest: {digest!r}")
+    return f"blobs/sha256/{digest[:2]}/{digest}"
+
+
+def _safe_key(key: str) -> str:
+    """Ref and lease names come from digests and user names; keep them one path segment each."""
+    if not key or key.startswith(".") or "/" in key or "\\" in key or "\0" in key:
+        raise StoreError(f"invalid store key: {key!r}")
+    return key
+
+
+@dataclass
+class Lease:
+    store: Store
+    key: str
+    owner: str
+    expires: float
+
+    def release(self) -> None:
+        self.store.release_lease(self)
+
+    def renew(self, ttl_s: float) -> None:
+        self.expires = time.time() + ttl_s
+        self.store._write_lease_doc(self.key, self.owner, self.expires)
+
+
+class Store:
+    """A bootseer store at a pyarrow.fs URI (`file:///…`, `s3://bucket/prefix?endpoint_override=…`)."""
+
+    def __init__(self, uri: str, settle_s: float = 1.0) -> None:
+        self.uri = uri
+        self.settle_s = settle_s
+        scheme = urlparse(uri).scheme
+        if scheme not in SUPPORTED_SCHEMES:
+            raise StoreError(
+                f"store URI {uri!r}: unknown scheme {scheme!r} (use file://, s3://, gs://, hdfs:// or a path)"
+            )
+        import pyarrow.fs as pafs
+
+        try:
+            if scheme == "":
+                self.fs: pafs.FileSystem = pafs.LocalFileSystem()
+                self.root = str(Path(uri).expanduser().resolve())
+            elif scheme == "s3":
+                self.fs, self.root = _open_s3(uri)
+            else:
+                self.fs, self.root = pafs.FileSystem.from_uri(uri)
+        except Exception as e:  # pyarrow raises ArrowInvalid/OSError with a useful text
+            raise StoreError(f"store {uri!r}: {e}") from None
+        self.root = self.root.rstrip("/")
+        self.kind = self.fs.type_name  # "local", "s3", "gcs", "hdfs", …
+        self.is_local = self.kind == "local"
+        if self.is_local:
+            try:
+                Path(self.root).mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"store {uri!r}: cannot create {self.root}: {e.strerror}") from None
+
+    # ---- generic paths -------------------------------------------------------------------------
+    def path(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if self.root else rel
+
+    def exists(self, rel: str) -> bool:
+        import pyarrow.fs as pafs
+
+        try:
+            return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+        except OSError as e:
+            raise StoreError(f"store {self.uri}: cannot stat {rel}: {e}") from None
+
+    def size(self, rel: str) -> int:
+        import pyarrow.fs as pafs
+
+        info = self.fs.get_file_info(self.path(rel))
+        if info.type == pafs.FileType.NotFound:
+            raise StoreError(f"store {self.uri}: {rel} not found")
+        return int(info.size or 0)
+
+    def _ensure_parent(self, rel: str) -> None:
+        parent = self.path(rel).rsplit("/", 1)[0]
+        if not self.kind.startswith(_OBJECT_STORES):
+            self.fs.create_dir(parent, recursive=True)
+
+    @contextlib.contextmanager
+    def _atomic_output(self, rel: str) -> Iterator[IO[bytes]]:
+        """A stream that appears at `rel` whole or not at all (see the module docstring)."""
+        self._ensure_parent(rel)
+        final = self.path(rel)
+        direct = self.kind in _OBJECT_STORES
+        target = final if direct else f"{final}.tmp-{uuid.uuid4().hex[:12]}"
+        out = self.fs.open_output_stream(target)
+        try:
+            yield out
+            out.close()
+            if not direct:
+                self.fs.move(target, final)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                out.close()
+            with contextlib.suppress(Exception):
+                self.fs.delete_file(target)
+            raise
+
+    def put_bytes(self, rel: str, data: bytes) -> None:
+        try:
+            with self._atomic_output(rel) as out:
+                out.write(data)
+        except OSError as e:
+            raise StoreError(f"store {self.uri}: cannot write {rel}: {e}") from None
+
+    def get_bytes(self, rel: str) -> bytes | None:
+        """The whole object, or None when it does not exist."""
+        try:
+            with self.fs.open_input_stream(self.path(rel)) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if "not found" in str(e).lower() or "no such file" in str(e).lower():
+                return None
+            raise StoreError(f"store {self.uri}: cannot read {rel}: {e}") from None
+
+    def delete(self, rel: str) -> None:
+        if self.kind not in _OBJECT_STORES:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(self.path(rel))
+            return
+        self._keep_prefix(rel)
+        try:
+            self.fs.delete_file(self.path(rel))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            # The object is deleted before pyarrow writes the parent marker; a server that refuses
+            # the marker (the prefix is a real directory there) has still done the delete.
+            if self.exists(rel):
+                raise
+
+    def _keep_prefix(self, rel: str) -> None:
+        """Make sure a delete never empties its prefix on an object store.
+
+        pyarrow writes a "directory marker" object after a delete, and S3 servers that map keys to
+        files (rclone's `serve s3`) store it, when the delete emptied the prefix, as an empty *file*
+        named like the prefix, after which nothing can be written under the prefix again. A hidden
+        `.keep` object keeps the prefix non-empty, on every server, for one small PUT per prefix.
+        """
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        keep = f"{parent}/{KEEP_NAME}" if parent else KEEP_NAME
+        if not self.exists(keep):
+            with self.fs.open_output_stream(self.path(keep)) as out:
+                out.write(b"")
+
+    def delete_dir(self, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_dir(self.path(rel))
+
+    def list(self, prefix: str, recursive: bool = False) -> list[str]:
+        """Relative paths of the files under `prefix` (empty when it does not exist)."""
+        import pyarrow.fs as pafs
+
+        sel = pafs.FileSelector(self.path(prefix), allow_not_found=True, recursive=recursive)
+        try:
+            infos = self.fs.get_file_info(sel)
+        except OSError as e:
+            raise StoreError(f"store {self.uri}: cannot list {prefix}: {e}") from None
+        cut = len(self.root) + 1 if self.root else 0
+        return sorted(
+            i.path[cut:]
+            for i in infos
+            if i.type == pafs.FileType.File and ".tmp-" not in i.path and i.base_name != KEEP_NAME
+        )
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        import pyarrow.fs as pafs
+
+        sel = pafs.FileSelector(self.path(prefix), allow_not_found=True)
+        infos = self.fs.get_file_info(sel)
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+    def open_input(self, rel: str) -> Any:
+        """A random-access file (pyarrow NativeFile: read_at, seek, size) for ranged reads."""
+        try:
+            return self.fs.open_input_file(self.path(rel))
+        except OSError as e:
+            raise StoreError(f"store {self.uri}: cannot open {rel}: {e}") from None
+
+    # ---- blobs ---------------------------------------------------------------------------------
+    def has_blob(self, digest: str) -> bool:
+        return self.exists(blob_path(digest))
+
+    def blob_size(self, digest: str) -> int:
+        return self.size(blob_path(digest))
+
+    def put_blob_file(self, path: Path, digest: str | None = None, progress: Progress | None = None) -> str:
+        """Upload a local file as a blob; returns its digest. A blob already present is not re-sent."""
+        digest = digest or _sha256_file(path)
+        rel = blob_path(digest)
+        if self.exists(rel) and self.size(rel) == path.stat().st_size:
+            if progress:
+                progress(path.stat().st_size)
+            return digest
+        try:
+            with open(path, "rb") as src, self._atomic_output(rel) as out:
+                while chunk := src.read(CHUNK):
+                    out.write(chunk)
+                    if progress:
+                        progress(len(chunk))
+        except OSError as e:
+            raise StoreError(f"store {self.uri}: cannot upload blob {digest[:12]}: {e}") from None
+        return digest
+
+    def put_blob_bytes(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        if not self.exists(blob_path(digest)):
+            self.put_bytes(blob_path(digest), data)
+        return digest
+
+    def get_blob_bytes(self, digest: str) -> bytes:
+        data = self.get_bytes(blob_path(digest))
+        if data is None:
+            raise StoreError(f"store {self.uri}: blob {digest[:12]} not found")
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise IntegrityError(f"blob {digest[:12]} in {self.uri} does not match its digest")
+        return data
+
+    def fetch_blob(self, digest: str, dest: Path, progress: Progress | None = None) -> int:
+        """Download a blob to `dest`, verified; `dest` appears only if the digest matches."""
+        rel = blob_path(digest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.part-{uuid.uuid4().hex[:8]}")
+        h = hashlib.sha256()
+        n = 0
+        try:
+            with self.fs.open_input_stream(self.path(rel)) as src, open(tmp, "wb") as out:
+                while chunk := src.read(CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                    n += len(chunk)
+                    if progress:
+                        progress(len(chunk))
+            if h.hexdigest() != digest:
+                raise IntegrityError(f"blob {digest[:12]} from {self.uri} does not match its digest")
+            os.replace(tmp, dest)
+        except FileNotFoundError:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"store {self.uri}: blob {digest[:12]} not found") from None
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"store {self.uri}: cannot download blob {digest[:12]}: {e}") from None
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return n
+
+    def delete_blob(self, digest: str) -> None:
+        self.delete(blob_path(digest))
+
+    # ---- refs ----------------------------------------------------------------------------------
+    def ref_path(self, kind: str, key: str) -> str:
+        return f"refs/{_safe_key(kind)}/{_safe_key(key)}.json"
+
+    def write_ref(self, kind: str, key: str, doc: dict[str, Any]) -> None:
+        self.put_bytes(self.ref_path(kind, key), json.dumps(doc, indent=1, sort_keys=True).encode())
+
+    def read_ref(self, kind: str, key: str) -> dict[str, Any] | None:
+        data = self.get_bytes(self.ref_path(kind, key))
+        if data is None:
+            return None
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            raise IntegrityError(f"ref {kind}/{key[:16]} in {self.uri} is not valid JSON") from None
+        if not isinstance(doc, dict):
+            raise IntegrityError(f"ref {kind}/{key[:16]} in {self.uri} is not a JSON object")
+        return doc
+
+    def delete_ref(self, kind: str, key: str) -> None:
+        self.delete(self.ref_path(kind, key))
+
+    def list_refs(self, kind: str) -> list[str]:
+        return [
+            p.rsplit("/", 1)[1][: -len(".json")] for p in self.list(f"refs/{_safe_key(kind)}") if p.endswith(".json")
+        ]
+
+    # ---- leases --------------------------------------------------------------------------------
+    def _lease_rel(self, key: str) -> str:
+        return f"leases/{_safe_key(key)}"
+
+    def _write_lease_doc(self, key: str, owner: str, expires: float) -> None:
+        doc = {"owner": owner, "expires": expires, "host": socket.gethostname(), "pid": os.getpid()}
+        self.put_bytes(self._lease_rel(key), json.dumps(doc).encode())
+
+    def read_lease(self, key: str) -> dict[str, Any] | None:
+        data = self.get_bytes(self._lease_rel(key))
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            return {"owner": "", "expires": 0.0}  # a torn lease is a stale lease
+
+    def try_lease(self, key: str, ttl_s: float) -> Lease | None:
+        """Take the single-flight lease for `key`, or None if another live owner holds it."""
+        owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        expires = time.time() + ttl_s
+        doc = json.dumps({"owner": owner, "expires": expires, "host": socket.gethostname(), "pid": os.getpid()})
+        if self.is_local:
+            full = Path(self.path(self._lease_rel(key)))
+            full.parent.mkdir(parents=True, exist_ok=True)
+            for _ in range(2):
+                try:
+                    fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    current = self.read_lease(key)
+                    if current is not None and current.get("expires", 0) > time.time():
+                        return None
+                    # Stale: remove it by renaming it away (atomic), so only one taker succeeds.
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rename(full, f"{full}.stale-{uuid.uuid4().hex[:8]}")
+                        for p in full.parent.glob(f"{full.name}.stale-*"):
+                            p.unlink(missing_ok=True)
+                    continue
+                with os.fdopen(fd, "w") as f:
+                    f.write(doc)
+                return Lease(self, key, owner, expires)
+            return None
+        current = self.read_lease(key)
+        if current is not None and current.get("expires", 0) > time.time():
+            return None
+        self._write_lease_doc(key, owner, expires)
+        time.sleep(self.settle_s)
+        current = self.read_lease(key)
+        if current is not None and current.get("owner") == owner:
+            return Lease(self, key, owner, expires)
+        return None
+
+    def release_lease(self, lease: Lease) -> None:
+        current = self.read_lease(lease.key)
+        if current is not None and current.get("owner") == lease.owner:
+            self.delete(self._lease_rel(lease.key))
+
+    # ---- health --------------------------------------------------------------------------------
+    def check_writable(self) -> None:
+        """Write, read back and delete a probe object (used by `doctor`)."""
+        rel = f"leases/.probe-{uuid.uuid4().hex[:12]}"
+        payload = uuid.uuid4().bytes
+        self.put_bytes(rel, payload)
+        try:
+            if self.get_bytes(rel) != payload:
+                raise StoreError(f"store {self.uri}: a probe object did not read back")
+        finally:
+            self.delete(rel)
+
+
+def _open_s3(uri: str) -> tuple[Any, str]:
+    """pyarrow's S3FileSystem from an `s3://` URI, with directory-existence checks turned on.
+
+    `FileSystem.from_uri` cannot set `check_directory_existence_before_creation`; without it
+    every delete writes a parent "directory marker", which breaks S3 servers that map keys to files
+    (see `Store._keep_prefix`).
+    """
+    from urllib.parse import parse_qsl, unquote
+
+    import pyarrow.fs as pafs
+
+    parsed = urlparse(uri)
+    kwargs: dict[str, Any] = {"check_directory_existence_before_creation": True}
+    if parsed.username:
+        kwargs["access_key"] = unquote(parsed.username)
+        kwargs["secret_key"] = unquote(parsed.password or "")
+    for name, value in parse_qsl(parsed.query):
+        if name in ("region", "scheme", "endpoint_override", "session_token", "role_arn", "session_name"):
+            kwargs[name] = value
+        elif name in ("allow_bucket_creation", "allow_bucket_deletion", "force_virtual_addressing"):
+            kwargs[name] = value.lower() in ("1", "true", "yes")
+        elif name in ("connect_timeout", "request_timeout"):
+            kwargs[name] = float(value)
+        else:
+            raise StoreError(f"store URI {uri!r}: unknown S3 option {name!r}")
+    bucket = parsed.hostname or ""
+    if not bucket:
+        raise StoreError(f"store URI {uri!r}: no bucket")
+    return pafs.S3FileSystem(**kwargs), f"{bucket}{parsed.path}".rstrip("/")
+
+
+def open_store(uri: str | None) -> Store:
+    from .paths import default_store_uri
+
+    return Store(uri or default_store_uri())
+
+
+def store_from_config(cfg: Any) -> Store:
+    return open_store(cfg.get("store", "uri"))
