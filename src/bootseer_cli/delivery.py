@@ -39,3 +39,12 @@ def fetch_blob(
         return Fetched(hit, "cache")
     path, n = cache.fetch(store, digest, progress=progress)
     return Fetched(path, "store", bytes_from_store=n)
+
+
+def after_publish(cfg: Any, store: Any, digest: str, path: Path) -> dict[str, Any]:
+    """Called by whoever publishes a blob that many nodes will fetch (a snapshot, a stripe).
+
+    Returns extra fields for the ref that names the blob (e.g. the digest of its torrent, when
+    [p2p] is enabled), so the swarm can find it. Nothing to add without P2P.
+    """
+    return {}
