@@ -250,12 +250,20 @@ def execute(cfg: Config, command: list[str], skip: set[str] | None = None) -> No
                 "BOOTSEER_EXEC_TIME": f"{time.time():.6f}",
             }
         )
-        record(run, "bootseer", t0, time.time(), "done", detail=f"{len(active)} stage(s)")
+        record(run, "bootseer", t0, time.time(), "done", detail=f"{len(active)} stage(s)", **_launcher_facts(command))
         if cfg.get("exec", "agent"):
             _spawn_agent(ctx, os.getpid())
         else:
             _upload_quietly(ctx)
     _exec(command, env)
+
+
+def _launcher_facts(command: list[str]) -> dict[str, Any]:
+    """GPUs per node as the launcher will see them, for the report's "GPU time wasted" (import-free)."""
+    from .report.gpus import gpus_hint
+
+    hint = gpus_hint(command, os.environ)
+    return {"gpus": hint[0], "gpus_from": hint[1]} if hint else {}
 
 
 def _upload_quietly(ctx: LaunchContext) -> None:

@@ -1,0 +1,58 @@
+"""How many GPUs a node's launcher will use, guessed at `exec` time from its command line and environment.
+
+`bootseer exec` runs before torchrun sets LOCAL_WORLD_SIZE for its workers, so the count is read from
+what the launcher is about to be told: `--nproc-per-node N` (torchrun), `--num_gpus N` (deepspeed),
+`--num_processes N` (accelerate, per machine when `--num_machines` is given), then the scheduler's
+and the container's environment. The report uses it for "GPU time wasted". Import-free on purpose:
+it runs on the `exec` fast path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+# command-line options whose value is the number of processes (one per GPU) on this node
+_PER_NODE_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
+_TOTAL_FLAGS = ("--num_processes", "--num-processes")
+_MACHINES_FLAGS = ("--num_machines", "--num-machines")
+# environment variables, most specific first
+_ENV_COUNTS = ("LOCAL_WORLD_SIZE", "SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE", "PET_NPROC_PER_NODE")
+_ENV_LISTS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def _option(command: Sequence[str], names: tuple[str, ...]) -> str | None:
+    for i, arg in enumerate(command):
+        for name in names:
+            if arg == name and i + 1 < len(command):
+                return command[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def _positive(text: str | None) -> int | None:
+    try:
+        n = int(str(text).strip().split("(")[0])  # SLURM writes "8(x2)" for repeated counts
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None
+
+
+def gpus_hint(command: Sequence[str], environ: Mapping[str, str]) -> tuple[int, str] | None:
+    """(GPUs per node, where that came from), or None when nothing says."""
+    value = _positive(_option(command, _PER_NODE_FLAGS))
+    if value:
+        return value, "command line"
+    total = _positive(_option(command, _TOTAL_FLAGS))
+    if total:
+        machines = _positive(_option(command, _MACHINES_FLAGS)) or 1
+        return max(1, total // machines), "command line"
+    for name in _ENV_COUNTS:
+        value = _positive(environ.get(name))
+        if value:
+            return value, f"${name}"
+    for name in _ENV_LISTS:
+        devices = environ.get(name, "").strip()
+        if devices and devices.lower() not in ("none", "void", "all", "-1"):
+            return len([d for d in devices.split(",") if d.strip()]), f"${name}"
+    return None
