@@ -26,7 +26,10 @@ from typing import Any
 from .events import RunInfo, upload
 
 # task kind -> "module:function"
-TASKS: dict[str, str] = {}
+TASKS: dict[str, str] = {
+    "hot-record": "bootseer_cli.hotblocks.tasks:record_task",
+    "hot-prefetch": "bootseer_cli.hotblocks.tasks:prefetch_task",
+}
 
 STOP_GRACE_S = 30.0
 

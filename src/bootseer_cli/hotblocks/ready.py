@@ -1,0 +1,103 @@
+"""When is a start over? `[image] ready`: "call", "quiet", or a number of seconds.
+
+- "call": the training script calls `bootseer_cli.ready()`, which touches `ready` in the run dir.
+- "quiet": the resident set of the launcher's process tree has stopped growing for `QUIET_S`
+  (imports and library loads grow it; a training loop does not).
+- a number: that many seconds after the launcher started.
+
+Every mode also ends when the launcher exits (a short program's whole run is its start) and after
+`MAX_WAIT_S` at most, so a record is never waited for forever.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import ConfigError
+
+QUIET_S = 3.0
+QUIET_GROWTH = 1 << 20  # growth under 1 MiB per QUIET_S window counts as quiet
+POLL_S = 0.25
+MAX_WAIT_S = 1800.0
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def parse_mode(value: object) -> str | float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"[image] ready: {value} is negative")
+        return float(value)
+    text = str(value).strip().lower()
+    if text in ("call", "quiet"):
+        return text
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ConfigError(f'[image] ready: {value!r} is not "call", "quiet" or a number of seconds') from None
+    if seconds < 0:
+        raise ConfigError(f"[image] ready: {value} is negative")
+    return seconds
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of `pid` and all its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    total = 0
+    stack = [pid]
+    seen: set[int] = set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * _PAGE
+        except (OSError, IndexError, ValueError):
+            pass
+        stack.extend(children.get(p, ()))
+    return total
+
+
+def wait_ready(
+    mode: str | float,
+    pid: int,
+    ready_file: Path,
+    alive: Callable[[], bool],
+    sleep: Callable[[float], bool],
+    started: float | None = None,
+) -> str:
+    """Block until the start is over; returns why: "ready", "quiet", "timer", "exit" or "timeout".
+
+    `sleep(s)` returns True when the caller is being stopped (then this returns "exit").
+    """
+    started = time.time() if started is None else started
+    last_rss, last_change = -1, time.monotonic()
+    while True:
+        if mode == "call" and ready_file.exists():
+            return "ready"
+        if isinstance(mode, float) and time.time() - started >= mode:
+            return "timer"
+        if mode == "quiet":
+            rss = tree_rss(pid)
+            now = time.monotonic()
+            if last_rss < 0 or rss - last_rss >= QUIET_GROWTH:
+                last_rss, last_change = rss, now
+            elif now - last_change >= QUIET_S:
+                return "quiet"
+        if time.time() - started >= MAX_WAIT_S:
+            return "timeout"
+        if not alive() or sleep(POLL_S):
+            return "exit"

@@ -1,0 +1,215 @@
+"""Hot-block records: which byte ranges of which files a start read, and how to store them.
+
+A record is a Parquet table of extents `(path, offset, length)`, sorted by path and offset, whose
+key-value metadata (`bootseer.hot`, JSON) holds the image key, the page size, the roots, the size and
+mtime of every file that has extents (so replay can tell a stale file), the bytes under the roots
+(for "share of the roots") and when and where it was taken. It is published as an immutable blob,
+and `refs/hot/<image_key>.json` names it (written last, DESIGN.md section 3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import IntegrityError
+from .pagecache import PAGE_SIZE, FileInfo, resident_runs, walk_files
+
+FORMAT = 1
+META_KEY = b"bootseer.hot"
+REF_KIND = "hot"
+# Resident runs this close together are read as one extent: one larger read costs less than two
+# round trips on a lazily loaded image, and the gap is rarely more than readahead left out.
+GAP_BYTES = 64 << 10
+
+
+@dataclass
+class Record:
+    image_key: str
+    roots: list[str]
+    page_size: int = PAGE_SIZE
+    files: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (size, mtime_ns)
+    extents: list[tuple[str, int, int]] = field(default_factory=list)  # (path, offset, length)
+    roots_bytes: int = 0
+    roots_files: int = 0
+    created: float = 0.0
+    creator: str = ""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(n for _, _, n in self.extents)
+
+    def bytes_by_file(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for path, _, n in self.extents:
+            out[path] = out.get(path, 0) + n
+        return out
+
+
+def coalesce(
+    runs: Iterable[tuple[int, int]], page_size: int, file_size: int, gap: int = GAP_BYTES
+) -> list[tuple[int, int]]:
+    """Page runs → byte extents (offset, length), neighbours closer than `gap` merged, clipped to the file."""
+    out: list[list[int]] = []
+    for first, count in runs:
+        start = first * page_size
+        end = min((first + count) * page_size, file_size)
+        if end <= start:
+            continue
+        if out and start - out[-1][1] <= gap:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(s, e - s) for s, e in out]
+
+
+def scan(image_key: str, roots: list[str], files: Iterable[FileInfo] | None = None) -> Record:
+    """Take a record now: every file under `roots` with resident pages, as coalesced extents."""
+    rec = Record(image_key=image_key, roots=list(roots), created=time.time(), creator=socket.gethostname())
+    for f in files if files is not None else walk_files(roots):
+        rec.roots_files += 1
+        rec.roots_bytes += f.size
+        if f.size <= 0:
+            continue
+        extents = coalesce(resident_runs(f.path, f.size), PAGE_SIZE, f.size)
+        if extents:
+            rec.files[f.path] = (f.size, f.mtime_ns)
+            rec.extents.extend((f.path, off, n) for off, n in extents)
+    rec.extents.sort()
+    return rec
+
+
+def to_parquet(rec: Record) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = {
+        "format": FORMAT,
+        "image_key": rec.image_key,
+        "page_size": rec.page_size,
+        "roots": rec.roots,
+        "roots_bytes": rec.roots_bytes,
+        "roots_files": rec.roots_files,
+        "created": rec.created,
+        "creator": rec.creator,
+        "files": {p: [s, m] for p, (s, m) in sorted(rec.files.items())},
+    }
+    table = pa.table(
+        {
+            "path": pa.array([e[0] for e in rec.extents], pa.string()),
+            "offset": pa.array([e[1] for e in rec.extents], pa.int64()),
+            "length": pa.array([e[2] for e in rec.extents], pa.int64()),
+        }
+    ).replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+def from_parquet(data: bytes) -> Record:
+    """Parse a record; anything malformed is an IntegrityError (the store is not trusted)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+        meta = json.loads((table.schema.metadata or {})[META_KEY])
+        paths = table.column("path").to_pylist()
+        offsets = table.column("offset").to_pylist()
+        lengths = table.column("length").to_pylist()
+        rec = Record(
+            image_key=str(meta["image_key"]),
+            roots=[str(r) for r in meta["roots"]],
+            page_size=int(meta["page_size"]),
+            files={str(p): (int(v[0]), int(v[1])) for p, v in meta["files"].items()},
+            extents=list(zip(paths, offsets, lengths, strict=True)),
+            roots_bytes=int(meta.get("roots_bytes", 0)),
+            roots_files=int(meta.get("roots_files", 0)),
+            created=float(meta.get("created", 0.0)),
+            creator=str(meta.get("creator", "")),
+        )
+    except (KeyError, ValueError, TypeError, OSError, pa.ArrowException) as e:
+        raise IntegrityError(f"hot-block record is malformed: {e}") from None
+    for path, off, n in rec.extents:
+        if not isinstance(path, str) or not os.path.isabs(path) or off is None or n is None or off < 0 or n <= 0:
+            raise IntegrityError(f"hot-block record has a bad extent: {path!r} {off} {n}")
+        if path not in rec.files:
+            raise IntegrityError(f"hot-block record has an extent for an unlisted file: {path}")
+    return rec
+
+
+def publish(store: Any, rec: Record) -> dict[str, Any]:
+    """Store the record as a blob, then its ref (last, so a reader never sees a ref without its blob)."""
+    data = to_parquet(rec)
+    digest = store.put_blob_bytes(data)
+    doc = {
+        "format": FORMAT,
+        "blob": digest,
+        "size": len(data),
+        "files": len(rec.files),
+        "extents": len(rec.extents),
+        "bytes": rec.total_bytes,
+        "roots": rec.roots,
+        "roots_bytes": rec.roots_bytes,
+        "created": rec.created,
+        "creator": rec.creator,
+    }
+    store.write_ref(REF_KIND, rec.image_key, doc)
+    return doc
+
+
+def load(cfg: Any, store: Any, image_key: str) -> tuple[Record, dict[str, Any]] | None:
+    """The published record for `image_key` (fetched through the node cache), or None."""
+    from ..delivery import fetch_blob
+
+    doc = store.read_ref(REF_KIND, image_key)
+    if doc is None:
+        return None
+    digest = doc.get("blob")
+    if not isinstance(digest, str):
+        raise IntegrityError(f"ref hot/{image_key[:16]} names no blob")
+    fetched = fetch_blob(cfg, store, digest)
+    rec = from_parquet(fetched.path.read_bytes())
+    doc = dict(doc, _source=fetched.source, _bytes_from_store=fetched.bytes_from_store)
+    return rec, doc
+
+
+@dataclass
+class Staleness:
+    fresh_files: int = 0
+    stale_files: list[str] = field(default_factory=list)
+    fresh_bytes: int = 0
+    stale_bytes: int = 0
+
+    @property
+    def stale_share(self) -> float:
+        total = self.fresh_bytes + self.stale_bytes
+        return self.stale_bytes / total if total else 0.0
+
+
+def check(rec: Record) -> tuple[Staleness, set[str]]:
+    """Which of the record's files still have the size and mtime they had; returns (counts, fresh paths)."""
+    st = Staleness()
+    fresh: set[str] = set()
+    by_file = rec.bytes_by_file()
+    for path, (size, mtime_ns) in rec.files.items():
+        n = by_file.get(path, 0)
+        try:
+            s = os.stat(path)
+            ok = stat.S_ISREG(s.st_mode) and s.st_size == size and s.st_mtime_ns == mtime_ns
+        except OSError:
+            ok = False
+        if ok:
+            st.fresh_files += 1
+            st.fresh_bytes += n
+            fresh.add(path)
+        else:
+            st.stale_files.append(path)
+            st.stale_bytes += n
+    return st, fresh
