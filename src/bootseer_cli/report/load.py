@@ -1,0 +1,137 @@
+"""Reading stage events from the store: one job, the most recent job, or every job in a time window.
+
+The events are Parquet files under `events/<job>/<node>-<run>.parquet`; they are read as one pyarrow
+dataset (parallel reads, only the columns needed), so a job of thousands of nodes loads in seconds.
+A file that cannot be read (a torn upload from a killed agent, a foreign file) is skipped with a
+warning rather than failing the whole report.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import BootseerError, ConfigError
+from ..events import COLUMNS
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_since(text: str) -> float:
+    """'7d', '12h', '30m', '90s', '2w' → seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text or "")
+    if not m:
+        raise ConfigError(f"--since {text!r}: expected a duration like 7d, 12h, 30m, 2w")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+@dataclass
+class EventFile:
+    job: str
+    rel: str
+    mtime: float
+
+
+def list_event_files(store: Any, job: str | None = None) -> list[EventFile]:
+    """The Parquet event files of one job (or all jobs), with their modification times."""
+    import pyarrow.fs as pafs
+
+    if job is not None and (not job or "/" in job or job.startswith(".")):
+        raise ConfigError(f"--job {job!r}: not a job name")
+    prefix = f"events/{job}" if job else "events"
+    sel = pafs.FileSelector(store.path(prefix), allow_not_found=True, recursive=True)
+    try:
+        infos = store.fs.get_file_info(sel)
+    except OSError as e:
+        raise BootseerError(f"store {store.uri}: cannot list {prefix}: {e}") from None
+    cut = len(store.root) + 1 if store.root else 0
+    out = []
+    for info in infos:
+        if info.type != pafs.FileType.File or not info.path.endswith(".parquet") or ".tmp-" in info.path:
+            continue
+        rel = info.path[cut:]
+        parts = rel.split("/")
+        if len(parts) != 3:
+            continue
+        mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+        out.append(EventFile(job=parts[1], rel=rel, mtime=mtime))
+    return out
+
+
+def read_events(store: Any, files: list[EventFile], since: float | None = None) -> list[dict[str, Any]]:
+    """The events in `files` as row dicts (all columns), optionally only those that started after `since`."""
+    if not files:
+        return []
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    schema = pa.schema(
+        [(n, {"string": pa.string(), "float64": pa.float64(), "int64": pa.int64()}[t]) for n, t in COLUMNS.items()]
+    )
+    paths = [store.path(f.rel) for f in files]
+    flt = ds.field("end") >= since if since is not None else None
+    try:
+        table = ds.dataset(paths, format="parquet", filesystem=store.fs, schema=schema).to_table(filter=flt)
+    except (OSError, pa.ArrowException):
+        table = _read_one_by_one(store, paths, schema, flt)
+    return table.to_pylist()
+
+
+def _read_one_by_one(store: Any, paths: list[str], schema: Any, flt: Any) -> Any:
+    """Slow path when one file is damaged: read each alone and skip (loudly) the bad ones."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    tables = []
+    for p in paths:
+        try:
+            tables.append(ds.dataset([p], format="parquet", filesystem=store.fs, schema=schema).to_table(filter=flt))
+        except (OSError, pa.ArrowException) as e:
+            print(f"bootseer: warning: skipping unreadable event file {p}: {e}", file=sys.stderr)
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def load_job(store: Any, job: str) -> list[dict[str, Any]]:
+    files = list_event_files(store, job)
+    if not files:
+        raise BootseerError(f"no events for job {job!r} in {store.uri} (jobs: {_some_jobs(store)})")
+    return read_events(store, files)
+
+
+def last_job(store: Any) -> str:
+    """The job with the most recent event.
+
+    Files are shortlisted by upload time (one listing, no reads); the few newest jobs are then read
+    (only `job` and `end`) to compare the events themselves.
+    """
+    files = list_event_files(store)
+    if not files:
+        raise BootseerError(f"no stage events in {store.uri} yet: run `bootseer exec` with a configured stage first")
+    newest: dict[str, float] = {}
+    for f in files:
+        newest[f.job] = max(newest.get(f.job, 0.0), f.mtime)
+    shortlist = sorted(newest, key=lambda j: newest[j], reverse=True)[:3]
+    best, best_end = shortlist[0], -1.0
+    for job in shortlist:
+        rows = read_events(store, [f for f in files if f.job == job])
+        end = max((float(r["end"] or 0.0) for r in rows), default=-1.0)
+        if end > best_end:
+            best, best_end = job, end
+    return best
+
+
+def load_since(store: Any, seconds: float, now: float | None = None) -> list[dict[str, Any]]:
+    """Every job's events that ended within the last `seconds`."""
+    since = (now if now is not None else time.time()) - seconds
+    files = [f for f in list_event_files(store) if f.mtime == 0.0 or f.mtime >= since]
+    return read_events(store, files, since=since)
+
+
+def _some_jobs(store: Any) -> str:
+    jobs = sorted({f.job for f in list_event_files(store)})
+    if not jobs:
+        return "none"
+    return ", ".join(jobs[:5]) + (f", … ({len(jobs)} in all)" if len(jobs) > 5 else "")
