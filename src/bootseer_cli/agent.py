@@ -29,6 +29,7 @@ from .events import RunInfo, upload
 TASKS: dict[str, str] = {
     "hot-record": "bootseer_cli.hotblocks.tasks:record_task",
     "hot-prefetch": "bootseer_cli.hotblocks.tasks:prefetch_task",
+    "seed": "bootseer_cli.p2p.seed:run_seed",
 }
 
 STOP_GRACE_S = 30.0

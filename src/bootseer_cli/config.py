@@ -69,6 +69,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "seed_s": (float, 300.0),
         "origin_mbps": (float, 0.0),
         "deadline_s": (float, 30.0),
+        "host": (str, None),  # address to listen on and announce; None: the one that routes to the store
     },
     "report": {
         "gpus_per_node": (int, 8),

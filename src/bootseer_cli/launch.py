@@ -250,6 +250,9 @@ def execute(cfg: Config, command: list[str], skip: set[str] | None = None) -> No
                 "BOOTSEER_EXEC_TIME": f"{time.time():.6f}",
             }
         )
+        from .delivery import handoff
+
+        ctx.agent_tasks.extend(handoff())  # blobs fetched through the swarm: the agent keeps seeding them
         record(run, "bootseer", t0, time.time(), "done", detail=f"{len(active)} stage(s)", **_launcher_facts(command))
         if cfg.get("exec", "agent"):
             _spawn_agent(ctx, os.getpid())

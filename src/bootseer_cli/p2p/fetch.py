@@ -1,0 +1,305 @@
+"""The swarm leg of `delivery.fetch_blob`: get a blob from the job's other nodes, the store serving ~one copy.
+
+    torrent ref ─► join the swarm (announce in the store, connect to the others) ─►
+        a seed already announced?  download from the swarm
+        else take the blob's lease: the winner (origin) streams the blob from the store into the swarm
+    no progress for [p2p] deadline_s (no peer, a dead origin, only corrupt peers) ─► read the missing
+    pieces from the store ─► verify the whole blob's sha256 ─► into the node cache
+
+The session lives for the whole process: a blob keeps being served while the caller restores it, and
+`linger` (at exit, or before `exec` hands seeding to the agent) waits, bounded, for the peers that
+are still downloading from this node.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import os
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import IntegrityError
+from .discovery import Announcer, local_host, static_peers, swarm_peers
+
+POLL_S = 0.05
+DISCOVER_S = 1.0
+LEASE_TTL_S = 30.0
+
+
+class NoSwarm(Exception):
+    """The swarm cannot be used for this blob (no torrent published, P2P cannot start): use the store."""
+
+
+@dataclass
+class Served:
+    digest: str
+    torrent_digest: str
+    handle: Any
+    announcer: Announcer
+    work: Path  # libtorrent's save path (the cache keeps a hard link of the verified file)
+
+
+@dataclass
+class Result:
+    path: Path
+    bytes_from_store: int
+    bytes_from_peers: int
+    note: str = ""
+    origin: bool = False
+    hash_failures: int = 0
+
+
+@dataclass
+class Node:
+    """This process's place in the job's swarms."""
+
+    swarm: Any
+    store: Any
+    cfg: Any
+    served: dict[str, Served] = field(default_factory=dict)
+    fetches: list[dict[str, Any]] = field(default_factory=list)
+
+
+_node: Node | None = None
+_node_lock = threading.Lock()
+
+
+def get_node(cfg: Any, store: Any) -> Node:
+    global _node
+    with _node_lock:
+        if _node is None:
+            from .swarm import Swarm
+
+            host = local_host(cfg, store)
+            listen = str(cfg.get("p2p", "host") or "0.0.0.0")
+            try:
+                swarm = Swarm(listen, cfg.get("p2p", "port"), announce_host=host)
+            except OSError as e:
+                raise NoSwarm(str(e)) from None
+            _node = Node(swarm, store, cfg)
+            atexit.register(shutdown)
+        return _node
+
+
+def _hex(h: Any) -> str:
+    return str(h.info_hash())
+
+
+def _peer_list(node: Node, digest: str, ann: Announcer) -> list[tuple[str, int]]:
+    eps = [(e.host, e.port) for e in static_peers(node.cfg)]
+    with contextlib.suppress(Exception):
+        eps += [(e.host, e.port) for e in swarm_peers(node.store, digest, exclude=ann.name)]
+    return eps
+
+
+def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: Any = None) -> Result:
+    """The verified blob in `cache`, fetched through the swarm (see the module docstring)."""
+    from .swarm import StoreFeeder
+
+    tref = store.read_ref("torrent", digest)
+    if not tref or not tref.get("torrent"):
+        raise NoSwarm("no torrent was published for this blob")
+    tdigest = str(tref["torrent"])
+    torrent = store.get_blob_bytes(tdigest)
+    node = get_node(cfg, store)
+    swarm = node.swarm
+    deadline_s = float(cfg.get("p2p", "deadline_s"))
+    work = cache.root / ".p2p" / f"{digest}-{uuid.uuid4().hex[:8]}"
+    handle = swarm.add(torrent, work)
+    key = _hex(handle)
+    ann = Announcer(store, digest, swarm.announce_host, swarm.port)
+    from_store = len(torrent)
+    feeder: StoreFeeder | None = None
+    lease = None
+    note = ""
+    origin = False
+    try:
+        peers = []
+        with contextlib.suppress(Exception):
+            peers = swarm_peers(store, digest, exclude=ann.name)
+        if not any(p.state == "seed" for p in peers):
+            lease = store.try_lease(f"p2p-{digest}", LEASE_TTL_S)
+        ann.write("downloading")
+        swarm.connect(handle, _peer_list(node, digest, ann))
+        if lease is not None:
+            origin = True
+            feeder = StoreFeeder(handle, store, digest, shuffle=False, mbps=float(cfg.get("p2p", "origin_mbps")))
+            feeder.start()
+        total = handle.torrent_file().total_size()
+        done_reported = 0
+        last_progress = time.monotonic()
+        last_pieces = -1
+        last_discover = time.monotonic()
+        last_lease = time.monotonic()
+        ever_peer = False
+        while True:
+            swarm.pump()
+            st = handle.status()
+            if st.total_wanted_done > done_reported:
+                if progress:
+                    progress(st.total_wanted_done - done_reported)
+                done_reported = st.total_wanted_done
+            if st.num_pieces != last_pieces:
+                last_pieces = st.num_pieces
+                last_progress = time.monotonic()
+            ever_peer = ever_peer or st.num_peers > 0
+            if st.is_seeding or st.num_pieces == handle.torrent_file().num_pieces():
+                break
+            if st.errc.value() != 0:
+                raise OSError(f"libtorrent: {st.errc.message()}")
+            if feeder is not None and feeder.error is not None:
+                raise feeder.error
+            now = time.monotonic()
+            if now - last_discover >= DISCOVER_S:
+                swarm.connect(handle, _peer_list(node, digest, ann))
+                ann.refresh()
+                last_discover = now
+            if lease is not None and now - last_lease >= LEASE_TTL_S / 3:
+                with contextlib.suppress(Exception):
+                    lease.renew(LEASE_TTL_S)
+                last_lease = now
+            if feeder is None and now - last_progress > deadline_s:
+                failures = swarm.hash_failures.get(key, 0)
+                if failures:
+                    note = f"{failures} corrupt piece(s) from peers rejected; missing pieces read from the store"
+                elif not ever_peer and st.num_pieces == 0:
+                    note = f"no peer within {deadline_s:g} s; read from the store"
+                else:
+                    note = f"swarm stalled for {deadline_s:g} s; missing pieces read from the store"
+                feeder = StoreFeeder(handle, store, digest, shuffle=True)
+                feeder.start()
+            time.sleep(POLL_S)
+        if feeder is not None:
+            feeder.stop.set()
+            feeder.join(5)
+            from_store += feeder.bytes_read
+        st = handle.status()
+        from_peers = int(st.total_payload_download)
+        src = work / digest
+        _wait_flushed(handle, src, total)
+        if _sha256(src) != digest:
+            raise IntegrityError(f"blob {digest[:12]} from the swarm does not match its digest")
+        path = _into_cache(cache, src, digest)
+        ann.write("seed")
+        node.served[digest] = Served(digest, tdigest, handle, ann, work)
+        _keep_torrent(cache, tdigest, torrent)
+        failures = swarm.hash_failures.get(key, 0)
+        if failures and not note:
+            note = f"{failures} corrupt piece(s) from peers rejected"
+        result = Result(path, from_store, from_peers, note, origin, failures)
+        node.fetches.append(
+            {
+                "digest": digest,
+                "origin": origin,
+                "bytes_from_store": from_store,
+                "bytes_from_peers": from_peers,
+                "note": note,
+                "time": time.time(),
+            }
+        )
+        return result
+    except BaseException:
+        if feeder is not None:
+            feeder.stop.set()
+        ann.remove()
+        swarm.remove(handle)
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    finally:
+        if lease is not None:
+            with contextlib.suppress(Exception):
+                lease.release()
+
+
+def _wait_flushed(handle: Any, path: Path, total: int) -> None:
+    """libtorrent reports a piece once it is hashed and handed to the disk; wait until the file is whole."""
+    handle.flush_cache()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_size == total:
+                return
+        time.sleep(0.02)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _into_cache(cache: Any, src: Path, digest: str) -> Path:
+    """A hard link of the verified file into the cache: libtorrent keeps seeding from `src`."""
+    dest = cache.path(digest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{digest}.p2p-{uuid.uuid4().hex[:8]}")
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    return cache.adopt(tmp, digest)
+
+
+def _keep_torrent(cache: Any, tdigest: str, torrent: bytes) -> None:
+    """The torrent is a blob too: cache it so the agent can seed without asking the store."""
+    if cache.get(tdigest) is not None:
+        return
+    dest = cache.path(tdigest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{tdigest}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_bytes(torrent)
+    cache.adopt(tmp, tdigest)
+
+
+def _downloading_peers(node: Node) -> int:
+    n = 0
+    for s in node.served.values():
+        with contextlib.suppress(Exception):
+            n += sum(1 for p in s.handle.get_peer_info() if not p.seed)
+    return n
+
+
+def linger(node: Node, cap_s: float) -> float:
+    """Keep serving while connected peers still download from this node, at most `cap_s` seconds."""
+    t0 = time.monotonic()
+    quiet_since: float | None = None
+    while time.monotonic() - t0 < cap_s:
+        node.swarm.pump()
+        if _downloading_peers(node) == 0:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= 1.0:
+                break
+        else:
+            quiet_since = None
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def shutdown(cap_s: float | None = None) -> list[dict[str, Any]]:
+    """Linger (bounded), leave every swarm and close the session; returns what was served (for the agent)."""
+    global _node
+    with _node_lock:
+        node, _node = _node, None
+    if node is None:
+        return []
+    if node.served:
+        cap = float(node.cfg.get("p2p", "deadline_s")) if cap_s is None else cap_s
+        with contextlib.suppress(Exception):
+            linger(node, cap)
+    served = [{"digest": s.digest, "torrent": s.torrent_digest} for s in node.served.values()]
+    for s in node.served.values():
+        s.announcer.remove()
+        node.swarm.remove(s.handle)
+    node.swarm.close()
+    for s in node.served.values():
+        shutil.rmtree(s.work, ignore_errors=True)
+    return [{"blobs": served, "fetches": node.fetches}] if served else []

@@ -1,0 +1,130 @@
+"""The agent's "seed" task: keep serving the blobs this node fetched while the job's other nodes still need them.
+
+`exec` hands over the blobs its swarm fetched (`delivery.handoff`); the agent starts a fresh
+session on the same port range, adds each blob from the node cache in seed mode (the file was
+verified against its sha256, so libtorrent need not re-hash it before serving), re-announces it
+in the store, and serves for `[p2p] seed_s` after the launcher started, or until the agent stops.
+Every few seconds it writes `p2p.json` in the run directory, which `bootseer p2p status` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+STATUS_NAME = "p2p.json"
+STATUS_EVERY_S = 2.0
+
+
+def _write_status(run_dir: Path, doc: dict[str, Any]) -> None:
+    tmp = run_dir / f".{STATUS_NAME}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    os.replace(tmp, run_dir / STATUS_NAME)
+
+
+def run_seed(task: dict[str, Any], agent: Any) -> None:
+    from ..cache import cache_from_config
+    from ..config import load
+    from .discovery import Announcer, local_host, static_peers, swarm_peers
+    from .swarm import Swarm
+
+    cfg_file = agent.spec.get("config_file")
+    cfg = load(Path(cfg_file) if cfg_file else None, {("store", "uri"): agent.spec.get("store_uri")})
+    seed_s = float(cfg.get("p2p", "seed_s"))
+    started = time.time()
+    status: dict[str, Any] = {
+        "state": "starting",
+        "pid": os.getpid(),
+        "started": started,
+        "seed_until": started + seed_s,
+        "fetches": task.get("fetches", []),
+        "blobs": [],
+    }
+    _write_status(agent.run_dir, status)
+    if seed_s <= 0:
+        status["state"] = "done"
+        _write_status(agent.run_dir, status)
+        return
+    store = agent.store
+    cache = cache_from_config(cfg)
+    host = local_host(cfg, store)
+    swarm = Swarm(str(cfg.get("p2p", "host") or "0.0.0.0"), cfg.get("p2p", "port"), announce_host=host)
+    seeding: list[tuple[str, Any, Announcer]] = []
+    try:
+        for blob in task.get("blobs", []):
+            digest, tdigest = blob["digest"], blob["torrent"]
+            path, tpath = cache.get(digest), cache.get(tdigest)
+            if path is None or tpath is None:
+                agent.log(f"seed: blob {digest[:12]} or its torrent left the cache; not seeding it")
+                continue
+            handle = swarm.add(tpath.read_bytes(), path.parent, seed=True)
+            ann = Announcer(store, digest, host, swarm.port)
+            with contextlib.suppress(Exception):
+                ann.write("seed")
+            seeding.append((digest, handle, ann))
+        agent.log(f"seed: serving {len(seeding)} blob(s) on {host}:{swarm.port} for {seed_s:g} s")
+        last_discover = 0.0
+        while seeding and time.time() - started < seed_s:
+            swarm.pump()
+            if time.time() - last_discover >= 2.0:
+                last_discover = time.time()
+                for digest, handle, ann in seeding:
+                    eps = [(e.host, e.port) for e in static_peers(cfg)]
+                    with contextlib.suppress(Exception):
+                        eps += [(e.host, e.port) for e in swarm_peers(store, digest, ann.name) if e.state != "seed"]
+                    swarm.connect(handle, eps)
+                    ann.refresh()
+                status.update(state="seeding", updated=time.time(), blobs=_blob_status(seeding, swarm))
+                _write_status(agent.run_dir, status)
+            if agent.wait(0.5):
+                break
+    finally:
+        status.update(state="done", updated=time.time(), blobs=_blob_status(seeding, swarm))
+        for _, handle, ann in seeding:
+            ann.remove()
+            swarm.remove(handle)
+        swarm.close()
+        _write_status(agent.run_dir, status)
+        agent.log("seed: stopped")
+
+
+def _blob_status(seeding: list[tuple[str, Any, Any]], swarm: Any) -> list[dict[str, Any]]:
+    out = []
+    for digest, handle, ann in seeding:
+        try:
+            st = handle.status()
+            peers = [
+                {"ip": f"{p.ip[0]}:{p.ip[1]}", "seed": bool(p.seed), "uploaded": int(p.total_upload)}
+                for p in handle.get_peer_info()
+            ]
+            out.append(
+                {
+                    "digest": digest,
+                    "endpoint": f"{ann.host}:{ann.port}",
+                    "uploaded": int(st.total_payload_upload),
+                    "peers": peers,
+                    "hash_failures": swarm.hash_failures.get(str(handle.info_hash()), 0),
+                }
+            )
+        except Exception as e:  # a removed handle: report, don't fail the status
+            out.append({"digest": digest, "error": str(e)})
+    return out
+
+
+def find_status(run_dir: Path | None = None) -> Path | None:
+    """The status file of `run_dir`, else of $BOOTSEER_RUN_DIR, else of the most recent run that has one."""
+    from ..paths import runs_dir
+
+    if run_dir is None and os.environ.get("BOOTSEER_RUN_DIR"):
+        run_dir = Path(os.environ["BOOTSEER_RUN_DIR"])
+    if run_dir is not None:
+        p = run_dir / STATUS_NAME
+        return p if p.exists() else None
+    if not runs_dir().exists():
+        return None
+    candidates = sorted(runs_dir().glob(f"*/{STATUS_NAME}"), key=lambda p: p.stat().st_mtime)
+    return candidates[-1] if candidates else None

@@ -1,0 +1,271 @@
+"""The libtorrent side: datacenter session settings, one torrent per blob, and feeding pieces from the store.
+
+Settings (measured on these machines, see docs/p2p.md): TCP only (uTP was 7x slower on loopback),
+several connections per IP (nodes behind one address, and every test node on 127.0.0.1), no DHT,
+LSD, UPnP or NAT-PMP (nothing is announced outside the job), no encryption (CPU for nothing inside a
+datacenter), every peer unchoked, large send buffers and disk queues, and quick reconnects so a peer
+that restarts its session (exec → agent) is found again within a second or two.
+
+Pieces that come from the store (the origin, or a node that falls back) are written with
+`add_piece`, which libtorrent hashes like any downloaded piece and then announces to the peers: the
+swarm can serve the first pieces while the origin is still reading the last ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+MiB = 1 << 20
+
+
+def piece_size_for(size: int) -> int:
+    """1 MiB pieces up to 256 MiB, 2 MiB up to 1 GiB, 4 MiB above: a few hundred pieces for big blobs,
+    so rarest-first has room to spread them, without piece hashes dominating small ones."""
+    if size <= 256 * MiB:
+        return MiB
+    if size <= 1024 * MiB:
+        return 2 * MiB
+    return 4 * MiB
+
+
+def make_torrent(path: Path, digest: str) -> bytes:
+    """A v1 torrent for the blob at `path`, named by its digest, byte-identical on every publisher.
+
+    The single file is named after the digest so that a seeder can point libtorrent at its blob
+    cache directory directly. No creation date, creator or trackers: two nodes that publish the same
+    blob make the same torrent, hence the same swarm.
+    """
+    import libtorrent as lt
+
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError("an empty blob has no torrent")
+    piece = piece_size_for(size)
+    fs = lt.file_storage()
+    fs.add_file(digest, size)
+    ct = lt.create_torrent(fs, piece, flags=lt.create_torrent.v1_only)
+    ct.set_creation_date(0)
+    with open(path, "rb") as f:
+        for i in range(ct.num_pieces()):
+            ct.set_hash(i, hashlib.sha1(f.read(piece)).digest())
+    return bytes(lt.bencode(ct.generate()))
+
+
+def parse_ports(spec: str | int) -> tuple[int, int]:
+    text = str(spec).strip()
+    lo_s, _, hi_s = text.partition("-")
+    try:
+        lo = int(lo_s)
+        hi = int(hi_s) if hi_s else lo
+    except ValueError:
+        raise ConfigError(f"[p2p] port {text!r} is not a port or a range like 6881-6891") from None
+    if not (0 <= lo <= hi < 65536):
+        raise ConfigError(f"[p2p] port {text!r} is not a port or a range like 6881-6891")
+    return lo, hi
+
+
+def session_settings(listen_host: str, port_lo: int, port_hi: int) -> dict[str, Any]:
+    import libtorrent as lt
+
+    host = f"[{listen_host}]" if ":" in listen_host else listen_host
+    return {
+        "listen_interfaces": f"{host}:{port_lo}",
+        "max_retry_port_bind": port_hi - port_lo,
+        "enable_outgoing_utp": False,
+        "enable_incoming_utp": False,
+        "enable_outgoing_tcp": True,
+        "enable_incoming_tcp": True,
+        "allow_multiple_connections_per_ip": True,
+        "enable_dht": False,
+        "enable_lsd": False,
+        "enable_upnp": False,
+        "enable_natpmp": False,
+        "dht_bootstrap_nodes": "",
+        "out_enc_policy": int(lt.enc_policy.disabled),
+        "in_enc_policy": int(lt.enc_policy.enabled),
+        "allowed_enc_level": int(lt.enc_level.plaintext),
+        "choking_algorithm": int(lt.choking_algorithm_t.fixed_slots_choker),
+        "unchoke_slots_limit": -1,
+        "send_buffer_watermark": 16 * MiB,
+        "send_buffer_low_watermark": 2 * MiB,
+        "send_buffer_watermark_factor": 150,
+        "max_queued_disk_bytes": 256 * MiB,
+        "max_out_request_queue": 1500,
+        "max_allowed_in_request_queue": 4000,
+        "request_queue_time": 2,
+        "min_reconnect_time": 1,
+        "peer_connect_timeout": 3,
+        "connection_speed": 200,
+        "smooth_connects": False,
+        "piece_timeout": 5,
+        "request_timeout": 10,
+        "rate_limit_ip_overhead": False,
+        "aio_threads": 4,
+        "hashing_threads": 2,
+        "alert_mask": int(
+            lt.alert_category.error | lt.alert_category.peer | lt.alert_category.status | lt.alert_category.storage
+        ),
+        "alert_queue_size": 10000,
+        "user_agent": "bootseer",
+    }
+
+
+class Swarm:
+    """One libtorrent session for this process: every blob it downloads or seeds is a torrent in it."""
+
+    def __init__(self, listen_host: str, ports: str | int, announce_host: str | None = None) -> None:
+        import libtorrent as lt
+
+        self.lt = lt
+        lo, hi = parse_ports(ports)
+        self.session = lt.session(session_settings(listen_host, lo, hi))
+        self.announce_host = announce_host or listen_host
+        self.lock = threading.Lock()
+        self.hash_failures: dict[str, int] = {}  # per info-hash (hex)
+        self.banned: dict[str, int] = {}
+        self.errors: list[str] = []
+        self._wait_listening(lo, hi)
+
+    def _wait_listening(self, lo: int, hi: int) -> None:
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            self.pump()
+            port = self.session.listen_port()
+            if port and self.session.is_listening():
+                self.port = int(port)
+                return
+            time.sleep(0.02)
+        raise OSError(f"libtorrent could not listen on a port in {lo}-{hi}: {'; '.join(self.errors[-3:])}")
+
+    # ---- torrents ------------------------------------------------------------------------------
+    def _params(self, torrent: bytes, save_path: Path, seed: bool) -> Any:
+        lt = self.lt
+        atp = lt.add_torrent_params()
+        atp.ti = lt.torrent_info(lt.bdecode(torrent))
+        atp.save_path = str(save_path)
+        flags = lt.torrent_flags.update_subscribe
+        if seed:
+            flags |= lt.torrent_flags.seed_mode
+        atp.flags = flags
+        return atp
+
+    def add(self, torrent: bytes, save_path: Path, seed: bool = False) -> Any:
+        """Add a torrent (downloading into `save_path`, or seeding the file already there)."""
+        save_path.mkdir(parents=True, exist_ok=True)
+        return self.session.add_torrent(self._params(torrent, save_path, seed))
+
+    def remove(self, handle: Any) -> None:
+        with contextlib.suppress(Exception):
+            self.session.remove_torrent(handle)
+
+    def connect(self, handle: Any, endpoints: list[tuple[str, int]]) -> None:
+        for host, port in endpoints:
+            if host == self.announce_host and port == self.port:
+                continue
+            with contextlib.suppress(Exception):  # e.g. a malformed address in a foreign entry
+                handle.connect_peer((host, port))
+
+    # ---- alerts --------------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Drain libtorrent's alerts, keeping the counters the fetch reports (hash failures, bans)."""
+        lt = self.lt
+        with self.lock:
+            for a in self.session.pop_alerts():
+                if isinstance(a, lt.hash_failed_alert):
+                    key = str(a.handle.info_hash())
+                    self.hash_failures[key] = self.hash_failures.get(key, 0) + 1
+                elif isinstance(a, lt.peer_ban_alert):
+                    key = str(a.handle.info_hash())
+                    self.banned[key] = self.banned.get(key, 0) + 1
+                elif isinstance(a, lt.listen_failed_alert | lt.file_error_alert | lt.torrent_error_alert):
+                    self.errors.append(a.message())
+
+    def close(self) -> None:
+        with self.lock:
+            session = getattr(self, "session", None)
+            self.session = None
+        if session is not None:
+            session.pause()
+            del session  # the session's destructor closes its sockets and files
+
+
+class StoreFeeder(threading.Thread):
+    """Reads pieces of a blob from the store and hands them to libtorrent (`add_piece`).
+
+    The origin reads them in order; a node that falls back reads only the pieces it still lacks, in
+    a random order (so several such nodes read different pieces and trade the rest). `mbps` caps the
+    rate (`[p2p] origin_mbps`), so the origin leaves room for the job's other traffic.
+    """
+
+    IN_FLIGHT = 8
+
+    def __init__(
+        self,
+        handle: Any,
+        store: Any,
+        digest: str,
+        shuffle: bool,
+        mbps: float = 0.0,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        super().__init__(name=f"feeder-{digest[:8]}", daemon=True)
+        self.handle = handle
+        self.store = store
+        self.digest = digest
+        self.shuffle = shuffle
+        self.mbps = mbps
+        self.on_error = on_error
+        self.bytes_read = 0
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.done = False
+
+    def run(self) -> None:
+        from ..store import blob_path
+
+        try:
+            ti = self.handle.torrent_file()
+            n = ti.num_pieces()
+            order = list(range(n))
+            if self.shuffle:
+                random.shuffle(order)
+            f = self.store.open_input(blob_path(self.digest))
+            pending: list[int] = []
+            t0 = time.monotonic()
+            try:
+                for i in order:
+                    if self.stop.is_set():
+                        return
+                    if self.handle.have_piece(i):
+                        continue
+                    while len(pending) >= self.IN_FLIGHT and not self.stop.is_set():
+                        pending = [j for j in pending if not self.handle.have_piece(j)]
+                        if len(pending) >= self.IN_FLIGHT:
+                            time.sleep(0.005)
+                    size = ti.piece_size(i)
+                    data = f.read_at(size, i * ti.piece_length())
+                    if len(data) != size:
+                        raise OSError(f"short read of piece {i} of blob {self.digest[:12]}")
+                    self.bytes_read += size
+                    self.handle.add_piece(i, bytes(data), 0)
+                    pending.append(i)
+                    if self.mbps > 0:
+                        ahead = self.bytes_read * 8 / (self.mbps * 1e6) - (time.monotonic() - t0)
+                        if ahead > 0:
+                            self.stop.wait(ahead)
+            finally:
+                f.close()
+            self.done = True
+        except BaseException as e:  # reported to the fetch loop, which falls back
+            self.error = e
+            if self.on_error:
+                self.on_error(e)
