@@ -178,6 +178,15 @@ def compute(cfg: Any) -> Keys:
         if resolve_local_digest is not None:
             digest = resolve_local_digest(ref)
             source = "docker engine" if digest else source
+    elif not ref:
+        # Inside a container with the engine's socket mounted, the engine knows our image.
+        try:
+            from .containers.engine import own_image_digest
+        except ImportError:
+            own_image_digest = None  # type: ignore[assignment]
+        if own_image_digest is not None:
+            digest = own_image_digest()
+            source = "docker engine (this container)" if digest else source
     image = make_key(image_key_doc(digest, None if digest else gather_rootfs_fingerprint()))
     setup = cfg.get("env", "setup")
     names = files_named_by(setup) + [f for f in cfg.get("env", "files") if f not in files_named_by(setup)]

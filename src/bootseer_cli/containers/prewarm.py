@@ -1,0 +1,243 @@
+"""`bootseer prewarm`: build the env snapshot and the hot-block record of an image before any GPU waits.
+
+The flow runs bootseer *inside* containers of the image, through the same code paths a node takes
+at run time, so what is published is exactly what a node will look for:
+
+1. resolve the image's digest on the engine (pulling it if needed) and compute the keys here, with
+   `[image] ref` pinned to that digest: the same keys a node computes with `BOOTSEER_IMAGE` set;
+2. container 1: `bootseer exec --skip image,checkpoint -- true` with the config and the files the
+   setup names copied in: on a miss the env stage runs the setup, captures and publishes;
+3. container 2 (fresh, same image): `bootseer exec --skip image,checkpoint -- bootseer hot record --
+   PROBE`: the env stage restores the snapshot, then the probe's start is recorded and published;
+4. check from here that the store holds both refs under the keys computed in step 1.
+
+A file:// store is bind-mounted at the same path (network "none"); any other store is reached over
+the host's network ("host"). Containers never use the default bridge.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ..errors import BootseerError, ConfigError
+from .engine import ResolvedImage, connect, remove_leftovers, resolve_image, run_container, tar_of
+
+WORKDIR = "/bootseer/work"  # where the config and the setup's files are copied in the container
+# Host variables handed to the containers: the store's credentials and bootseer's own settings.
+_PASS_PREFIXES = ("AWS_", "BOOTSEER_", "HDFS_", "HADOOP_", "GOOGLE_")
+_NOT_PASSED = {"BOOTSEER_CONFIG", "BOOTSEER_STORE", "BOOTSEER_IMAGE", "BOOTSEER_STORE_CACHE_DIR"}
+
+
+@dataclass
+class Published:
+    image: ResolvedImage
+    image_key: str
+    env_key: str | None
+    env_ref: dict[str, Any] | None = None
+    hot_ref: dict[str, Any] | None = None
+    env_was_there: bool = False
+    removed_leftovers: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "image": {
+                "ref": self.image.ref,
+                "digest": self.image.digest,
+                "pinned": self.image.pinned,
+                "id": self.image.image_id,
+                "source": self.image.source,
+            },
+            "keys": {"image": self.image_key, "env": self.env_key},
+            "published": {"env": self.env_ref, "hot": self.hot_ref},
+            "env_was_there": self.env_was_there,
+            "removed_leftovers": self.removed_leftovers,
+            "notes": self.notes,
+            "job_env": {"BOOTSEER_IMAGE": self.image.pinned},
+        }
+
+
+def pinned_config(cfg: Any, pinned: str) -> Any:
+    """A copy of `cfg` with `[image] ref` set to the pinned reference (what BOOTSEER_IMAGE does in a job)."""
+    from ..config import Config, Setting
+
+    settings = {s: dict(keys) for s, keys in cfg.settings.items()}
+    settings["image"]["ref"] = Setting(pinned, "prewarm")
+    return Config(settings=settings, path=cfg.path, base_dir=cfg.base_dir)
+
+
+def keys_for(cfg: Any, pinned: str) -> Any:
+    """The keys a node computes for this config inside a container of the pinned image."""
+    from ..keys import compute
+
+    return compute(pinned_config(cfg, pinned))
+
+
+def setup_files(cfg: Any) -> list[tuple[str, Path]]:
+    """(path in the container, path here) for the config file and every file the setup names."""
+    from ..keys import files_named_by
+
+    out: list[tuple[str, Path]] = []
+    if cfg.path is not None:
+        out.append((f"{WORKDIR}/{cfg.path.name}", cfg.path))
+    setup = cfg.get("env", "setup")
+    names = files_named_by(setup) + [f for f in cfg.get("env", "files") if f not in files_named_by(setup)]
+    for name in names:
+        if os.path.isabs(name):
+            dest, src = posixpath.normpath(name), Path(name)
+        else:
+            dest, src = posixpath.normpath(posixpath.join(WORKDIR, name)), cfg.base_dir / name
+        if not src.is_file():
+            raise ConfigError(f"[env] setup names {name}, which is not a file here ({src})")
+        out.append((dest, src))
+    return out
+
+
+def _file_store_dir(uri: str) -> str | None:
+    parsed = urlparse(uri)
+    return unquote(parsed.path) if parsed.scheme == "file" else None
+
+
+def container_environment(cfg: Any, pinned: str, store_uri: str, environ: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in environ.items() if k.startswith(_PASS_PREFIXES) and k not in _NOT_PASSED}
+    for name in cfg.get("env", "key_env"):  # part of the env key: must be the same inside
+        if name in environ:
+            env[name] = environ[name]
+    env.update(
+        {
+            "BOOTSEER_IMAGE": pinned,
+            "BOOTSEER_STORE": store_uri,
+            "BOOTSEER_EXEC_AGENT": "0",  # the container ends with its command: upload events inline
+            "BOOTSEER_EXEC_SKIP": "",
+        }
+    )
+    if cfg.path is not None:
+        env["BOOTSEER_CONFIG"] = f"{WORKDIR}/{cfg.path.name}"
+    return env
+
+
+def _tail(text: str, n: int = 5) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return " / ".join(lines[-n:])
+
+
+def prewarm(
+    cfg: Any,
+    image_ref: str,
+    probe: str | None = None,
+    echo: Callable[[str], None] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Published:
+    """The whole CI pre-warm of one image; raises BootseerError with the failing step's exit code."""
+    from ..store import store_from_config
+
+    environ = dict(os.environ) if environ is None else environ
+    say = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+    setup = cfg.get("env", "setup")
+    probe_argv = shlex.split(probe) if probe else []
+    if probe and not probe_argv:
+        raise ConfigError("--probe is empty")
+    if not setup and not probe_argv:
+        raise ConfigError("nothing to prewarm: the config has no [env] setup and no --probe was given")
+    files = setup_files(cfg)  # bad config fails before the engine is asked anything
+    store = store_from_config(cfg)
+    client = connect()
+    try:
+        removed = remove_leftovers(client)
+        for name in removed:
+            say(f"bootseer: removed container {name} left behind by an interrupted prewarm")
+        image = resolve_image(client, image_ref)
+        keys = keys_for(cfg, image.pinned)
+        out = Published(image=image, image_key=keys.image.digest, env_key=None, removed_leftovers=removed)
+        say(f"bootseer: image {image_ref} is {image.pinned} ({image.source})")
+        env = container_environment(cfg, image.pinned, store.uri, environ)
+        store_dir = _file_store_dir(store.uri)
+        binds: dict[str, dict[str, str]] = {}
+        network = "host"
+        if store_dir is not None:
+            Path(store_dir).mkdir(parents=True, exist_ok=True)
+            binds[store_dir] = {"bind": store_dir, "mode": "rw"}
+            network = "none"
+        archive = tar_of([(dest, src, 0o644) for dest, src in files]) if files else None
+        run = _Runner(client, image, env, binds, archive, network, say)
+
+        if setup:
+            out.env_key = keys.env.digest
+            out.env_was_there = store.read_ref("env", keys.env.digest) is not None
+            if out.env_was_there:
+                say(f"bootseer: the store already holds the env snapshot for {keys.env.digest[:16]}; checking it")
+            run("setup", ["bootseer", "exec", "--skip", "image,checkpoint", "--", "true"], "the setup")
+            out.env_ref = store.read_ref("env", keys.env.digest)
+            if out.env_ref is None:
+                raise BootseerError(
+                    f"the setup ran in the container but no env snapshot was published under {keys.env.digest[:16]} "
+                    f"(its output is above); `bootseer keys` inside the image shows the key it computed"
+                )
+        if probe_argv:
+            inner = ["bootseer", "hot", "record", "--", *probe_argv]
+            cmd = ["bootseer", "exec", "--skip", "image,checkpoint", "--", *inner] if setup else inner
+            run("probe", cmd, f"the probe {probe!r}")
+            out.hot_ref = store.read_ref("hot", keys.image.digest)
+            if out.hot_ref is None:
+                raise BootseerError(
+                    f"the probe ran but no hot-block record was published under {keys.image.digest[:16]} "
+                    "(its output is above)"
+                )
+        else:
+            out.notes.append("no --probe: the first start of a job records the hot blocks instead")
+        return out
+    finally:
+        client.close()
+
+
+class _Runner:
+    """Runs one prewarm step in a fresh container and turns a failure into the step's error."""
+
+    def __init__(
+        self,
+        client: Any,
+        image: ResolvedImage,
+        env: dict[str, str],
+        binds: dict[str, dict[str, str]],
+        archive: bytes | None,
+        network: str,
+        say: Callable[[str], None],
+    ) -> None:
+        self.client, self.image, self.env, self.binds = client, image, env, binds
+        self.archive, self.network, self.say = archive, network, say
+
+    def __call__(self, step: str, command: list[str], what: str) -> None:
+        self.say(f"bootseer: prewarm {step}: {shlex.join(command)}")
+        res = run_container(
+            self.client,
+            self.image.pinned,
+            command,
+            environment=self.env,
+            binds=self.binds,
+            files=self.archive,
+            network_mode=self.network,
+            working_dir=WORKDIR,
+            name_hint=step,
+            echo=lambda line: self.say(f"  {line}"),
+        )
+        if res.exit_code == 0:
+            return
+        if res.exit_code in (126, 127) and "bootseer" in res.output and "not found" in res.output.lower():
+            raise BootseerError(
+                f"bootseer is not installed in {self.image.ref} (install it in the image: "
+                "bootseer init --template Dockerfile.bootseer)",
+                res.exit_code,
+            )
+        raise BootseerError(
+            f"{what} failed inside a container of {self.image.ref} with exit status {res.exit_code}: "
+            f"{_tail(res.output, 3)}",
+            res.exit_code,
+        )
