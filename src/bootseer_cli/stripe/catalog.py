@@ -1,0 +1,170 @@
+"""Finding checkpoints in the store: targets, `latest`, listing and removal.
+
+Layout in the main store::
+
+    ckpt/<name>/<tag>/manifest.json    written last by push: a tag exists once its manifest does
+    ckpt/<name>/latest.json            {"tag": …}: a hint written after the manifest
+
+`latest` reads the hint and, when it is missing or names a removed tag, falls back to the manifest
+with the newest `created` time, so a lost or stale hint costs a listing, never a wrong answer.
+
+Stripes are blobs (`blobs/sha256/…`) on their targets. A manifest records a target as its URI with
+any credentials removed (`""` for the main store), and a reader maps it back to the configured URI
+that carries them, so no secret is ever written into the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+from ..errors import IntegrityError, StoreError
+from ..store import Store, blob_path
+from .layout import LATEST, MANIFEST, Manifest, check_name, ckpt_prefix, latest_rel, manifest_rel
+
+
+def public_uri(uri: str) -> str:
+    """The URI without user:password, as recorded in a manifest."""
+    p = urlparse(uri)
+    if p.username or p.password:
+        host = p.hostname or ""
+        if p.port:
+            host = f"{host}:{p.port}"
+        return urlunparse(p._replace(netloc=host))
+    return uri
+
+
+class Targets:
+    """Opens each stripe target once; `""` and the main store's own URI are the main store."""
+
+    def __init__(self, store: Store, configured: list[str] | None = None) -> None:
+        self.store = store
+        self.configured = {public_uri(u): u for u in (configured or [])}
+        self._open: dict[str, Store] = {}
+
+    def get(self, recorded: str) -> Store:
+        if recorded == "" or recorded == public_uri(self.store.uri):
+            return self.store
+        if recorded not in self._open:
+            self._open[recorded] = Store(self.configured.get(recorded, recorded))
+        return self._open[recorded]
+
+
+def load_manifest(store: Store, name: str, tag: str = "latest") -> Manifest:
+    """The manifest of NAME:TAG (TAG may be `latest`); a clear error when there is none."""
+    check_name(name)
+    if tag == "latest":
+        tag = resolve_latest(store, name)
+    rel = manifest_rel(name, tag)
+    data = store.get_bytes(rel)
+    if data is None:
+        raise StoreError(f"checkpoint {name}:{tag} not found in {store.uri}")
+    m = Manifest.from_json(data, where=f"checkpoint {name}:{tag} manifest")
+    if m.name != name or m.tag != tag:
+        raise IntegrityError(f"checkpoint {name}:{tag}: its manifest names {m.name}:{m.tag}")
+    return m
+
+
+def resolve_latest(store: Store, name: str) -> str:
+    hint = store.get_bytes(latest_rel(name))
+    if hint is not None:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            tag = json.loads(hint).get("tag")
+            if isinstance(tag, str) and store.exists(manifest_rel(name, tag)):
+                return tag
+    entries = list_tags(store, name)
+    if not entries:
+        raise StoreError(f"checkpoint {name}: no tags in {store.uri}")
+    return entries[-1].tag
+
+
+@dataclass
+class Entry:
+    name: str
+    tag: str
+    created: float
+    size: int
+    files: int
+    stripes: int
+    cell_size: int
+    error: str = ""
+
+
+def list_names(store: Store) -> list[str]:
+    return store.list_dirs("ckpt")
+
+
+def list_tags(store: Store, name: str) -> list[Entry]:
+    """Every readable tag of `name`, oldest first (unreadable manifests are listed with their error)."""
+    out = []
+    for tag in store.list_dirs(ckpt_prefix(name)):
+        data = store.get_bytes(f"{ckpt_prefix(name)}/{tag}/{MANIFEST}")
+        if data is None:
+            continue  # a push in progress, or a removal: no manifest, no tag
+        try:
+            m = Manifest.from_json(data)
+        except IntegrityError as e:
+            out.append(Entry(name, tag, 0.0, 0, 0, 0, 0, error=str(e)))
+            continue
+        out.append(Entry(name, tag, m.created, m.total_size, len(m.files), m.k, m.cell_size))
+    return sorted(out, key=lambda e: (e.created, e.tag))
+
+
+def write_latest(store: Store, name: str, tag: str, created: float) -> None:
+    store.put_bytes(latest_rel(name), json.dumps({"tag": tag, "created": created}).encode())
+
+
+def remove(store: Store, name: str, tag: str, configured_targets: list[str] | None = None) -> int:
+    """Remove NAME:TAG: the manifest first (readers stop seeing it), then the stripes no other tag uses.
+
+    Stripes are content-addressed, so two tags (even of different names) may share one; the set of
+    stripes still referenced is gathered from every manifest in the store before anything is deleted.
+    Returns the number of stripe objects deleted.
+    """
+    m = load_manifest(store, name, tag)
+    store.delete(manifest_rel(name, m.tag))
+    if store.is_local or store.kind == "hdfs":
+        store.delete_dir(f"{ckpt_prefix(name)}/{m.tag}")  # object stores have no directories to remove
+    still: set[tuple[str, str]] = set()
+    for other in list_names(store):
+        for t in store.list_dirs(ckpt_prefix(other)):
+            data = store.get_bytes(f"{ckpt_prefix(other)}/{t}/{MANIFEST}")
+            if data is None:
+                continue
+            with contextlib.suppress(IntegrityError):
+                for s in Manifest.from_json(data).stripes:
+                    still.add((s.target, s.digest))
+    targets = Targets(store, configured_targets)
+    deleted = 0
+    for s in {(s.target, s.digest) for s in m.stripes} - still:
+        try:
+            targets.get(s[0]).delete(blob_path(s[1]))
+            deleted += 1
+        except (StoreError, OSError):
+            pass  # an unreachable target keeps an orphan stripe; the manifest is already gone
+    remaining = list_tags(store, name)
+    if remaining:
+        newest = remaining[-1]
+        write_latest(store, name, newest.tag, newest.created)
+    else:
+        store.delete(latest_rel(name))
+    return deleted
+
+
+def describe(m: Manifest) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "tag": m.tag,
+        "created": m.created,
+        "size": m.total_size,
+        "files": len(m.files),
+        "stripes": m.k,
+        "cell_size": m.cell_size,
+        "targets": sorted({s.target or "(store)" for s in m.stripes}),
+    }
+
+
+__all__ = ["LATEST", "Targets", "describe", "list_names", "list_tags", "load_manifest", "remove", "write_latest"]

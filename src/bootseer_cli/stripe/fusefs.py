@@ -1,0 +1,138 @@
+"""A read-only FUSE filesystem (mfusepy) that shows a striped checkpoint as its original directory.
+
+Every `read()` is served by the shared read engine (`reader.Reader`), with the open file handle as
+the read-ahead stream, so a sequential `torch.load` pulls from all stripes at once. What makes
+Python FUSE fast enough here (measured in tests/benchmarks/bench_stripe.py):
+
+- multithreaded libfuse loop (the default), so the kernel's parallel read-ahead requests are served
+  concurrently by the engine's fetch threads;
+- `kernel_cache` and long attribute/entry timeouts: the files never change, so the page cache keeps
+  what was read across opens;
+- large reads (`max_read` 1 MiB; libfuse3 already negotiates 256 pages) and, after the mount is up,
+  the mount's bdi `read_ahead_kb` raised from 128 KiB, which lets the kernel ask for many MiB ahead
+  of a sequential reader instead of 128 KiB at a time (about 2-3x through Python FUSE).
+
+A failed or corrupt read is EIO to the caller, never wrong bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import stat
+import sys
+import threading
+from typing import Any
+
+import mfusepy
+
+from ..errors import BootseerError
+from .layout import FileEntry, Manifest
+from .reader import Reader
+
+MAX_READ = 1 << 20
+
+
+class CheckpointFS(mfusepy.Operations):
+    use_ns = True
+
+    def __init__(self, manifest: Manifest, reader: Reader, on_init: Any = None) -> None:
+        self.m = manifest
+        self.reader = reader
+        self.on_init = on_init
+        self.files: dict[str, FileEntry] = {"/" + f.path: f for f in manifest.files}
+        self.dirs: dict[str, set[str]] = {"/": set()}
+        for d in manifest.dirs:
+            self._add_dir("/" + d)
+        for f in manifest.files:
+            parent, _, base = ("/" + f.path).rpartition("/")
+            self._add_dir(parent or "/")
+            self.dirs[parent or "/"].add(base)
+        self.ns = int(manifest.created * 1e9)
+        self.uid, self.gid = os.getuid(), os.getgid()
+        self.handles: dict[int, FileEntry] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def _add_dir(self, path: str) -> None:
+        while path not in self.dirs:
+            self.dirs[path] = set()
+            parent, _, base = path.rpartition("/")
+            parent = parent or "/"
+            self._add_dir(parent)
+            self.dirs[parent].add(base)
+            path = parent
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        if conn is not None:
+            conn.max_read = MAX_READ  # must agree with the max_read mount option
+            conn.max_readahead = 64 << 20  # the kernel keeps min(this, bdi read-ahead)
+            conn.max_background = 64
+            conn.congestion_threshold = 48
+        if config is not None:
+            config.kernel_cache = 1
+            config.entry_timeout = 3600.0
+            config.attr_timeout = 3600.0
+            config.negative_timeout = 3600.0
+        if self.on_init is not None:
+            self.on_init()
+
+    # ---- metadata ------------------------------------------------------------------------------
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        base = {"st_uid": self.uid, "st_gid": self.gid, "st_atime": self.ns, "st_mtime": self.ns, "st_ctime": self.ns}
+        if path in self.dirs:
+            return {**base, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_size": 0}
+        f = self.files.get(path)
+        if f is None:
+            raise mfusepy.FuseOSError(errno.ENOENT)
+        blocks = (f.size + 511) // 512
+        return {**base, "st_mode": stat.S_IFREG | 0o444, "st_nlink": 1, "st_size": f.size, "st_blocks": blocks}
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        children = self.dirs.get(path)
+        if children is None:
+            raise mfusepy.FuseOSError(errno.ENOENT)
+        return [".", "..", *sorted(children)]
+
+    def statfs(self, path: str) -> dict[str, int]:
+        bsize = 4096
+        return {
+            "f_bsize": bsize,
+            "f_frsize": bsize,
+            "f_blocks": (self.m.total_size + bsize - 1) // bsize,
+            "f_bfree": 0,
+            "f_bavail": 0,
+            "f_files": len(self.files) + len(self.dirs),
+            "f_ffree": 0,
+            "f_namemax": 255,
+        }
+
+    # ---- data ----------------------------------------------------------------------------------
+    def open(self, path: str, flags: int) -> int:
+        f = self.files.get(path)
+        if f is None:
+            raise mfusepy.FuseOSError(errno.EISDIR if path in self.dirs else errno.ENOENT)
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            raise mfusepy.FuseOSError(errno.EROFS)
+        with self._lock:
+            fh = next(self._ids)
+            self.handles[fh] = f
+        return fh
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        f = self.handles.get(fh) or self.files.get(path)
+        if f is None:
+            raise mfusepy.FuseOSError(errno.EBADF)
+        try:
+            return self.reader.pread(f, offset, size, stream=fh)
+        except (BootseerError, OSError) as e:
+            print(f"bootseer: read {path} @{offset}+{size}: {e}", file=sys.stderr, flush=True)
+            raise mfusepy.FuseOSError(errno.EIO) from None
+
+    def release(self, path: str, fh: int) -> int:
+        with self._lock:
+            self.handles.pop(fh, None)
+        self.reader.forget(fh)
+        return 0

@@ -1,0 +1,261 @@
+"""Mount and unmount a striped checkpoint; the serving process and its lifetime.
+
+`mount_detached` starts `python -m bootseer_cli.stripe.mount SPEC` in its own session and returns when
+the mount is visible in /proc/self/mountinfo (or with the server's own error when it died first).
+The server runs libfuse in the foreground of that process: forking a daemon after pyarrow's threads
+exist is unsafe, and libfuse's daemon mode would also chdir to /, which is why every path handed to
+it is absolute.
+
+A mount must not outlive its owner: given `owner_pid` (the launcher, under `bootseer exec`), the server
+watches that pid and unmounts itself when it ends, even if the agent that also owns the teardown
+died. `umount` cleans a stale mount too (a server that was killed leaves "Transport endpoint is not
+connected"): a normal unmount first, then a lazy one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import BootseerError
+from .layout import Manifest
+
+FSTYPE = "fuse.bootseer-ckpt"
+READ_AHEAD_KB = 16384
+
+
+def _unescape(s: str) -> str:
+    return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def mount_info(mountpoint: str | Path) -> dict[str, str] | None:
+    """The mountinfo entry at `mountpoint` (the last, i.e. topmost), or None."""
+    mp = os.path.abspath(mountpoint)
+    found = None
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if len(fields) >= 5 and _unescape(fields[4]) == mp:
+                found = {"dev": fields[2], "fstype": rfields[0] if rfields else "", "source": _unescape(rfields[1])}
+    return found
+
+
+def is_ours(info: dict[str, str] | None) -> bool:
+    return bool(info) and info["fstype"] == FSTYPE  # type: ignore[index]
+
+
+def raise_read_ahead(mountpoint: str, kb: int = READ_AHEAD_KB, timeout: float = 10.0) -> bool:
+    """Raise the bdi read-ahead of the mount at `mountpoint` (kernel default: 128 KiB).
+
+    The kernel applies the FUSE_INIT reply (which caps read-ahead) asynchronously, possibly after the
+    mount is visible, so the value is written until it has read back unchanged a few times.
+    """
+    deadline = time.time() + timeout
+    stable = 0
+    while time.time() < deadline and stable < 3:
+        info = mount_info(mountpoint)
+        if info is not None and info["fstype"] == FSTYPE:
+            knob = Path(f"/sys/class/bdi/{info['dev']}/read_ahead_kb")
+            try:
+                if knob.read_text().strip() == str(kb):
+                    stable += 1
+                else:
+                    stable = 0
+                    knob.write_text(str(kb))
+            except OSError as e:
+                print(f"bootseer: cannot raise read_ahead_kb of {mountpoint}: {e}", file=sys.stderr, flush=True)
+                return False
+        time.sleep(0.05)
+    return stable >= 3
+
+
+def _fusermount() -> str:
+    return shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
+
+
+def umount(mountpoint: str | Path, lazy_ok: bool = True) -> bool:
+    """Unmount a bootseer checkpoint mount (also a stale one); False when nothing was mounted there."""
+    mp = os.path.abspath(mountpoint)
+    info = mount_info(mp)
+    if info is None:
+        return False
+    if not info["fstype"].startswith("fuse"):
+        raise BootseerError(f"{mp} is a {info['fstype']} mount, not a bootseer checkpoint mount")
+    attempts = [[_fusermount(), "-u", mp]]
+    if lazy_ok:
+        attempts += [[_fusermount(), "-uz", mp], ["umount", "-l", mp]]
+    last = ""
+    for argv in attempts:
+        with contextlib.suppress(OSError):
+            r = subprocess.run(argv, capture_output=True, text=True)
+            last = (r.stderr or r.stdout).strip()
+        for _ in range(50):
+            if mount_info(mp) is None:
+                return True
+            time.sleep(0.02)
+    raise BootseerError(f"cannot unmount {mp}: {last}")
+
+
+def prepare_mountpoint(mountpoint: str | Path) -> str:
+    """An absolute, existing, unmounted directory; a stale bootseer mount there is cleaned first."""
+    mp = os.path.abspath(mountpoint)
+    info = mount_info(mp)
+    if info is not None:
+        if not is_ours(info):
+            raise BootseerError(f"{mp} is already a mount point ({info['fstype']} {info['source']})")
+        umount(mp)
+    try:
+        os.makedirs(mp, exist_ok=True)
+    except OSError as e:
+        raise BootseerError(f"mount point {mp}: {e.strerror}") from None
+    if not os.path.isdir(mp):
+        raise BootseerError(f"mount point {mp}: not a directory")
+    return mp
+
+
+def _watch_owner(pid: int, mountpoint: str) -> None:
+    """Unmount when `pid` ends (pidfd where available, else polling)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])
+        os.close(fd)
+    else:  # pragma: no cover - kernels without pidfd
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+    print(f"bootseer: owner pid {pid} ended; unmounting {mountpoint}", file=sys.stderr, flush=True)
+    with contextlib.suppress(BootseerError):
+        umount(mountpoint)
+
+
+def serve(spec: dict[str, Any]) -> int:
+    """Serve the mount in this process until it is unmounted (foreground)."""
+    import mfusepy
+
+    from ..store import open_store
+    from .catalog import Targets
+    from .fusefs import MAX_READ, CheckpointFS
+    from .reader import ReaderOptions, open_reader
+
+    m = Manifest.from_doc(spec["manifest"])
+    mp = prepare_mountpoint(spec["mountpoint"])
+    store = open_store(spec.get("store_uri"))
+    reader = open_reader(m, Targets(store, spec.get("targets") or []), ReaderOptions(**spec.get("options", {})))
+    kb = int(spec.get("read_ahead_kb") or READ_AHEAD_KB)
+    owner = spec.get("owner_pid")
+
+    def on_init() -> None:
+        threading.Thread(target=raise_read_ahead, args=(mp, kb), daemon=True).start()
+        if owner:
+            threading.Thread(target=_watch_owner, args=(int(owner), mp), daemon=True).start()
+
+    fs = CheckpointFS(m, reader, on_init=on_init)
+    options: dict[str, Any] = {
+        "foreground": True,
+        "ro": True,
+        "fsname": f"bootseer:{m.name}:{m.tag}",
+        "subtype": "bootseer-ckpt",
+        "max_read": MAX_READ,
+        "max_threads": 64,
+        "kernel_cache": True,
+        "default_permissions": True,
+    }
+    if os.geteuid() == 0:
+        options["allow_other"] = True  # the launcher may run as another user than the agent
+    try:
+        mfusepy.FUSE(fs, mp, **options)
+    finally:
+        reader.close()
+    return 0
+
+
+def mount_detached(
+    manifest: Manifest,
+    mountpoint: str | Path,
+    store_uri: str | None,
+    targets: list[str] | None = None,
+    options: dict[str, Any] | None = None,
+    owner_pid: int | None = None,
+    log_path: Path | None = None,
+    timeout: float = 30.0,
+) -> int:
+    """Start the server in its own session; returns its pid once the mount is visible."""
+    mp = prepare_mountpoint(mountpoint)
+    spec = {
+        "manifest": manifest.to_doc(),
+        "mountpoint": mp,
+        "store_uri": store_uri,
+        "targets": targets or [],
+        "options": options or {},
+        "owner_pid": owner_pid,
+    }
+    fd, spec_path = tempfile.mkstemp(prefix="bootseer-mount-", suffix=".json")
+    with os.fdopen(fd, "w") as f:  # mode 0600: target URIs may carry credentials
+        json.dump(spec, f)
+    if log_path is None:
+        log_path = Path(tempfile.gettempdir()) / f"bootseer-mount-{os.getpid()}-{int(time.time())}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bootseer_cli.stripe.mount", spec_path],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd="/",
+        )
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if is_ours(mount_info(mp)):
+            return proc.pid
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+        with contextlib.suppress(BootseerError):
+            umount(mp)
+    with contextlib.suppress(OSError):
+        os.unlink(spec_path)
+    tail = ""
+    with contextlib.suppress(OSError):
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        tail = lines[-1] if lines else ""
+    raise BootseerError(f"mount of {manifest.name}:{manifest.tag} at {mp} failed: {tail or 'no mount appeared'}")
+
+
+def _main(spec_path: str) -> int:
+    from ..errors import BootseerError as _BE
+
+    try:
+        with open(spec_path) as f:
+            spec = json.load(f)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(spec_path)
+    try:
+        return serve(spec)
+    except _BE as e:
+        print(f"bootseer: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover - the detached server
+    sys.exit(_main(sys.argv[1]))

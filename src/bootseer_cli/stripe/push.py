@@ -1,0 +1,222 @@
+"""Push a checkpoint directory into the striped layout.
+
+Two passes over the local files, both parallel per stripe: the first hashes (each file, each cell,
+each stripe), the second streams each stripe straight from the files to its target as a
+content-addressed blob (`Store.put_blob_stream`, which re-hashes on the way, so a file that changes
+between the passes fails the push instead of publishing a stripe that disagrees with its manifest).
+No stripe is ever staged on local disk, so a checkpoint as large as the disk can be pushed.
+
+The manifest is written after every stripe is in place, and the `latest` hint after the manifest:
+a reader never finds a tag whose stripes are not all there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ..errors import BootseerError, ConfigError, StoreError
+from ..store import Store
+from .catalog import public_uri, write_latest
+from .layout import (
+    MAX_CELL,
+    MAX_STRIPES,
+    MIN_CELL,
+    FileEntry,
+    Manifest,
+    StripeRef,
+    cell_count,
+    check_name,
+    manifest_rel,
+    stripe_size,
+)
+
+READ_CHUNK = 8 << 20
+
+
+def default_tag() -> str:
+    """Sortable, and unique enough for two pushes in the same second."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
+
+
+def scan(src: Path) -> tuple[list[tuple[str, Path, int]], list[str]]:
+    """(relative path, absolute path, size) of every regular file, sorted, and every directory."""
+    if not src.is_dir():
+        raise ConfigError(f"{src}: not a directory")
+    files: list[tuple[str, Path, int]] = []
+    dirs: list[str] = []
+    for root, dnames, fnames in os.walk(src, followlinks=False):
+        dnames.sort()
+        rel_root = Path(root).relative_to(src)
+        for d in dnames:
+            full = Path(root) / d
+            if full.is_symlink():
+                raise ConfigError(f"{full}: symlinked directories are not supported in a checkpoint")
+            dirs.append((rel_root / d).as_posix())
+        for f in fnames:
+            full = Path(root) / f
+            try:
+                st = full.stat()  # follows a symlink to a file: its content is what a reader wants
+            except OSError as e:
+                raise ConfigError(f"{full}: {e.strerror}") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"{full}: not a regular file")
+            files.append(((rel_root / f).as_posix(), full, st.st_size))
+    files.sort(key=lambda t: t[0])
+    return files, sorted(dirs)
+
+
+class _Source:
+    """Logical-stream reads over the local files (pread, so threads share the descriptors)."""
+
+    def __init__(self, files: list[tuple[str, Path, int]]) -> None:
+        self.paths = [p for _, p, _ in files]
+        self.sizes = [s for _, _, s in files]
+        self.starts: list[int] = []
+        off = 0
+        for s in self.sizes:
+            self.starts.append(off)
+            off += s
+        self.total = off
+        self.fds: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def _fd(self, i: int) -> int:
+        with self.lock:
+            if i not in self.fds:
+                self.fds[i] = os.open(self.paths[i], os.O_RDONLY)
+            return self.fds[i]
+
+    def read(self, lo: int, n: int) -> bytes:
+        out = []
+        i = bisect.bisect_right(self.starts, lo) - 1
+        while n > 0 and i < len(self.sizes):
+            if self.sizes[i] == 0 or lo >= self.starts[i] + self.sizes[i]:
+                i += 1
+                continue
+            off = lo - self.starts[i]
+            want = min(n, self.sizes[i] - off)
+            data = os.pread(self._fd(i), want, off)
+            if len(data) != want:
+                raise BootseerError(f"{self.paths[i]}: changed size while it was pushed")
+            out.append(data)
+            lo += want
+            n -= want
+            i += 1
+        if n:
+            raise BootseerError("a checkpoint file shrank while it was pushed")
+        return b"".join(out)
+
+    def close(self) -> None:
+        with self.lock:
+            for fd in self.fds.values():
+                os.close(fd)
+            self.fds.clear()
+
+
+def _stripe_cells(total: int, cell: int, k: int, s: int) -> Iterator[tuple[int, int, int]]:
+    """(cell index, logical offset, length) of the cells of stripe `s`, in stripe order."""
+    for c in range(s, cell_count(total, cell), k):
+        lo = c * cell
+        yield c, lo, min(cell, total - lo)
+
+
+def _hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def push(
+    store: Store,
+    src: Path,
+    name: str,
+    tag: str | None = None,
+    *,
+    stripes: int = 4,
+    cell_size: int = 1 << 20,
+    targets: list[Store] | None = None,
+    threads: int = 0,
+    progress: Callable[[str, int], Callable[[int], None]] | None = None,
+) -> Manifest:
+    """Store `src` as NAME:TAG with `stripes` stripes dealt over `targets` (default: the store itself).
+
+    `progress(phase, total)` may return an `advance(n)` callback per phase ("hash", "upload").
+    """
+    check_name(name)
+    tag = check_name(tag, "tag") if tag else default_tag()
+    if not 1 <= stripes <= MAX_STRIPES:
+        raise ConfigError(f"--stripes {stripes}: use 1 to {MAX_STRIPES}")
+    if not MIN_CELL <= cell_size <= MAX_CELL:
+        raise ConfigError(f"--cell-size {cell_size}: use {MIN_CELL} B to 1 GiB")
+    if store.exists(manifest_rel(name, tag)):
+        raise ConfigError(f"checkpoint {name}:{tag} already exists (tags are immutable; pick another tag)")
+    src = src.resolve()
+    files, dirs = scan(src)
+    targets = targets or [store]
+    source = _Source(files)
+    total, k = source.total, stripes
+    workers = threads or min(32, max(4, k))
+    cells: list[str] = [""] * cell_count(total, cell_size)
+
+    def stripe_hash(s: int, advance: Callable[[int], None]) -> str:
+        h = hashlib.sha256()
+        for c, lo, n in _stripe_cells(total, cell_size, k, s):
+            data = source.read(lo, n)
+            cells[c] = hashlib.sha256(data).hexdigest()
+            h.update(data)
+            advance(n)
+        return h.hexdigest()
+
+    def upload(s: int, digest: str, advance: Callable[[int], None]) -> None:
+        chunks = (source.read(lo, n) for _, lo, n in _stripe_cells(total, cell_size, k, s))
+        targets[s % len(targets)].put_blob_stream(digest, chunks, stripe_size(total, cell_size, k, s), advance)
+
+    noop: Callable[[int], None] = lambda _n: None  # noqa: E731
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="ckpt-push") as pool:
+            advance = (progress and progress("hash", total * 2)) or noop
+            lock = threading.Lock()
+
+            def adv(n: int) -> None:
+                with lock:
+                    advance(n)
+
+            file_futs = [pool.submit(_hash_file, p) for _, p, _ in files]
+            stripe_futs = [pool.submit(stripe_hash, s, adv) for s in range(k)]
+            file_digests = [f.result() for f in file_futs]
+            adv(total)
+            digests = [f.result() for f in stripe_futs]
+            advance = (progress and progress("upload", total)) or noop
+            up_futs = [pool.submit(upload, s, digests[s], adv) for s in range(k)]
+            for f in up_futs:
+                f.result()
+    except OSError as e:
+        raise StoreError(f"push {name}:{tag}: {e}") from None
+    finally:
+        source.close()
+    entries = [
+        FileEntry(rel, off, size, d) for (rel, _, size), off, d in zip(files, source.starts, file_digests, strict=True)
+    ]
+    refs = [
+        StripeRef(
+            "" if targets[s % len(targets)] is store else public_uri(targets[s % len(targets)].uri),
+            digests[s],
+            stripe_size(total, cell_size, k, s),
+        )
+        for s in range(k)
+    ]
+    m = Manifest(name, tag, cell_size, refs, entries, cells, dirs, created=time.time())
+    store.put_bytes(manifest_rel(name, tag), m.to_json())
+    write_latest(store, name, tag, m.created)
+    return m

@@ -1,0 +1,305 @@
+"""THE read engine for striped checkpoints, shared by `pull` and the FUSE mount.
+
+- **Parallel ranged reads across stripes.** A read of logical bytes [lo, hi) becomes one fetch per
+  cell, run on a thread pool; consecutive cells live on different stripes, so a large read pulls from
+  every target at once.
+- **Read-ahead that follows sequential readers.** Each stream (an open file in the mount, the
+  writer in `pull`) remembers where its last read ended; a read that continues it doubles the
+  stream's window (up to `readahead`), and the cells ahead of it are fetched in the background.
+- **One global memory bound.** Verified cells are kept in one LRU shared by every stream, and the
+  bytes held (cached + in flight) stay under `memory` bytes: read-ahead is only started when it fits,
+  cells already consumed are evicted first. A demand read always proceeds (it is what the caller
+  waits for), so the bound can be exceeded by at most the reads in progress.
+- **Retries.** A failed ranged read (connection reset, timeout, a server restarting) is retried with
+  backoff on a freshly opened handle; a missing stripe is not (it will not come back).
+- **Checksums.** Every cell is checked against the manifest before anyone sees it. A mismatch is an
+  `IntegrityError`, which the mount turns into EIO: never silent bad bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import IntegrityError, StoreError
+from ..store import Store, blob_path
+from .layout import FileEntry, Manifest
+
+
+class StripeSource(Protocol):
+    def read_at(self, offset: int, n: int) -> bytes: ...
+
+    def reset(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StoreStripe:
+    """Ranged reads of one stripe object on its target (pyarrow's ReadAt is thread-safe)."""
+
+    def __init__(self, store: Store, digest: str, index: int) -> None:
+        self.store = store
+        self.rel = blob_path(digest)
+        self.index = index
+        self._f: Any = None
+        self._lock = threading.Lock()
+
+    def _handle(self) -> Any:
+        with self._lock:
+            if self._f is None:
+                try:
+                    self._f = self.store.fs.open_input_file(self.store.path(self.rel))
+                except FileNotFoundError:
+                    raise MissingStripe(f"stripe {self.index} ({self.rel}) is missing on {self.store.uri}") from None
+            return self._f
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        return self._handle().read_at(n, offset)
+
+    def reset(self) -> None:
+        with self._lock:
+            f, self._f = self._f, None
+        if f is not None:
+            with contextlib.suppress(Exception):  # a broken handle is dropped either way
+                f.close()
+
+    def close(self) -> None:
+        self.reset()
+
+
+class FileStripe:
+    """A stripe already on local disk (fetched whole, e.g. from the swarm): plain pread."""
+
+    def __init__(self, path: str, index: int) -> None:
+        self.fd = os.open(path, os.O_RDONLY)  # an open fd survives the cache evicting the file
+        self.index = index
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        return os.pread(self.fd, n, offset)
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class MissingStripe(StoreError):
+    """A stripe object is not on its target: retrying will not help."""
+
+
+@dataclass
+class ReaderOptions:
+    memory: int = 512 << 20  # global bound for buffered cells (cached + in flight)
+    readahead: int = 0  # per-stream maximum window in bytes; 0: 8 rows of cells, within memory/2
+    threads: int = 0  # fetch threads; 0: 4 per stripe, 8 to 64
+    retries: int = 3  # re-tries of a failed ranged read (so 4 attempts)
+    backoff_s: float = 0.2  # first retry delay, doubled each time
+
+
+@dataclass
+class _Stream:
+    next: int = -1  # logical offset where the last read ended
+    window: int = 0  # current read-ahead in cells
+
+
+class Reader:
+    def __init__(self, manifest: Manifest, sources: list[StripeSource], opts: ReaderOptions | None = None) -> None:
+        self.m = manifest
+        self.sources = sources
+        self.opts = opts or ReaderOptions()
+        k, cell = manifest.k, manifest.cell_size
+        self.threads = self.opts.threads or min(64, max(8, 4 * k))
+        memory_cells = max(2, self.opts.memory // cell)
+        window = self.opts.readahead // cell if self.opts.readahead else 8 * k
+        self.max_window = max(1, min(window, memory_cells // 2))
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ckpt-read")
+        # Re-entrant: a future that is already done runs its callback (which locks) in add_done_callback.
+        self.lock = threading.RLock()
+        self.cache: OrderedDict[int, bytes] = OrderedDict()
+        self.ahead: set[int] = set()  # cached or in flight by read-ahead, not read yet
+        self.inflight: dict[int, Future[bytes]] = {}
+        self.cached_bytes = 0
+        self.inflight_bytes = 0
+        self.ahead_bytes = 0
+        self.streams: dict[Any, _Stream] = {}
+        self.stats = {"fetched": 0, "bytes": 0, "retries": 0, "hits": 0, "prefetched": 0}
+        self.closed = False
+
+    # ---- fetching ------------------------------------------------------------------------------
+    def _fetch(self, c: int) -> bytes:
+        s, off, n = self.m.cell_location(c)
+        src = self.sources[s]
+        attempt = 0
+        integrity_retried = False
+        while True:
+            try:
+                data = src.read_at(off, n)
+                if len(data) != n:
+                    raise StoreError(f"stripe {s}: short read at {off} ({len(data)} of {n} bytes): truncated stripe")
+                if hashlib.sha256(data).hexdigest() != self.m.cells[c]:
+                    if integrity_retried:
+                        raise IntegrityError(
+                            f"checkpoint {self.m.name}:{self.m.tag}: cell {c} (stripe {s}, offset {off}) "
+                            "does not match its checksum"
+                        )
+                    integrity_retried = True  # one re-read, in case the bytes were damaged in transit
+                    src.reset()
+                    continue
+                return data
+            except (MissingStripe, IntegrityError):
+                raise
+            except (OSError, StoreError) as e:
+                if self.closed or attempt >= self.opts.retries:
+                    if isinstance(e, StoreError):
+                        raise
+                    raise StoreError(f"stripe {s}: read failed after {attempt + 1} attempts: {e}") from None
+                attempt += 1
+                with self.lock:
+                    self.stats["retries"] += 1
+                src.reset()
+                time.sleep(self.opts.backoff_s * (2 ** (attempt - 1)))
+
+    def _done(self, c: int, fut: Future[bytes]) -> None:
+        n = self.m.cell_len(c)
+        with self.lock:
+            self.inflight.pop(c, None)
+            self.inflight_bytes -= n
+            if not fut.cancelled() and fut.exception() is None and not self.closed:
+                self.cache[c] = fut.result()
+                self.cached_bytes += n
+                self.stats["fetched"] += 1
+                self.stats["bytes"] += n
+                self._evict()
+            else:
+                self._unahead(c)
+
+    def _unahead(self, c: int) -> None:
+        if c in self.ahead:
+            self.ahead.discard(c)
+            self.ahead_bytes -= self.m.cell_len(c)
+
+    def _evict(self) -> None:
+        """Drop cells until the bound holds: consumed cells first, oldest first (lock held)."""
+        limit = self.opts.memory
+        if self.cached_bytes + self.inflight_bytes <= limit:
+            return
+        for c in list(self.cache):
+            if self.cached_bytes + self.inflight_bytes <= limit:
+                return
+            if c not in self.ahead:
+                self.cached_bytes -= len(self.cache.pop(c))
+        for c in list(self.cache):  # read-ahead nobody came for: oldest first
+            if self.cached_bytes + self.inflight_bytes <= limit:
+                return
+            self._unahead(c)
+            self.cached_bytes -= len(self.cache.pop(c))
+
+    def _start(self, c: int, prefetch: bool) -> Future[bytes] | None:
+        """A future for cell `c` (lock held); None when read-ahead does not fit the memory bound."""
+        if c in self.cache:
+            fut: Future[bytes] = Future()
+            if prefetch:
+                return None
+            self.cache.move_to_end(c)
+            self._unahead(c)
+            self.stats["hits"] += 1
+            fut.set_result(self.cache[c])
+            return fut
+        if c in self.inflight:
+            if not prefetch:
+                self._unahead(c)
+            return self.inflight[c]
+        n = self.m.cell_len(c)
+        if prefetch:
+            # in-flight demand reads count too: all of it is memory this process holds
+            if self.ahead_bytes + self.inflight_bytes + n > self.opts.memory:
+                return None
+            self.ahead.add(c)
+            self.ahead_bytes += n
+            self.stats["prefetched"] += 1
+        self.inflight_bytes += n
+        fut = self.pool.submit(self._fetch, c)
+        self.inflight[c] = fut
+        fut.add_done_callback(lambda f, c=c: self._done(c, f))
+        return fut
+
+    # ---- reading -------------------------------------------------------------------------------
+    def read(self, lo: int, hi: int, stream: Any = None) -> bytes:
+        """Logical bytes [lo, hi) (clamped to the stream's end), verified."""
+        if self.closed:
+            raise StoreError("reader closed")
+        hi = min(hi, self.m.total_size)
+        if hi <= lo:
+            return b""
+        cells = self.m.cells_in(lo, hi)
+        with self.lock:
+            futs = [self._start(c, prefetch=False) for c in cells]
+            self._readahead(stream, lo, hi)
+        parts = []
+        cell = self.m.cell_size
+        for c, fut in zip(cells, futs, strict=True):
+            assert fut is not None
+            data = fut.result()
+            start = max(lo - c * cell, 0)
+            end = min(hi - c * cell, len(data))
+            parts.append(data[start:end] if (start, end) != (0, len(data)) else data)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _readahead(self, stream: Any, lo: int, hi: int) -> None:
+        """Grow the window of a stream that reads on from where it stopped; fetch ahead of it (lock held)."""
+        st = self.streams.get(stream)
+        if st is None:
+            st = self.streams[stream] = _Stream()
+        cell = self.m.cell_size
+        sequential = lo == 0 or (st.next >= 0 and st.next - 4 * cell <= lo <= st.next + self.m.k * cell)
+        if sequential:
+            st.window = min(self.max_window, max(self.m.k, st.window * 2))
+        else:
+            st.window = 0
+        st.next = hi
+        if not st.window:
+            return
+        first = (hi - 1) // cell + 1
+        last = min(self.m.n_cells, first + st.window)
+        for c in range(first, last):
+            if self._start(c, prefetch=True) is None and c not in self.cache and c not in self.inflight:
+                break
+
+    def forget(self, stream: Any) -> None:
+        with self.lock:
+            self.streams.pop(stream, None)
+
+    def pread(self, entry: FileEntry, offset: int, size: int, stream: Any = None) -> bytes:
+        """Bytes [offset, offset+size) of one file of the checkpoint."""
+        if offset >= entry.size or size <= 0:
+            return b""
+        end = min(entry.size, offset + size)
+        return self.read(entry.offset + offset, entry.offset + end, stream)
+
+    def close(self) -> None:
+        self.closed = True
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for s in self.sources:
+            s.close()
+        with self.lock:
+            self.cache.clear()
+            self.ahead.clear()
+            self.cached_bytes = self.ahead_bytes = 0
+
+
+def open_reader(manifest: Manifest, targets: Any, opts: ReaderOptions | None = None) -> Reader:
+    """A reader over the stripes on their targets (`targets`: a catalog.Targets)."""
+    sources: list[StripeSource] = [
+        StoreStripe(targets.get(ref.target), ref.digest, i) for i, ref in enumerate(manifest.stripes)
+    ]
+    return Reader(manifest, sources, opts)
