@@ -30,6 +30,7 @@ TASKS: dict[str, str] = {
     "hot-record": "bootseer_cli.hotblocks.tasks:record_task",
     "hot-prefetch": "bootseer_cli.hotblocks.tasks:prefetch_task",
     "seed": "bootseer_cli.p2p.seed:run_seed",
+    "ckpt-umount": "bootseer_cli.stripe.stage:agent_unmount",
 }
 
 STOP_GRACE_S = 30.0
