@@ -1,0 +1,252 @@
+"""`bootseer ckpt push|ls|rm|pull|mount|umount`: striped checkpoints (DESIGN.md section 6)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..cli import ConfigOpt, JsonOpt, StoreOpt, load_config
+
+app = typer.Typer(
+    name="ckpt",
+    help="Store checkpoints as interleaved stripes; pull or mount them at the aggregate bandwidth.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "mb": 1 << 20}
+_UNITS |= {"g": 1 << 30, "gib": 1 << 30, "gb": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """`1MiB`, `256KiB`, `4M`, `1048576` → bytes (binary units)."""
+    from ..errors import ConfigError
+
+    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"--cell-size {text!r}: use e.g. 1MiB, 256KiB or a number of bytes")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _store(cfg: Any) -> Any:
+    from ..store import store_from_config
+
+    return store_from_config(cfg)
+
+
+@app.command()
+def push(
+    directory: Annotated[Path, typer.Argument(help="The checkpoint directory.")],
+    name: Annotated[str, typer.Option("--name", "-n", help="Checkpoint name.")],
+    tag: Annotated[str | None, typer.Option("--tag", "-t", help="Tag (default: a UTC timestamp).")] = None,
+    stripes: Annotated[int | None, typer.Option("--stripes", "-k", help="Stripe count ([checkpoint] stripes).")] = None,
+    cell_size: Annotated[str | None, typer.Option("--cell-size", help="Cell size, e.g. 1MiB.")] = None,
+    target: Annotated[
+        list[str] | None, typer.Option("--target", help="Stripe target URI (repeat; default: the store).")
+    ] = None,
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Store DIRECTORY as NAME:TAG in the striped layout (uploads in parallel; manifest last)."""
+    from ..progress import byte_bar
+    from ..store import Store
+    from ..stripe.catalog import describe
+    from ..stripe.push import push as do_push
+
+    cfg = load_config(config, store)
+    targets = target if target else list(cfg.get("checkpoint", "targets") or [])
+    bars: list[Any] = []
+
+    def bar(phase: str, total: int) -> Any:
+        while bars:
+            bars.pop().__exit__(None, None, None)
+        cm = byte_bar(total, f"{phase} {name}")
+        bars.append(cm)
+        return cm.__enter__()
+
+    t0 = time.time()
+    try:
+        m = do_push(
+            _store(cfg),
+            directory,
+            name,
+            tag,
+            stripes=stripes or cfg.get("checkpoint", "stripes"),
+            cell_size=parse_size(cell_size) if cell_size else cfg.get("checkpoint", "cell_size"),
+            targets=[Store(u) for u in targets] or None,
+            progress=bar,
+        )
+    finally:
+        while bars:
+            bars.pop().__exit__(None, None, None)
+    if json_:
+        typer.echo(json.dumps(describe(m), indent=2))
+    else:
+        typer.echo(
+            f"pushed {m.name}:{m.tag}: {len(m.files)} files, {_human(m.total_size)} in {m.k} stripes "
+            f"({time.time() - t0:.1f} s)"
+        )
+
+
+@app.command("ls")
+def ls(
+    name: Annotated[str | None, typer.Argument(help="Only this checkpoint's tags.")] = None,
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """List checkpoints and their tags (newest last)."""
+    from ..stripe.catalog import list_names, list_tags
+    from ..stripe.layout import check_name
+
+    st = _store(load_config(config, store))
+    names = [check_name(name)] if name else list_names(st)
+    rows = [e for n in names for e in list_tags(st, n)]
+    if json_:
+        typer.echo(json.dumps([e.__dict__ for e in rows], indent=2))
+        return
+    if not rows:
+        typer.echo("no checkpoints" + (f" named {name}" if name else ""))
+        return
+    for e in rows:
+        if e.error:
+            typer.echo(f"{e.name}:{e.tag}  (unreadable: {e.error})")
+            continue
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.created))
+        typer.echo(f"{e.name}:{e.tag}  {_human(e.size):>10}  {e.files} files  {e.stripes} stripes  {when} UTC")
+
+
+@app.command("rm")
+def rm(
+    ref: Annotated[str, typer.Argument(help="NAME:TAG to remove.")],
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+) -> None:
+    """Remove NAME:TAG (its manifest, then the stripes no other checkpoint uses)."""
+    from ..errors import ConfigError
+    from ..stripe.catalog import load_manifest, remove
+    from ..stripe.layout import parse_ref
+
+    name, tag = parse_ref(ref)
+    if ":" not in ref:
+        raise ConfigError(f"rm {ref}: give NAME:TAG (or NAME:latest)")
+    cfg = load_config(config, store)
+    st = _store(cfg)
+    m = load_manifest(st, name, tag)
+    n = remove(st, name, m.tag, list(cfg.get("checkpoint", "targets") or []))
+    typer.echo(f"removed {name}:{m.tag} ({n} stripe objects deleted)")
+
+
+def _options(memory_mib: int | None, threads: int | None) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    if memory_mib:
+        opts["memory"] = memory_mib << 20
+    if threads:
+        opts["threads"] = threads
+    return opts
+
+
+MemoryOpt = Annotated[
+    int | None, typer.Option("--memory", help="Memory bound for buffered cells, MiB (default 512).", min=8)
+]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="Fetch threads (default 4 per stripe).", min=1)]
+
+
+@app.command()
+def pull(
+    ref: Annotated[str, typer.Argument(help="NAME[:TAG|latest].")],
+    dest: Annotated[Path, typer.Argument(help="Directory to create (appears complete or not at all).")],
+    force: Annotated[bool, typer.Option("--force", "-f", help="Replace DEST if it exists.")] = False,
+    memory: MemoryOpt = None,
+    threads: ThreadsOpt = None,
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+) -> None:
+    """Copy a checkpoint to local disk, in parallel from all stripes, verified."""
+    from ..progress import byte_bar
+    from ..stripe.catalog import Targets, load_manifest
+    from ..stripe.layout import parse_ref
+    from ..stripe.pull import pull as do_pull
+    from ..stripe.reader import ReaderOptions
+
+    name, tag = parse_ref(ref)
+    cfg = load_config(config, store)
+    st = _store(cfg)
+    m = load_manifest(st, name, tag)
+    t0 = time.time()
+    with byte_bar(m.total_size, f"pull {m.name}:{m.tag}") as advance:
+        r = do_pull(
+            m,
+            Targets(st, list(cfg.get("checkpoint", "targets") or [])),
+            dest,
+            replace=force,
+            opts=ReaderOptions(**_options(memory, threads)),
+            cfg=cfg,
+            whole_stripes=bool(cfg.get("p2p", "enabled")),
+            advance=advance,
+        )
+    took = time.time() - t0
+    if r.skipped:
+        typer.echo(f"{r.dest} already holds {m.name}:{m.tag}")
+    else:
+        rate = r.bytes / took / (1 << 20) if took > 0 else 0.0
+        typer.echo(f"pulled {m.name}:{m.tag} to {r.dest}: {_human(r.bytes)} in {took:.1f} s ({rate:.0f} MiB/s)")
+
+
+@app.command()
+def mount(
+    ref: Annotated[str, typer.Argument(help="NAME[:TAG|latest].")],
+    mountpoint: Annotated[Path, typer.Argument(help="Where to mount it (created if missing).")],
+    foreground: Annotated[bool, typer.Option("--foreground", help="Serve in this process until unmounted.")] = False,
+    memory: MemoryOpt = None,
+    threads: ThreadsOpt = None,
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+) -> None:
+    """Mount a checkpoint read-only (FUSE); detached unless --foreground. Undo with `ckpt umount`."""
+    from ..stripe.catalog import load_manifest
+    from ..stripe.layout import parse_ref
+    from ..stripe.mount import mount_detached, serve
+
+    name, tag = parse_ref(ref)
+    cfg = load_config(config, store)
+    st = _store(cfg)
+    m = load_manifest(st, name, tag)
+    targets = list(cfg.get("checkpoint", "targets") or [])
+    mp = str(mountpoint.expanduser().absolute())
+    if foreground:
+        spec = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri, "targets": targets}
+        spec["options"] = _options(memory, threads)
+        raise typer.Exit(serve(spec))
+    pid = mount_detached(m, mp, st.uri, targets=targets, options=_options(memory, threads))
+    typer.echo(f"mounted {m.name}:{m.tag} at {mp} (server pid {pid}; `bootseer ckpt umount {mp}` to unmount)")
+
+
+@app.command()
+def umount(mountpoint: Annotated[Path, typer.Argument(help="The mount point.")]) -> None:
+    """Unmount a checkpoint mount (also a stale one whose server died)."""
+    from ..errors import BootseerError
+    from ..stripe.mount import umount as do_umount
+
+    mp = str(mountpoint.expanduser().absolute())
+    if not do_umount(mp):
+        raise BootseerError(f"{mp} is not mounted")
+    typer.echo(f"unmounted {mp}")
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="ckpt")
