@@ -19,7 +19,8 @@ from typing import Any
 from .analysis import READY_STAGE, TOTAL_STAGE, JobReport, NodeRow, TrendReport, percentile
 
 MAX_NODE_ROWS = 64
-GROUP_ROWS = 40
+GROUP_ROWS = 32
+SLOWEST_ROWS = 10
 COLORS = {
     "image": "#4e79a7",
     "env": "#f28e2b",
@@ -208,28 +209,29 @@ def timeline_svg(r: JobReport, width: int = 1200) -> str:
         return label_w + max(0.0, t) / axis_max * plot_w
 
     # rows: (label, nodes in the row, is_straggler_row)
+    first_single = -1
     if aggregated:
         ordered = sorted(r.rows, key=lambda row: (row.ready, row.node))
-        size = math.ceil(len(ordered) / GROUP_ROWS)
-        groups = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+        bulk, tail = ordered[:-SLOWEST_ROWS], ordered[-SLOWEST_ROWS:]
+        size = math.ceil(len(bulk) / GROUP_ROWS)
+        groups = [bulk[i : i + size] for i in range(0, len(bulk), size)]
         layout = [
-            (
-                f"#{i * size + 1}–{i * size + len(g)} · ready {fmt_s(g[0].ready)}–{fmt_s(g[-1].ready)}",
-                g,
-                any(row.node == r.slowest_node for row in g),
-            )
+            (f"#{i * size + 1}–{i * size + len(g)} · ready {fmt_s(g[0].ready)}–{fmt_s(g[-1].ready)}", g, False)
             for i, g in enumerate(groups)
         ]
-        slow = next(row for row in r.rows if row.node == r.slowest_node)
-        layout.append((f"★ {slow.node} (straggler)", [slow], True))
-        row_h = 20
+        first_single = len(layout)
+        for i, row in enumerate(tail):
+            slow = row.node == r.slowest_node
+            label = f"{'★ ' if slow else ''}#{len(bulk) + i + 1} {row.node}"
+            layout.append((label, [row], slow))
+        row_h = 18
     else:
         layout = [
             (f"{'★ ' if row.node == r.slowest_node else ''}{row.node} · r{row.rank}", [row], row.node == r.slowest_node)
             for row in r.rows
         ]
         row_h = 22 if len(layout) <= 16 else 16
-    height = top + row_h * len(layout) + (12 if aggregated else 0) + bottom_pad
+    height = top + row_h * len(layout) + (18 if aggregated else 0) + bottom_pad
     svg = _Svg()
     svg.add(
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
@@ -238,7 +240,7 @@ def timeline_svg(r: JobReport, width: int = 1200) -> str:
     svg.rect(0, 0, width, height, "#ffffff")
     title = f"job {r.job}: {r.nodes} node(s), startup {fmt_s(r.startup_s)} to the slowest node's ready"
     if aggregated:
-        title += f" (nodes sorted by ready time, {len(groups)} groups of ≤{size})"
+        title += f" (sorted by ready time: {len(groups)} groups of ≤{size} nodes, then the {SLOWEST_ROWS} slowest)"
     svg.text(10, 18, title, ' font-size="14" font-weight="600" fill="#222"')
     # axis and grid
     t = 0.0
@@ -249,11 +251,12 @@ def timeline_svg(r: JobReport, width: int = 1200) -> str:
         t += step
     y = top
     for i, (label, rows, is_slow) in enumerate(layout):
-        if aggregated and i == len(layout) - 1:
-            y += 12
+        if aggregated and i == first_single:
+            svg.text(8, y + 13, f"the {SLOWEST_ROWS} slowest nodes, one row each:", ' fill="#666" font-size="11"')
+            y += 18
         if i % 2 == 0:
             svg.rect(0, y, width, row_h, "#f7f7fa")
-        if is_slow and (not aggregated or len(rows) == 1):
+        if is_slow:
             svg.rect(2, y + 1, width - 4, row_h - 2, "none", extra=f' stroke="{STRAGGLER}" stroke-width="1.5"')
         label_attr = f' fill="{STRAGGLER}" font-weight="700"' if is_slow else ' fill="#333"'
         svg.text(8, y + row_h / 2 + 4, label[:38], label_attr)
@@ -505,7 +508,7 @@ def job_html(r: JobReport) -> str:
             classes,
         )
     )
-    if r.nodes > 1:
+    if r.nodes > 8:
         body += ["<h2>Time to ready across nodes</h2>", f'<div class="scroll">{ready_histogram_svg(r)}</div>']
     stage_names = [s.stage for s in r.stages if s.stage not in (TOTAL_STAGE, READY_STAGE)]
     listed = r.rows if r.nodes <= MAX_NODE_ROWS else sorted(r.rows, key=lambda row: -row.ready)[:15]
