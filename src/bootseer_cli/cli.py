@@ -179,7 +179,7 @@ def _register_capabilities() -> None:
 
 
 # Capability verbs, each module exposing register(app).
-COMMAND_MODULES: tuple[str, ...] = ("hot", "report", "p2p", "prewarm", "ckpt")
+COMMAND_MODULES: tuple[str, ...] = ("hot", "report", "p2p", "prewarm", "ckpt", "env")
 
 
 def main() -> None:

@@ -1,0 +1,173 @@
+"""Manifests of directory trees, and the difference between two of them.
+
+A snapshot is the difference between a tree before the setup (the baseline) and after it, so the
+scan must see everything a setup can do to a tree: new and changed files, symlinks, hardlinks, mode
+changes, type changes (a directory replaced by a file) and deletions (an upgrade removes the old
+version's files). It must also be fast on a tree of 100k files, which is why it is one `lstat` per
+entry through `os.scandir` and entries are plain tuples, not objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Kinds of entries.
+FILE, DIR, SYMLINK, OTHER = "f", "d", "l", "o"
+
+# Names bootseer keeps at the top of a root; never part of a snapshot.
+STAMP_NAME = ".bootseer-env.json"
+UNDO_PREFIX = ".bootseer-undo-"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One path's state. `target` is a symlink's target; dev/ino/nlink find hardlinks."""
+
+    kind: str
+    mode: int
+    size: int
+    mtime_ns: int
+    dev: int = 0
+    ino: int = 0
+    nlink: int = 1
+    target: str = ""
+
+    def same_content(self, other: Entry) -> bool:
+        """Whether `other` can be taken as unchanged (directories: only their mode matters)."""
+        if self.kind != other.kind or self.mode != other.mode:
+            return False
+        if self.kind == DIR:
+            return True
+        if self.kind == SYMLINK:
+            return self.target == other.target
+        return (self.size, self.mtime_ns, self.ino, self.dev) == (other.size, other.mtime_ns, other.ino, other.dev)
+
+
+Manifest = dict[str, Entry]
+
+
+def _entry(st: os.stat_result, path: str) -> Entry:
+    m = st.st_mode
+    if stat.S_ISREG(m):
+        kind = FILE
+    elif stat.S_ISDIR(m):
+        kind = DIR
+    elif stat.S_ISLNK(m):
+        return Entry(SYMLINK, 0o777, 0, st.st_mtime_ns, target=os.readlink(path))
+    else:
+        kind = OTHER
+    return Entry(
+        kind, stat.S_IMODE(m), st.st_size if kind == FILE else 0, st.st_mtime_ns, st.st_dev, st.st_ino, st.st_nlink
+    )
+
+
+def scan(roots: Iterable[str | os.PathLike[str]], exclude: Iterable[str] = ()) -> Manifest:
+    """Every entry under `roots` (the roots themselves included), by absolute path.
+
+    Symlinks are recorded, never followed. `exclude` holds absolute paths not to descend into
+    (bootseer's own cache when it lies under a root). A missing root yields nothing.
+    """
+    out: Manifest = {}
+    skip = {os.path.abspath(p) for p in exclude}
+    for root in roots:
+        root = os.path.abspath(root)
+        try:
+            st = os.lstat(root)
+        except FileNotFoundError:
+            continue
+        out[root] = _entry(st, root)
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        stack = [root]
+        while stack:
+            d = stack.pop()
+            try:
+                it = os.scandir(d)
+            except (PermissionError, FileNotFoundError, NotADirectoryError):
+                continue
+            top = d == root
+            with it:
+                for e in it:
+                    p = e.path
+                    if (top and (e.name == STAMP_NAME or e.name.startswith(UNDO_PREFIX))) or p in skip:
+                        continue
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                        ent = _entry(st, p)
+                    except FileNotFoundError:
+                        continue  # removed while we looked: it is not part of the tree
+                    out[p] = ent
+                    if ent.kind == DIR:
+                        stack.append(p)
+    return out
+
+
+@dataclass
+class Diff:
+    """What changed between two manifests, in an order safe to replay (parents before children)."""
+
+    changed: list[str] = field(default_factory=list)  # added or changed paths (any kind), sorted
+    deleted: list[str] = field(default_factory=list)  # paths gone, top-most only (children implied)
+
+    def __bool__(self) -> bool:
+        return bool(self.changed or self.deleted)
+
+
+def diff(before: Manifest, after: Manifest) -> Diff:
+    """Added/changed entries of `after`, and entries of `before` gone from it.
+
+    A directory whose mode did not change is not listed (its mtime changes with its contents and
+    says nothing); a new directory is, so an empty one and its mode come back too. Deletions keep
+    only the top-most path of a deleted subtree: removing it removes the rest.
+    """
+    changed = [p for p, e in after.items() if (b := before.get(p)) is None or not e.same_content(b)]
+    changed.sort()
+    gone = sorted(p for p in before if p not in after)
+    deleted: list[str] = []
+    for p in gone:
+        if deleted and p.startswith(deleted[-1] + "/"):
+            continue
+        deleted.append(p)
+    # A path whose kind changed (directory → file) is both re-created and, for its old children,
+    # deleted; the children are covered by deleting below it, which the restore does first.
+    return Diff(changed=changed, deleted=deleted)
+
+
+def hardlink_groups(manifest: Manifest, paths: Iterable[str]) -> dict[str, str]:
+    """For regular files among `paths` that share an inode, map each later path to the first one."""
+    first: dict[tuple[int, int], str] = {}
+    links: dict[str, str] = {}
+    for p in sorted(paths):
+        e = manifest[p]
+        if e.kind != FILE or e.nlink < 2:
+            continue
+        k = (e.dev, e.ino)
+        if k in first:
+            links[p] = first[k]
+        else:
+            first[k] = p
+    return links
+
+
+# ---- persistence (the `bootseer baseline` file) ------------------------------------------------
+
+
+def save(manifest: Manifest, path: Path, roots: list[str]) -> None:
+    """Write a manifest compactly (zlib'd JSON rows), by temporary name and rename."""
+    rows = [[p, e.kind, e.mode, e.size, e.mtime_ns, e.dev, e.ino, e.nlink, e.target] for p, e in manifest.items()]
+    data = zlib.compress(json.dumps({"format": 1, "roots": roots, "rows": rows}).encode(), 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> tuple[Manifest, list[str]]:
+    doc = json.loads(zlib.decompress(path.read_bytes()))
+    return {r[0]: Entry(*r[1:]) for r in doc["rows"]}, list(doc["roots"])

@@ -1,0 +1,193 @@
+"""The env stage of `bootseer exec`: stamp → restore → single-flight setup+capture → local setup.
+
+Order of preference (DESIGN.md section 2, step 4):
+1. the tree already carries this env (a stamp whose sentinel files are untouched): nothing to do;
+2. the store has a snapshot for the env key: fetch, verify, restore;
+3. otherwise one node takes the lease, runs the setup, captures and publishes; the others poll the
+   ref for up to `[env] wait_s`, then restore what it published, or run the setup themselves;
+4. on any failure of bootseer's own (store down, bad blob): warn, run the setup, go on. Only the
+   user's setup failing stops the start, with the setup's exit status.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..errors import BootseerError
+from ..launch import LaunchContext, StageFatal, StageResult
+
+LEASE_TTL_S = 60.0
+POLL_S = 1.0
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+def _restored_result(r: Any, note: str = "") -> StageResult:
+    summary = f"restored {r.files} files ({_mb(r.raw_bytes)}) from {r.source}" + (f", {note}" if note else "")
+    return StageResult(
+        outcome="restored",
+        summary=summary,
+        cache="hit",
+        bytes=r.bytes_from_store + r.bytes_from_peers,
+        bytes_from_store=r.bytes_from_store,
+        bytes_from_peers=r.bytes_from_peers,
+        extra={"files": r.files, "fetch_s": round(r.seconds_fetch, 3), "extract_s": round(r.seconds_extract, 3)},
+    )
+
+
+def run_stage(ctx: LaunchContext) -> StageResult:
+    from . import snapshot as snap
+
+    cfg = ctx.cfg
+    roots = snap.resolve_roots(cfg)
+    key = ctx.keys.env.digest
+    ok, why = snap.stamp_state(roots, key)
+    if ok:
+        return StageResult(outcome="present", summary="env present (stamp)", cache="hit")
+    if why.startswith("stale"):
+        ctx.warn(f"env: {why}; restoring again")
+    try:
+        store = ctx.store
+        ref = store.read_ref(snap.REF_KIND, key)
+    except BootseerError as e:
+        ctx.warn(f"env: store unreachable ({e}); running the setup locally")
+        return _local_setup(ctx, roots, key, reason="store unreachable")
+    except OSError as e:
+        ctx.warn(f"env: store unreachable ({e}); running the setup locally")
+        return _local_setup(ctx, roots, key, reason="store unreachable")
+    note = ""
+    if ref is not None:
+        result = _try_restore(ctx, store, key, roots, ref)
+        if result is not None:
+            return result
+        note = "restore failed"
+    return _single_flight(ctx, store, key, roots, note)
+
+
+def _try_restore(ctx: LaunchContext, store: Any, key: str, roots: list[str], ref: Any) -> StageResult | None:
+    from . import snapshot as snap
+
+    try:
+        r = snap.restore(ctx.cfg, store, key, roots, ref=ref)
+    except BootseerError as e:
+        ctx.warn(f"env: could not restore snapshot {str(ref.get('blob', ''))[:12]}: {e}; running the setup instead")
+        return None
+    if r is None:
+        return None
+    return _restored_result(r)
+
+
+def _single_flight(ctx: LaunchContext, store: Any, key: str, roots: list[str], note: str) -> StageResult:
+    from . import snapshot as snap
+
+    wait_s = float(ctx.cfg.get("env", "wait_s"))
+    deadline = time.monotonic() + wait_s
+    announced = False
+    while True:
+        try:
+            lease = store.try_lease(snap.lease_key(key), LEASE_TTL_S)
+        except BootseerError as e:
+            ctx.warn(f"env: cannot take the build lease ({e}); running the setup locally")
+            return _local_setup(ctx, roots, key, reason="lease failed")
+        if lease is not None:
+            return _build(ctx, store, key, roots, lease, note)
+        if not announced:
+            ctx.info(f"env: another node is building env {key[:12]}; waiting up to {wait_s:.0f} s for its snapshot")
+            announced = True
+        if time.monotonic() >= deadline:
+            ctx.warn(f"env: no snapshot published within [env] wait_s = {wait_s:.0f} s; running the setup here")
+            return _local_setup(ctx, roots, key, reason="wait timed out")
+        time.sleep(min(POLL_S, max(0.05, deadline - time.monotonic())))
+        try:
+            ref = store.read_ref(snap.REF_KIND, key)
+        except BootseerError:
+            ref = None
+        if ref is not None:
+            result = _try_restore(ctx, store, key, roots, ref)
+            if result is not None:
+                result.summary += " (waited for the builder)"
+                return result
+            return _local_setup(ctx, roots, key, reason="restore failed")
+
+
+def _build(ctx: LaunchContext, store: Any, key: str, roots: list[str], lease: Any, note: str) -> StageResult:
+    """Holder of the lease: setup, capture, publish. A failed capture/publish only warns."""
+    from ..cache import cache_from_config
+    from . import snapshot as snap
+    from .manifest import scan
+
+    cfg = ctx.cfg
+    with snap.LeaseKeeper(lease, LEASE_TTL_S):
+        # The lease may have been taken just after another node published: check once more.
+        ref = store.read_ref(snap.REF_KIND, key)
+        if ref is not None:
+            result = _try_restore(ctx, store, key, roots, ref)
+            if result is not None:
+                return result
+        snap.remove_stamp(roots)
+        baseline = scan(roots, snap.excluded_paths(cfg))
+        t0 = time.time()
+        snap.run_setup(cfg, ctx.info)
+        setup_s = time.time() - t0
+        try:
+            cap = snap.capture(cfg, roots, baseline, key, cache_from_config(cfg), ctx.warn, since=t0 - 1)
+        except StageFatal:
+            raise
+        except BootseerError as e:
+            ctx.warn(f"env: setup done, but not captured: {e}")
+            _stamp_after_setup(cfg, roots, key, baseline)
+            return StageResult("setup", summary=f"setup {setup_s:.1f} s (not captured)", cache="miss", reason=str(e))
+        try:
+            snap.publish(cfg, store, cap, key, roots)
+        except BootseerError as e:
+            ctx.warn(f"env: setup done and captured, but not published: {e}")
+            cap.blob.unlink(missing_ok=True)
+            snap.write_stamp(roots, [key], cap.digest, cap.entries)
+            return StageResult("setup", summary=f"setup {setup_s:.1f} s (not published)", cache="miss", reason=str(e))
+        snap.write_stamp(roots, _keys_now(ctx, key), cap.digest, cap.entries)
+    summary = f"setup {setup_s:.1f} s, published {cap.files} files ({_mb(cap.size)})"
+    return StageResult(
+        outcome="built",
+        summary=summary + (f", {note}" if note else ""),
+        cache="miss",
+        bytes=cap.size,
+        reason=note,
+        extra={"files": cap.files, "setup_s": round(setup_s, 3)},
+    )
+
+
+def _keys_now(ctx: LaunchContext, key: str) -> list[str]:
+    """The env key, plus the key as computed now: when the setup installs into the base prefix, the
+    image fingerprint (and so the key) changes with it, and a restart of this node must still match."""
+    from ..keys import compute
+
+    try:
+        return [key, compute(ctx.cfg).env.digest]
+    except Exception:
+        return [key]
+
+
+def _stamp_after_setup(cfg: Any, roots: list[str], key: str, baseline: Any) -> None:
+    from . import snapshot as snap
+    from .manifest import diff, scan
+
+    after = scan(roots, snap.excluded_paths(cfg))
+    snap.write_stamp(roots, [key], None, snap.entries_of(after, diff(baseline, after).changed))
+
+
+def _local_setup(ctx: LaunchContext, roots: list[str], key: str, reason: str) -> StageResult:
+    """The slow path without the store: run the setup here and stamp the tree."""
+    from . import snapshot as snap
+    from .manifest import scan
+
+    snap.remove_stamp(roots)
+    baseline = scan(roots, snap.excluded_paths(ctx.cfg))
+    t0 = time.time()
+    snap.run_setup(ctx.cfg, ctx.info)
+    _stamp_after_setup(ctx.cfg, roots, key, baseline)
+    return StageResult(
+        outcome="setup", summary=f"setup {time.time() - t0:.1f} s ({reason})", cache="miss", reason=reason
+    )
