@@ -1,0 +1,215 @@
+"""A read-only FUSE mirror of a directory that is slow the way lazily loaded images are.
+
+Each 1 MiB chunk of each file is "fetched" on its first read: the reading thread waits a fixed delay
+(a round trip to a registry) plus the chunk's transfer time at an optional bandwidth, then the bytes
+come from the mirrored directory; later reads of the chunk are immediate, as in stargz, SOCI or
+nydus once a chunk is local. Concurrent readers of one chunk wait for one fetch; different chunks
+are fetched in parallel (the mount is multithreaded and allows many background requests), so the
+latency is what a parallel reader can hide and a one-import-at-a-time reader cannot. netem is not
+available on this kernel, which is why the latency comes from user space.
+
+Every fetch is appended to `--log` as "<path> <chunk>\\n", so tests can see exactly which chunks a
+start or a replay pulled.
+
+    python -m tests.support.lazyfs SRC MNT --delay-ms 10 [--chunk 1048576] [--mbps 0] [--log FILE]
+
+`LazyMount` runs it as a subprocess (so it can be restarted with a cold chunk cache) and unmounts it
+however the caller ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import errno
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+CHUNK = 1 << 20
+
+
+def _make_ops(source: str, delay_s: float, chunk: int, mbps: float, log: str | None) -> Any:
+    import mfusepy
+
+    class LazyFS(mfusepy.Operations):
+        use_ns = True
+
+        def __init__(self) -> None:
+            self.fetched: set[tuple[str, int]] = set()
+            self.inflight: dict[tuple[str, int], threading.Event] = {}
+            self.lock = threading.Lock()
+            self.log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if log else None
+
+        def init_with_config(self, conn: Any, config: Any) -> None:
+            # Many reads in flight at once (readahead requests are "background" ones, 12 by default).
+            if conn is not None:
+                conn.max_background = 128
+                conn.congestion_threshold = 96
+                conn.max_read = 1 << 20  # must match the max_read mount option
+            if config is not None:
+                config.kernel_cache = 1  # keep the page cache across opens, as an image mount does
+                config.attr_timeout = 3600.0
+                config.entry_timeout = 3600.0
+                config.negative_timeout = 3600.0
+
+        def _real(self, path: str) -> str:
+            return os.path.join(source, path.lstrip("/"))
+
+        def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+            try:
+                st = os.lstat(self._real(path))
+            except OSError as e:
+                raise mfusepy.FuseOSError(e.errno or errno.EIO) from None
+            keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_ino")
+            out = {k: getattr(st, k) for k in keys}
+            out.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
+            return out
+
+        def readlink(self, path: str) -> str:
+            return os.readlink(self._real(path))
+
+        def readdir(self, path: str, fh: int) -> list[str]:
+            return [".", "..", *os.listdir(self._real(path))]
+
+        def open(self, path: str, flags: int) -> int:
+            if flags & (os.O_WRONLY | os.O_RDWR):
+                raise mfusepy.FuseOSError(errno.EROFS)
+            return os.open(self._real(path), os.O_RDONLY)
+
+        def release(self, path: str, fh: int) -> int:
+            with contextlib.suppress(OSError):
+                os.close(fh)
+            return 0
+
+        def statfs(self, path: str) -> dict[str, Any]:
+            sv = os.statvfs(source)
+            keys = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_namemax")
+            return {k: getattr(sv, k) for k in keys}
+
+        def _fetch(self, path: str, index: int) -> None:
+            key = (path, index)
+            with self.lock:
+                if key in self.fetched:
+                    return
+                ev = self.inflight.get(key)
+                owner = ev is None
+                if owner:
+                    ev = self.inflight[key] = threading.Event()
+            if not owner:
+                ev.wait()
+                return
+            time.sleep(delay_s + (chunk / (mbps * 1e6) if mbps > 0 else 0.0))
+            with self.lock:
+                self.fetched.add(key)
+                del self.inflight[key]
+            ev.set()
+            if self.log_fd is not None:
+                os.write(self.log_fd, f"{path} {index}\n".encode())
+
+        def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+            data = os.pread(fh, size, offset)
+            if data:
+                for index in range(offset // chunk, (offset + len(data) - 1) // chunk + 1):
+                    self._fetch(path, index)
+            return data
+
+    return LazyFS()
+
+
+def serve(source: str, mountpoint: str, delay_ms: float, chunk: int, mbps: float, log: str | None) -> None:
+    import mfusepy
+
+    ops = _make_ops(os.path.realpath(source), delay_ms / 1000.0, chunk, mbps, log)
+    mfusepy.FUSE(ops, mountpoint, foreground=True, ro=True, fsname="lazyfs", allow_other=True, max_read=1 << 20)
+
+
+def _mounted(mountpoint: str) -> bool:
+    real = os.path.realpath(mountpoint)
+    with open("/proc/mounts") as f:
+        return any(line.split()[1] == real for line in f)
+
+
+class LazyMount:
+    """The lazy filesystem as a subprocess: `start()` mounts (waits until mounted), `stop()` unmounts."""
+
+    def __init__(
+        self, source: Path, mountpoint: Path, delay_ms: float = 10.0, chunk: int = CHUNK, mbps: float = 0.0
+    ) -> None:
+        self.source, self.mountpoint = source, mountpoint
+        self.delay_ms, self.chunk, self.mbps = delay_ms, chunk, mbps
+        self.log = mountpoint.parent / f".{mountpoint.name}.fetches"
+        self.proc: subprocess.Popen[bytes] | None = None
+        atexit.register(self.stop)
+
+    def start(self) -> LazyMount:
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        self.log.unlink(missing_ok=True)
+        self.log.touch()
+        root = str(Path(__file__).resolve().parents[2])
+        argv = [sys.executable, "-m", "tests.support.lazyfs", str(self.source), str(self.mountpoint)]
+        argv += ["--delay-ms", str(self.delay_ms), "--chunk", str(self.chunk), "--mbps", str(self.mbps)]
+        argv += ["--log", str(self.log)]
+        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen(argv, env=env, cwd=root, stderr=subprocess.PIPE)
+        deadline = time.time() + 20
+        while not _mounted(str(self.mountpoint)):
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise RuntimeError(f"lazyfs did not mount: {err}")
+            if time.time() > deadline:
+                self.stop()
+                raise RuntimeError("lazyfs did not mount within 20 s")
+            time.sleep(0.05)
+        return self
+
+    def fetches(self) -> list[tuple[str, int]]:
+        """(path inside the mount, chunk index) of every chunk fetched so far, in order."""
+        out = []
+        for line in self.log.read_text().splitlines():
+            path, _, index = line.rpartition(" ")
+            out.append((path, int(index)))
+        return out
+
+    def stop(self) -> None:
+        if _mounted(str(self.mountpoint)):
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True, check=False)
+        if self.proc is not None:
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def restart(self) -> LazyMount:
+        """Unmount and mount again: a cold chunk cache and an empty page cache for the mount."""
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> LazyMount:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("source")
+    p.add_argument("mountpoint")
+    p.add_argument("--delay-ms", type=float, default=10.0)
+    p.add_argument("--chunk", type=int, default=CHUNK)
+    p.add_argument("--mbps", type=float, default=0.0, help="per-fetch bandwidth in MB/s (0: only the delay)")
+    p.add_argument("--log")
+    a = p.parse_args()
+    serve(a.source, a.mountpoint, a.delay_ms, a.chunk, a.mbps, a.log)
+
+
+if __name__ == "__main__":
+    main()
