@@ -2,9 +2,10 @@
 
 Definitions (the tests recompute each of them from the raw events):
 
-- A *start* is one `(node, run)`: one `bootseer exec` on one node. When a node restarted within a
-  job, its runs are numbered by start time (attempt 1, 2, …) and a job report shows the latest
-  attempt of each node unless asked for another.
+- A node's *start* is one `(node, run)`: one `bootseer exec` on one node. A job report shows the
+  latest start of each node unless asked for another. The job's own starts (restarts) are found by
+  clustering the runs by start time: a new one begins after `START_GAP_S` seconds in which no node
+  started, or when a node starts a second time; `--start K` shows the K-th.
 - A node's *start time* is the start of its `bootseer` event (the first thing exec records; the
   earliest event when that is missing). It is *ready* at the latest end of its `ready` events (one
   per local rank; `bootseer_cli.ready()`), or, when the script never calls it, when exec handed over
@@ -42,6 +43,7 @@ STAGE_LABELS = {
 HIT_OUTCOMES = ("hit", "restored")
 MISS_OUTCOMES = ("miss", "built")
 FAILED_OUTCOMES = ("failed", "fallback")
+START_GAP_S = 60.0  # nodes of one start are launched together; a restart comes after a longer quiet time
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -159,7 +161,7 @@ def _merge(spans: dict[str, Span], event: dict[str, Any]) -> None:
 
 
 def node_starts(events: list[dict[str, Any]]) -> list[NodeStart]:
-    """Every (node, run) in `events` (one job), with attempts numbered per node by start time."""
+    """Every (node, run) in `events` (one job), each numbered with the job-wide start it belongs to."""
     by_run: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for e in events:
         if e.get("stage") and e.get("node"):
@@ -196,17 +198,24 @@ def node_starts(events: list[dict[str, Any]]) -> list[NodeStart]:
                 local_ranks=len(local_ranks),
             )
         )
-    per_node: dict[str, list[NodeStart]] = defaultdict(list)
-    for s in starts:
-        per_node[s.node].append(s)
-    for runs in per_node.values():
-        for i, s in enumerate(sorted(runs, key=lambda s: (s.start, s.run)), 1):
-            s.attempt = i
+    _number_job_starts(starts)
     return sorted(starts, key=lambda s: (s.attempt, s.rank, s.node))
 
 
+def _number_job_starts(starts: list[NodeStart]) -> None:
+    """Number the job's starts: runs are taken in start order and a new job-wide start begins after
+    `START_GAP_S` with no node starting, or when a node starts a second time (a restart)."""
+    attempt, last, seen = 0, -math.inf, set()
+    for s in sorted(starts, key=lambda s: (s.start, s.node, s.run)):
+        if attempt == 0 or s.start - last > START_GAP_S or s.node in seen:
+            attempt, seen = attempt + 1, set()
+        seen.add(s.node)
+        last = s.start
+        s.attempt = attempt
+
+
 def select(starts: list[NodeStart], attempt: int | None = None) -> list[NodeStart]:
-    """The latest start of each node, or each node's `attempt`-th start."""
+    """The latest start of each node, or the nodes of the job's `attempt`-th start."""
     chosen: dict[str, NodeStart] = {}
     for s in starts:
         if attempt is not None:
@@ -525,7 +534,7 @@ def verdict(r: JobReport) -> str:
 
 @dataclass
 class StartRow:
-    """One start of one job (attempt k of every node)."""
+    """One start of one job (the k-th cluster of its nodes' runs)."""
 
     job: str
     attempt: int
