@@ -448,11 +448,7 @@ def _ensure_parent(st: _State, parent: str) -> None:
 def _write_file(st: _State, path: str, mode: int, mtime: int, data: Any, size: int, r: Any) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     mode &= MODE_MASK
-    try:
-        fd = os.open(path, flags, mode)
-    except FileNotFoundError:
-        _ensure_parent(st, os.path.dirname(path))
-        fd = os.open(path, flags, mode)
+    fd = os.open(path, flags, mode)
     st.created.append(path)  # list.append is atomic under the GIL
     try:
         if data is not None:
@@ -547,6 +543,9 @@ def _extract_frame(st: _State, blob_fd: int, chunk: tuple[int, int, int], dctx_l
                 raise UnsafeArchive(f"snapshot member {path!r} appears twice")
             st.seen.add(path)
         mode, mtime = want[1], want[2]
+        parent = path.rpartition("/")[0]
+        if parent not in st.ok_parents and kind != HARDLINK:
+            _ensure_parent(st, parent)  # every parent is checked once: no writing through a symlink
         if kind == FILE:
             if size != _octal(hdr[124:136]) or padded + pos > raw:
                 raise IntegrityError(f"snapshot member {path!r} overruns its frame")
@@ -564,18 +563,10 @@ def _extract_frame(st: _State, blob_fd: int, chunk: tuple[int, int, int], dctx_l
             except FileExistsError:
                 if not os.path.isdir(path) or os.path.islink(path):
                     raise UnsafeArchive(f"{path} exists and is not a directory") from None
-            except FileNotFoundError:
-                _ensure_parent(st, os.path.dirname(path))
-                os.mkdir(path, mode & MODE_MASK | 0o700)
-                st.created.append(path)
         elif kind == SYMLINK:
             if link != want[3]:
                 raise UnsafeArchive(f"snapshot symlink {path!r} differs from the snapshot's list")
-            try:
-                os.symlink(link, path)
-            except FileNotFoundError:
-                _ensure_parent(st, os.path.dirname(path))
-                os.symlink(link, path)
+            os.symlink(link, path)
             st.created.append(path)
             with contextlib.suppress(OSError):
                 os.utime(path, (mtime, mtime), follow_symlinks=False)

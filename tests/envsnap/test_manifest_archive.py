@@ -1,0 +1,150 @@
+"""Manifest diffs and the archive round trip on real trees: files, symlinks, hardlinks, modes, mtimes, deletions."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.envsnap import archive, manifest
+from tests.envsnap.conftest import tree_state
+
+
+def make_base(root: Path) -> None:
+    (root / "lib" / "old_pkg" / "sub").mkdir(parents=True)
+    (root / "lib" / "old_pkg" / "__init__.py").write_text("old = 1\n")
+    (root / "lib" / "old_pkg" / "sub" / "m.py").write_text("x = 1\n")
+    (root / "lib" / "keep.py").write_text("keep\n")
+    (root / "lib" / "becomes_dir").write_text("was a file\n")
+    (root / "bin").mkdir()
+    (root / "bin" / "tool").write_text("#!/bin/sh\n")
+    (root / "bin" / "gone").write_text("gone\n")
+
+
+def setup_changes(root: Path) -> None:
+    """What a setup does: add, change, upgrade (delete old), link, chmod, change a kind."""
+    shutil.rmtree(root / "lib" / "old_pkg")
+    (root / "bin" / "gone").unlink()
+    (root / "lib" / "new_pkg" / "data").mkdir(parents=True)
+    (root / "lib" / "new_pkg" / "__init__.py").write_text("new = 2\n")
+    (root / "lib" / "new_pkg" / "data" / "blob.bin").write_bytes(os.urandom(3 << 20))
+    deep = root / "lib" / "new_pkg" / ("d" * 90) / ("e" * 90)
+    deep.mkdir(parents=True)
+    (deep / ("f" * 120 + ".py")).write_text("long names\n")
+    os.link(root / "lib" / "new_pkg" / "__init__.py", root / "lib" / "new_pkg" / "alias.py")
+    os.symlink("new_pkg/__init__.py", root / "lib" / "rel_link")
+    os.symlink("/usr/bin/env", root / "bin" / "outside_link")  # allowed: a link, never written through
+    (root / "bin" / "tool").chmod(0o755)
+    (root / "lib" / "becomes_dir").unlink()
+    (root / "lib" / "becomes_dir").mkdir()
+    (root / "lib" / "becomes_dir" / "inside.txt").write_text("now a dir\n")
+    (root / "lib" / "empty_dir").mkdir(mode=0o750)
+    os.utime(root / "lib" / "new_pkg" / "__init__.py", (1_600_000_000, 1_600_000_000))
+
+
+def build_blob(root: Path, base: manifest.Manifest, blob: Path) -> archive.Written:
+    after = manifest.scan([root])
+    d = manifest.diff(base, after)
+    links = manifest.hardlink_groups(after, d.changed)
+    w = archive.ArchiveWriter(blob)
+    for p in d.changed:
+        w.add(p, after[p], link_to=links.get(p))
+    return w.finish({"roots": [str(root)], "deletions": d.deleted})
+
+
+def test_diff_sees_adds_changes_deletions_links_modes(tmp_path: Path) -> None:
+    root = tmp_path / "env"
+    root.mkdir()
+    make_base(root)
+    base = manifest.scan([root])
+    setup_changes(root)
+    after = manifest.scan([root])
+    d = manifest.diff(base, after)
+    r = str(root)
+    assert f"{r}/lib/old_pkg" in d.deleted and f"{r}/bin/gone" in d.deleted
+    assert not any(p.startswith(f"{r}/lib/old_pkg/") for p in d.deleted), "only the top of a deleted subtree"
+    for p in (
+        "lib/new_pkg",
+        "lib/new_pkg/__init__.py",
+        "lib/rel_link",
+        "bin/outside_link",
+        "bin/tool",
+        "lib/becomes_dir",
+        "lib/becomes_dir/inside.txt",
+        "lib/empty_dir",
+    ):
+        assert f"{r}/{p}" in d.changed, p
+    assert f"{r}/lib/keep.py" not in d.changed and f"{r}/lib" not in d.changed
+    assert after[f"{r}/lib/rel_link"].kind == manifest.SYMLINK
+    links = manifest.hardlink_groups(after, d.changed)
+    assert links == {f"{r}/lib/new_pkg/alias.py": f"{r}/lib/new_pkg/__init__.py"}
+    # the baseline file round-trips
+    manifest.save(base, tmp_path / "b.manifest", [r])
+    loaded, roots = manifest.load(tmp_path / "b.manifest")
+    assert loaded == base and roots == [r]
+
+
+def test_roundtrip_restores_the_exact_tree(tmp_path: Path) -> None:
+    root = tmp_path / "env"
+    root.mkdir()
+    make_base(root)
+    base = manifest.scan([root])
+    setup_changes(root)
+    want = tree_state(root)
+    want_mtime = os.stat(root / "lib" / "new_pkg" / "__init__.py").st_mtime
+    blob = tmp_path / "snap.tar.zst"
+    written = build_blob(root, base, blob)
+    assert written.files > 5 and written.size == blob.stat().st_size
+    # standard tools read it: a plain .tar.zst (the metadata rides in a skippable frame)
+    listing = subprocess.run(f"zstd -dc {blob} | tar -t", shell=True, capture_output=True, text=True, check=True)
+    assert str(root / "lib" / "new_pkg" / "alias.py").lstrip("/") in listing.stdout
+
+    shutil.rmtree(root)  # "another node": the same base at the same path
+    root.mkdir()
+    make_base(root)
+    meta = archive.read_meta(blob)
+    ex = archive.extract(blob, meta, [str(root)], threads=4)
+    assert ex.files == written.files
+    assert tree_state(root) == want
+    a, b = root / "lib" / "new_pkg" / "__init__.py", root / "lib" / "new_pkg" / "alias.py"
+    assert os.stat(a).st_ino == os.stat(b).st_ino, "hardlinks stay hardlinks"
+    assert os.stat(a).st_mtime == want_mtime
+    assert not any(p.name.startswith(manifest.UNDO_PREFIX) for p in root.iterdir())
+
+
+def test_scan_handles_many_files_quickly(tmp_path: Path) -> None:
+    root = tmp_path / "many"
+    for i in range(20):
+        d = root / f"d{i}"
+        d.mkdir(parents=True)
+        for j in range(500):
+            (d / f"f{j}").touch()
+    import time
+
+    t = time.monotonic()
+    m = manifest.scan([root])
+    took = time.monotonic() - t
+    assert len(m) == 1 + 20 + 20 * 500
+    assert took < 5.0, f"scan of 10k entries took {took:.1f} s"
+
+
+@pytest.mark.parametrize("kind", ["huge"])
+def test_big_file_gets_its_own_frames(tmp_path: Path, kind: str) -> None:
+    root = tmp_path / "env"
+    root.mkdir()
+    base = manifest.scan([root])
+    data = os.urandom(1 << 20) * 24  # 24 MiB, above the frame size: compressed by zstd's own threads
+    (root / "big.bin").write_bytes(data)
+    (root / "small.txt").write_text("s")
+    blob = tmp_path / "b.tar.zst"
+    build_blob(root, base, blob)
+    meta = archive.read_meta(blob)
+    assert len(meta["chunks"]) >= 2
+    shutil.rmtree(root)
+    root.mkdir()
+    archive.extract(blob, meta, [str(root)])
+    assert (root / "big.bin").read_bytes() == data
+    assert (root / "small.txt").read_text() == "s"
