@@ -1,0 +1,128 @@
+"""The agent sidecar: started detached by exec, never waited for, gone when the launcher is.
+
+The launcher here is given a real task (a hot-block record that waits for `ready()`), so the agent
+has a thread to stop; the tests look for any process still carrying the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.hotblocks.conftest import bootseer, wait_for, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def _run_dir(cache: Path) -> Path:
+    runs = list((cache / "bootseer" / "runs").iterdir())
+    assert len(runs) == 1
+    return runs[0]
+
+
+def _agent_processes(run_dir: Path) -> list[int]:
+    """Pids whose command line names this run directory (the agent, and anything it left behind)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(run_dir).encode() in cmd:
+            try:
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state != "Z":
+                pids.append(int(entry))
+    return pids
+
+
+def _assert_agent_gone(run_dir: Path) -> str:
+    wait_for(lambda: not _agent_processes(run_dir), timeout=20, what="the agent to exit")
+    log = (run_dir / "agent.log").read_text()
+    assert "agent done" in log, log
+    assert not (run_dir / "agent.pid").exists()
+    return log
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> Path:
+    roots = tmp_path / "roots"
+    roots.mkdir()
+    (roots / "a.bin").write_bytes(os.urandom(1 << 16))
+    return write_config(tmp_path / "bootseer.toml", [roots], ready="call")
+
+
+LAUNCHER = (
+    "import os, sys, time\n"
+    "d = os.environ['BOOTSEER_RUN_DIR']\n"
+    "open(os.path.join(d, 'launcher.pid'), 'w').write(str(os.getpid()))\n"
+    "for _ in range(100):\n"  # the agent is up while the launcher runs: exec did not wait for it
+    "    if os.path.exists(os.path.join(d, 'agent.pid')): break\n"
+    "    time.sleep(0.1)\n"
+    "pid = int(open(os.path.join(d, 'agent.pid')).read())\n"
+    "os.kill(pid, 0)\n"
+    "print('agent', pid, 'alive', flush=True)\n"
+    "time.sleep(float(sys.argv[1]))\n"
+    "sys.exit(int(sys.argv[2]))\n"
+)
+
+
+def test_exec_does_not_wait_for_the_agent_and_it_exits_after_a_normal_end(cfg: Path, isolated_cache: Path) -> None:
+    t0 = time.time()
+    r = bootseer("exec", "-c", str(cfg), "--", sys.executable, "-c", LAUNCHER, "0.2", "0")
+    assert r.returncode == 0, r.stderr
+    assert "alive" in r.stdout
+    run_dir = _run_dir(isolated_cache)
+    # exec became the launcher (same pid), so nothing of bootseer sat between the launcher and the job
+    launcher_pid = json.loads((run_dir / "agent.json").read_text())["launcher_pid"]
+    assert (run_dir / "launcher.pid").read_text() == str(launcher_pid)
+    log = _assert_agent_gone(run_dir)
+    assert "launcher ended" in log
+    assert time.time() - t0 < 60
+
+
+def test_agent_exits_when_the_launcher_fails(cfg: Path, isolated_cache: Path) -> None:
+    r = bootseer("exec", "-c", str(cfg), "--", sys.executable, "-c", LAUNCHER, "0", "3")
+    assert r.returncode == 3
+    _assert_agent_gone(_run_dir(isolated_cache))
+
+
+def test_agent_exits_when_the_launcher_is_killed(cfg: Path, isolated_cache: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", sys.executable, "-c", LAUNCHER, "60", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "alive" in proc.stdout.readline()
+        run_dir = _run_dir(isolated_cache)
+        assert _agent_processes(run_dir)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = _assert_agent_gone(run_dir)
+    assert "launcher ended" in log
+
+
+def test_agent_uploads_the_run_events(cfg: Path, isolated_cache: Path) -> None:
+    r = bootseer("exec", "-c", str(cfg), "--", sys.executable, "-c", "pass")
+    assert r.returncode == 0, r.stderr
+    run_dir = _run_dir(isolated_cache)
+    _assert_agent_gone(run_dir)
+    store = isolated_cache / "bootseer" / "store"
+    assert list(store.rglob("events/*/*.parquet"))
