@@ -1,0 +1,104 @@
+"""The small pieces: percentiles, cache classes, GPUs per node, durations, how a job's starts are found."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from bootseer_cli.errors import ConfigError
+from bootseer_cli.report import analysis
+from bootseer_cli.report.gpus import gpus_hint
+from bootseer_cli.report.load import parse_since
+
+
+def test_percentile_is_linear_between_order_statistics() -> None:
+    rng = random.Random(5)
+    for n in (2, 3, 10, 101):
+        values = [rng.uniform(0, 100) for _ in range(n)]
+        cuts = statistics.quantiles(values, n=100, method="inclusive")
+        assert analysis.percentile(values, 50) == pytest.approx(cuts[49])
+        assert analysis.percentile(values, 90) == pytest.approx(cuts[89])
+    assert analysis.percentile([4.0], 90) == 4.0
+    assert analysis.percentile([], 50) == 0.0
+
+
+def test_cache_class() -> None:
+    assert analysis.cache_class({"cache": "hit", "outcome": "ok"}) == "hit"
+    assert analysis.cache_class({"cache": "miss", "outcome": "skipped"}) == "miss"
+    assert analysis.cache_class({"cache": "", "outcome": "restored"}) == "hit"
+    assert analysis.cache_class({"cache": "", "outcome": "built"}) == "miss"
+    assert analysis.cache_class({"cache": "", "outcome": "done"}) is None
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "want"),
+    [
+        (["torchrun", "--nnodes=2", "--nproc-per-node", "8", "train.py"], {}, (8, "command line")),
+        (["torchrun", "--nproc_per_node=4", "train.py"], {}, (4, "command line")),
+        (["deepspeed", "--num_gpus", "2", "train.py"], {}, (2, "command line")),
+        (["accelerate", "launch", "--num_processes=16", "--num_machines=2", "t.py"], {}, (8, "command line")),
+        (["torchrun", "--nproc-per-node=gpu", "t.py"], {"CUDA_VISIBLE_DEVICES": "0,1,2"}, (3, "$CUDA_VISIBLE_DEVICES")),
+        (["python", "t.py"], {"SLURM_GPUS_ON_NODE": "8(x2)"}, (8, "$SLURM_GPUS_ON_NODE")),
+        (["python", "t.py"], {"LOCAL_WORLD_SIZE": "6", "CUDA_VISIBLE_DEVICES": "0"}, (6, "$LOCAL_WORLD_SIZE")),
+        (["python", "t.py"], {"NVIDIA_VISIBLE_DEVICES": "all"}, None),
+        (["python", "t.py"], {}, None),
+    ],
+)
+def test_gpus_hint(command: list[str], env: dict[str, str], want: tuple[int, str] | None) -> None:
+    assert gpus_hint(command, env) == want
+
+
+def test_parse_since() -> None:
+    assert parse_since("7d") == 7 * 86400
+    assert parse_since("12h") == 12 * 3600
+    assert parse_since("1.5w") == 1.5 * 7 * 86400
+    for bad in ("7", "d", "7x", "-1d", ""):
+        with pytest.raises(ConfigError, match="--since"):
+            parse_since(bad)
+
+
+def _ev(node: str, run: str, stage: str, start: float, end: float, **kw: object) -> dict[str, object]:
+    base = {"job": "j", "run": run, "node": node, "rank": 0, "stage": stage, "start": start, "end": end}
+    base.update({"outcome": "ok", "cache": "", "bytes": 0, "bytes_from_store": 0, "bytes_from_peers": 0})
+    base.update({"reason": "", "detail": "", "extra": ""})
+    base.update(kw)
+    return base
+
+
+def test_job_starts_are_clustered_and_gpus_chosen() -> None:
+    evs = []
+    for k, t in ((0, 0.0), (1, 1.0), (2, 2.0)):  # first start of three nodes
+        evs += [_ev(f"n{k}", "a", "bootseer", t, t + 5), _ev(f"n{k}", "a", "ready", t + 5, t + 9)]
+    for k, t in ((0, 500.0), (1, 501.0)):  # 8 minutes later two of them restart
+        extra = '{"gpus": 4, "gpus_from": "$LOCAL_WORLD_SIZE"}'
+        evs += [_ev(f"n{k}", "b", "bootseer", t, t + 2, extra=extra), _ev(f"n{k}", "b", "ready", t + 2, t + 3)]
+    starts = analysis.node_starts(evs)
+    assert sorted((s.node, s.attempt) for s in starts) == [("n0", 1), ("n0", 2), ("n1", 1), ("n1", 2), ("n2", 1)]
+    first = analysis.analyze_job(evs, "j", attempt=1)
+    assert first.nodes == 3 and first.startup_s == pytest.approx(11.0) and first.slowest_node == "n2"
+    assert first.gpus_per_node == 8 and first.gpus_source == "default"
+    second = analysis.analyze_job(evs, "j", attempt=2)
+    assert second.nodes == 2 and second.startup_s == pytest.approx(4.0)
+    assert (second.gpus_per_node, second.gpus_source) == (4, "launcher ($LOCAL_WORLD_SIZE)")
+    assert analysis.analyze_job(evs, "j", attempt=2, gpus_configured=2).gpus_per_node == 2
+    assert analysis.analyze_job(evs, "j", attempt=2, gpus_flag=1, gpus_configured=2).gpus_per_node == 1
+    latest = analysis.analyze_job(evs, "j")  # the latest start of each node: n2 from the first start
+    assert {r.node: r.attempt for r in latest.rows} == {"n0": 2, "n1": 2, "n2": 1}
+
+
+def test_node_without_ready_is_ready_at_exec_and_verdicts() -> None:
+    evs = [
+        _ev("n0", "a", "env", 0.0, 40.0, cache="miss", outcome="built"),
+        _ev("n0", "a", "bootseer", 0.0, 41.0),
+        _ev("n1", "a", "env", 0.0, 42.0, cache="miss", outcome="built"),
+        _ev("n1", "a", "bootseer", 0.0, 42.5),
+    ]
+    r = analysis.analyze_job(evs, "j")
+    assert r.ready_called == 0 and r.startup_s == pytest.approx(42.5) and r.slowest_node == "n1"
+    assert r.verdict.startswith("Fix first: env takes") and "prewarm" in r.verdict
+    fast = analysis.analyze_job([_ev("n0", "a", "bootseer", 0.0, 0.2)], "j")
+    assert "already fast" in fast.verdict
+    failed = [*evs, _ev("n1", "a", "checkpoint", 0.0, 0.0, outcome="failed", reason="store unreachable")]
+    assert "env" in analysis.analyze_job(failed, "j").verdict
