@@ -72,3 +72,38 @@ def workdir(tmp_path: Path) -> Path:
     d = tmp_path / "work"
     d.mkdir()
     return d
+
+
+def write_project(d: Path, setup: list[str], requirements: str = "tinypkg==1.0\n", extra: str = "") -> Path:
+    """A bootseer.toml and its requirements file in `d`; returns the config path."""
+    (d / "requirements.txt").write_text(requirements)
+    lines = ", ".join(f'"{s}"' for s in setup)
+    cfg = d / "bootseer.toml"
+    cfg.write_text(f"[env]\nsetup = [{lines}]\n{extra}")
+    return cfg
+
+
+def make_wheel(d: Path, name: str = "tinypkg", version: str = "1.0") -> Path:
+    """A pure-Python wheel written by hand (no index or build backend needed inside the image)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        f"{name}/__init__.py": f'VERSION = "{version}"\n'.encode(),
+        f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{name}-{version}.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = ""
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += f"{path},sha256={digest},{len(data)}\n"
+    record += f"{name}-{version}.dist-info/RECORD,,\n"
+    whl = d / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+        z.writestr(f"{name}-{version}.dist-info/RECORD", record)
+    return whl

@@ -311,11 +311,13 @@ def run_container(
     working_dir: str | None = None,
     name_hint: str = "step",
     echo: Callable[[str], None] | None = None,
+    entrypoint: list[str] | None = None,
 ) -> RunResult:
     """Run `command` in a fresh labelled container, stream its output, remove it however this ends.
 
     `files` is a tar archive unpacked at / before the start (the setup's requirement files). The
     network is `none` unless the store needs one (`host`): prewarm never uses the default bridge.
+    The image's entrypoint is bypassed unless `entrypoint` names one (bootseer is the command here).
     """
     import docker.errors
 
@@ -331,7 +333,7 @@ def run_container(
             volumes=binds or {},
             network_mode=network_mode,
             working_dir=working_dir,
-            entrypoint=[],
+            entrypoint=entrypoint if entrypoint is not None else [],
             detach=True,
         )
     except docker.errors.APIError as e:

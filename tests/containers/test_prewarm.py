@@ -1,0 +1,107 @@
+"""`bootseer prewarm` end to end with the real engine and registry, and its failure modes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bootseer_cli.containers import engine
+from bootseer_cli.containers.prewarm import WORKDIR
+from bootseer_cli.store import open_store
+from tests.support import images
+
+from .conftest import make_wheel
+
+PROBE = "python3 -c 'import tinypkg'"
+
+
+def project(d: Path, setup: list[str] | None = None) -> Path:
+    """A job directory: bootseer.toml whose setup installs a wheel shipped next to it."""
+    whl = make_wheel(d)
+    (d / "requirements.txt").write_text(f"{WORKDIR}/{whl.name}\n")
+    setup = setup or ["pip install --no-index --no-deps -r requirements.txt"]
+    (d / "bootseer.toml").write_text(
+        "[env]\nsetup = [" + ", ".join(json.dumps(s) for s in setup) + "]\n"
+        f'files = ["{whl.name}"]\n\n[image]\nrecord = "auto"\n'
+    )
+    return d / "bootseer.toml"
+
+
+def prewarm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bootseer", "prewarm", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.integration
+def test_prewarm_then_exec_in_the_image_hits(docker_client: Any, test_image: images.TestImage, tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    cfg = project(job)
+    store_dir = tmp_path / "store"
+    store_uri = store_dir.as_uri()
+
+    r = prewarm("--image", test_image.ref, "-c", str(cfg), "--store", store_uri, "--probe", PROBE, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["image"]["digest"] == test_image.digest and out["image"]["pinned"] == test_image.pinned
+    assert out["job_env"] == {"BOOTSEER_IMAGE": test_image.pinned}
+    assert "Successfully installed tinypkg-1.0" in r.stderr  # the setup's output is shown
+    store = open_store(store_uri)
+    env_ref = store.read_ref("env", out["keys"]["env"])
+    hot_ref = store.read_ref("hot", out["keys"]["image"])
+    assert env_ref is not None and env_ref["blob"] == out["published"]["env"]["blob"]
+    assert hot_ref is not None and hot_ref["blob"] == out["published"]["hot"]["blob"]
+
+    # A node: a fresh container of the image, started the way the Kubernetes template starts it
+    # (the image's entrypoint wrapper, BOOTSEER_IMAGE pinned, the job's files present).
+    res = engine.run_container(
+        docker_client,
+        test_image.pinned,
+        ["python3", "-c", "import tinypkg; print('tinypkg', tinypkg.VERSION)"],
+        entrypoint=["/usr/local/bin/bootseer-entrypoint"],
+        environment={
+            "BOOTSEER_IMAGE": test_image.pinned,
+            "BOOTSEER_STORE": store_uri,
+            "BOOTSEER_JOB_ID": "node-check",
+            "BOOTSEER_EXEC_AGENT": "0",
+        },
+        binds={str(store_dir): {"bind": str(store_dir), "mode": "rw"}, str(job): {"bind": WORKDIR, "mode": "ro"}},
+        working_dir=WORKDIR,
+    )
+    assert res.exit_code == 0, res.output
+    assert "tinypkg 1.0" in res.output  # restored, not installed: the setup never ran on the node
+    assert "Successfully installed" not in res.output
+    from bootseer_cli.events import load_table
+
+    rows = {r["stage"]: r for r in load_table(store, "node-check").to_pylist()}
+    assert rows["env"]["cache"] == "hit" and rows["env"]["outcome"] == "restored", rows["env"]
+    assert rows["image"]["cache"] == "hit", rows["image"]
+
+
+@pytest.mark.integration
+def test_failing_setup_and_probe_pass_their_status_on(test_image: images.TestImage, tmp_path: Path) -> None:
+    cfg = project(tmp_path, setup=["echo boom-from-the-setup >&2; exit 7"])
+    r = prewarm("--image", test_image.ref, "-c", str(cfg), "--store", (tmp_path / "s").as_uri())
+    assert r.returncode == 7
+    assert "boom-from-the-setup" in r.stderr  # streamed as it ran
+    assert "the setup failed inside a container" in r.stderr and "Traceback" not in r.stderr
+
+    cfg = project(tmp_path)
+    r = prewarm(
+        "--image", test_image.ref, "-c", str(cfg), "--store", (tmp_path / "s").as_uri(),
+        "--probe", "python3 -c 'import sys; print(\"probe-says-hi\"); sys.exit(5)'",
+    )  # fmt: skip
+    assert r.returncode == 5, r.stderr
+    assert "probe-says-hi" in r.stderr and "exit status 5" in r.stderr
+
+
+def test_bad_arguments_fail_before_the_engine(tmp_path: Path) -> None:
+    (tmp_path / "bootseer.toml").write_text("[env]\nsetup = []\n")
+    r = prewarm("--image", "x:1", "-c", str(tmp_path / "bootseer.toml"))
+    assert r.returncode == 2 and "nothing to prewarm" in r.stderr
+    (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["pip install -r missing.txt"]\n')
+    r = prewarm("--image", "x:1", "-c", str(tmp_path / "bootseer.toml"), "--probe", "true")
+    assert r.returncode == 2 and "missing.txt" in r.stderr and "Traceback" not in r.stderr
