@@ -47,10 +47,10 @@ def run_cli(
     args: list[str], cwd: Path, cache: Path, env: dict[str, str] | None = None, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
     """`bootseer ARGS` in a subprocess with its own node cache (XDG_CACHE_HOME), as a node would run it."""
-    full = pkgindex.clean_env({**S3_ENV, "XDG_CACHE_HOME": str(cache), "BOOTSEER_EXEC_AGENT": "0"})
-    for k in [k for k in full if k.startswith("BOOTSEER_") and k != "BOOTSEER_EXEC_AGENT"]:
+    full = pkgindex.clean_env({**S3_ENV, **(env or {})})
+    for k in [k for k in full if k.startswith("BOOTSEER_")]:
         del full[k]
-    full.update(env or {})
+    full.update({"XDG_CACHE_HOME": str(cache), "BOOTSEER_EXEC_AGENT": "0"})
     return subprocess.run(
         [sys.executable, "-m", "bootseer_cli", *args],
         cwd=cwd,

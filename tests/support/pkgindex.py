@@ -150,7 +150,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:  # uv asks before it downloads
+        self.do_GET()
 
     def _links(self, names: list[str], prefix: str) -> bytes:
         rows = []

@@ -122,10 +122,17 @@ class LeaseKeeper:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Stop renewing and release, waiting a few seconds at most: the ref is written before this,
+        so a slow store only delays the lease's expiry for others, never their restore."""
         self._stop.set()
-        self._t.join(5)
-        with contextlib.suppress(Exception):
-            self.lease.release()
+
+        def release() -> None:
+            with contextlib.suppress(Exception):
+                self.lease.release()
+
+        t = threading.Thread(target=release, name="bootseer-lease-release", daemon=True)
+        t.start()
+        t.join(3.0)
 
 
 # ---- capture ---------------------------------------------------------------------------------------
