@@ -41,9 +41,10 @@ def _make_ops(source: str, delay_s: float, chunk: int, mbps: float, log: str | N
         use_ns = True
 
         def __init__(self) -> None:
+            # (not `self.lock`: that name is the FUSE lock operation to mfusepy)
             self.fetched: set[tuple[str, int]] = set()
             self.inflight: dict[tuple[str, int], threading.Event] = {}
-            self.lock = threading.Lock()
+            self._mutex = threading.Lock()  # not `self.lock`: mfusepy would take it for the FUSE lock op
             self.log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if log else None
 
         def init_with_config(self, conn: Any, config: Any) -> None:
@@ -94,7 +95,7 @@ def _make_ops(source: str, delay_s: float, chunk: int, mbps: float, log: str | N
 
         def _fetch(self, path: str, index: int) -> None:
             key = (path, index)
-            with self.lock:
+            with self._mutex:
                 if key in self.fetched:
                     return
                 ev = self.inflight.get(key)
@@ -105,7 +106,7 @@ def _make_ops(source: str, delay_s: float, chunk: int, mbps: float, log: str | N
                 ev.wait()
                 return
             time.sleep(delay_s + (chunk / (mbps * 1e6) if mbps > 0 else 0.0))
-            with self.lock:
+            with self._mutex:
                 self.fetched.add(key)
                 del self.inflight[key]
             ev.set()
@@ -156,11 +157,14 @@ class LazyMount:
         argv += ["--delay-ms", str(self.delay_ms), "--chunk", str(self.chunk), "--mbps", str(self.mbps)]
         argv += ["--log", str(self.log)]
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen(argv, env=env, cwd=root, stderr=subprocess.PIPE)
+        # stderr to a file, never a pipe: a pipe nobody drains fills up and freezes the filesystem
+        self.errlog = self.mountpoint.parent / f".{self.mountpoint.name}.stderr"
+        with open(self.errlog, "wb") as err:
+            self.proc = subprocess.Popen(argv, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.time() + 20
         while not _mounted(str(self.mountpoint)):
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                err = self.errlog.read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"lazyfs did not mount: {err}")
             if time.time() > deadline:
                 self.stop()
