@@ -243,6 +243,7 @@ class StageStats:
     bytes_from_peers: int
     straggler: str
     straggler_cost_s: float
+    straggler_cache: str  # "hit", "miss", "failed" or "": what the stage did on the straggler
     reasons: list[str]
 
 
@@ -306,6 +307,9 @@ def stage_stats(starts: list[NodeStart]) -> list[StageStats]:
                 bytes_from_peers=sum(span.bytes_from_peers for _, span in rows),
                 straggler=slow_start.node,
                 straggler_cost_s=_cost_if_shortened(starts, slow_start.node, slow_span.duration - p50),
+                straggler_cache="failed"
+                if slow_span.outcome in FAILED_OUTCOMES
+                else cache_class({"cache": slow_span.cache, "outcome": slow_span.outcome}) or "",
                 reasons=[r for r, _ in sorted(reasons.items(), key=lambda kv: -kv[1])][:3],
             )
         )
@@ -337,6 +341,7 @@ class Segment:
     start: float  # seconds after the job's first start
     end: float
     outcome: str
+    cache: str = ""  # "hit", "miss" or ""
 
 
 @dataclass
@@ -388,7 +393,13 @@ def _rows(starts: list[NodeStart], t0: float, done_all: float) -> list[NodeRow]:
     rows = []
     for s in starts:
         segs = [
-            Segment(stage=name, start=span.start - t0, end=span.end - t0, outcome=span.outcome)
+            Segment(
+                stage=name,
+                start=span.start - t0,
+                end=span.end - t0,
+                outcome=span.outcome,
+                cache=cache_class({"cache": span.cache, "outcome": span.outcome}) or "",
+            )
             for name, span in s.spans.items()
         ]
         rows.append(
@@ -505,12 +516,20 @@ def verdict(r: JobReport) -> str:
             else:
                 advice = _ADVICE_SLOW.get(s.stage, "look at what this stage does on every node")
             candidates.append((s.p50_s, f"{s.stage} takes {_s(s.p50_s)} p50 on every node: {advice}"))
-        if s.straggler_cost_s > 0 and r.nodes > 1:
+        if s.straggler_cost_s > 0 and r.nodes > 1 and s.stage != TOTAL_STAGE:
+            if s.straggler_cache == "miss" and s.hits:
+                why = f"{s.stage} missed the cache there while {s.hits} hit elsewhere: " + _ADVICE_MISS.get(
+                    s.stage, "see why its cache key differs (`bootseer keys` on that node)"
+                )
+            elif s.straggler_cache == "failed":
+                why = f"{s.stage} failed there and fell back to the slow path: see that node's warnings"
+            else:
+                why = "check that node's disk, network and load"
             candidates.append(
                 (
                     s.straggler_cost_s,
                     f"{s.straggler} is the straggler in {s.label} ({_s(s.max_s)} vs {_s(s.p50_s)} p50), which cost "
-                    f"the job {_s(s.straggler_cost_s)}: check that node's disk, network and load",
+                    f"the job {_s(s.straggler_cost_s)}: {why}",
                 )
             )
     total = by_name.get(TOTAL_STAGE)

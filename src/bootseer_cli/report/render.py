@@ -298,6 +298,11 @@ def _node_bars(svg: _Svg, row: NodeRow, x: Any, y: float, row_h: float, bar_h: f
         else:
             stroke = f' stroke="{STRAGGLER}" stroke-width="1.5"' if seg.outcome in ("failed", "fallback") else ""
             svg.rect(x(seg.start), y + 3, x(seg.end) - x(seg.start), bar_h, fill, tip, stroke)
+            note = "failed" if stroke else seg.cache if seg.cache == "miss" else ""
+            name = "launcher" if seg.stage == READY_STAGE else seg.stage
+            words = f"{name} {note} {fmt_s(seg.end - seg.start)}".replace("  ", " ")
+            if bar_h >= 12 and x(seg.end) - x(seg.start) > 7 * len(words) + 8:
+                svg.text(x(seg.start) + 4, y + 3 + bar_h - 4, words, ' fill="#fff" font-size="10" font-weight="600"')
     svg.add(
         f'<circle cx="{x(row.ready):.1f}" cy="{y + row_h / 2:.1f}" r="2.5" fill="#333">'
         f"<title>{_e(row.node)} ready at {fmt_s(row.ready)}</title></circle>"
