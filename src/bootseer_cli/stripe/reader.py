@@ -10,8 +10,8 @@
   bytes held (cached + in flight) stay under `memory` bytes: read-ahead is only started when it fits,
   cells already consumed are evicted first. A demand read always proceeds (it is what the caller
   waits for), so the bound can be exceeded by at most the reads in progress.
-- **Retries.** A failed ranged read (connection reset, timeout, a server restarting) is retried with
-  backoff on a freshly opened handle; a missing stripe is not (it will not come back).
+- **Retries.** A failed ranged read (connection reset, timeout, a server restarting, which may
+  briefly answer "not found") is retried with backoff on a freshly opened handle, a few times.
 - **Checksums.** Every cell is checked against the manifest before anyone sees it. A mismatch is an
   `IntegrityError`, which the mount turns into EIO: never silent bad bytes.
 """
@@ -61,17 +61,24 @@ class StoreStripe:
             return self._f
 
     def read_at(self, offset: int, n: int) -> bytes:
-        return self._handle().read_at(n, offset)
+        f = self._handle()
+        try:
+            return f.read_at(n, offset)
+        except Exception:
+            with self._lock:  # the next attempt opens a fresh handle; others may still use this one
+                if self._f is f:
+                    self._f = None
+            raise
 
     def reset(self) -> None:
+        pass  # a failed handle was already dropped by read_at (closing it would break other readers)
+
+    def close(self) -> None:
         with self._lock:
             f, self._f = self._f, None
         if f is not None:
-            with contextlib.suppress(Exception):  # a broken handle is dropped either way
+            with contextlib.suppress(Exception):
                 f.close()
-
-    def close(self) -> None:
-        self.reset()
 
 
 class FileStripe:
@@ -94,7 +101,7 @@ class FileStripe:
 
 
 class MissingStripe(StoreError):
-    """A stripe object is not on its target: retrying will not help."""
+    """A stripe object is not on its target."""
 
 
 @dataclass
@@ -156,9 +163,9 @@ class Reader:
                     src.reset()
                     continue
                 return data
-            except (MissingStripe, IntegrityError):
+            except IntegrityError:
                 raise
-            except (OSError, StoreError) as e:
+            except Exception as e:  # OSError, and pyarrow's own ArrowException family
                 if self.closed or attempt >= self.opts.retries:
                     if isinstance(e, StoreError):
                         raise
@@ -177,39 +184,49 @@ class Reader:
             if not fut.cancelled() and fut.exception() is None and not self.closed:
                 self.cache[c] = fut.result()
                 self.cached_bytes += n
+                if c in self.ahead:
+                    self.ahead_bytes += n
                 self.stats["fetched"] += 1
                 self.stats["bytes"] += n
-                self._evict()
+                self._evict(0)
             else:
-                self._unahead(c)
+                self.ahead.discard(c)
 
     def _unahead(self, c: int) -> None:
+        """`c` was read (or dropped): it no longer counts as read-ahead (lock held)."""
         if c in self.ahead:
             self.ahead.discard(c)
-            self.ahead_bytes -= self.m.cell_len(c)
+            if c in self.cache:
+                self.ahead_bytes -= len(self.cache[c])
 
-    def _evict(self) -> None:
-        """Drop cells until the bound holds: consumed cells first, oldest first (lock held)."""
-        limit = self.opts.memory
+    def _drop(self, c: int) -> None:
+        self._unahead(c)
+        self.cached_bytes -= len(self.cache.pop(c))
+
+    def _evict(self, need: int) -> None:
+        """Drop cached cells until `need` more bytes fit the bound: read ones first, oldest first (lock held)."""
+        limit = self.opts.memory - need
         if self.cached_bytes + self.inflight_bytes <= limit:
             return
-        for c in list(self.cache):
+        for c in [c for c in self.cache if c not in self.ahead]:
             if self.cached_bytes + self.inflight_bytes <= limit:
                 return
-            if c not in self.ahead:
-                self.cached_bytes -= len(self.cache.pop(c))
+            self._drop(c)
         for c in list(self.cache):  # read-ahead nobody came for: oldest first
             if self.cached_bytes + self.inflight_bytes <= limit:
                 return
-            self._unahead(c)
-            self.cached_bytes -= len(self.cache.pop(c))
+            self._drop(c)
 
     def _start(self, c: int, prefetch: bool) -> Future[bytes] | None:
-        """A future for cell `c` (lock held); None when read-ahead does not fit the memory bound."""
+        """A future for cell `c` (lock held); None when read-ahead does not fit the memory bound.
+
+        Bytes held = cached + in flight. Read-ahead is admitted while the read-ahead already cached
+        plus everything in flight fits the bound, so it only ever displaces cells that were read.
+        """
         if c in self.cache:
-            fut: Future[bytes] = Future()
             if prefetch:
                 return None
+            fut: Future[bytes] = Future()
             self.cache.move_to_end(c)
             self._unahead(c)
             self.stats["hits"] += 1
@@ -217,16 +234,15 @@ class Reader:
             return fut
         if c in self.inflight:
             if not prefetch:
-                self._unahead(c)
+                self.ahead.discard(c)
             return self.inflight[c]
         n = self.m.cell_len(c)
         if prefetch:
-            # in-flight demand reads count too: all of it is memory this process holds
             if self.ahead_bytes + self.inflight_bytes + n > self.opts.memory:
                 return None
             self.ahead.add(c)
-            self.ahead_bytes += n
             self.stats["prefetched"] += 1
+        self._evict(n)
         self.inflight_bytes += n
         fut = self.pool.submit(self._fetch, c)
         self.inflight[c] = fut
