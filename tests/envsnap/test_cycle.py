@@ -51,7 +51,7 @@ def test_capture_then_restore_on_a_fresh_node(tmp_path: Path, store_uri: str, pk
         f'[env]\nroots = ["{venv}"]\nwait_s = 30\n'
         f'setup = ["echo run >> {marker}", "{install}", "rm --recursive --force {site}/old_pkg"]\n'
     )
-    check = f"import bsdemo_cext, six, idna; print(bsdemo_cext.fnv(b'bootseer'))"
+    check = "import bsdemo_cext, six, idna; print(bsdemo_cext.fnv(b'bootseer'))"
     argv = ["exec", "--", str(venv / "bin" / "python"), "-c", check]
     env = pkg_index.pip_env()
 

@@ -128,12 +128,14 @@ def diff(before: Manifest, after: Manifest) -> Diff:
     """
     changed = [p for p, e in after.items() if (b := before.get(p)) is None or not e.same_content(b)]
     changed.sort()
-    gone = sorted(p for p in before if p not in after)
+    gone = {p for p in before if p not in after}
     deleted: list[str] = []
-    for p in gone:
-        if deleted and p.startswith(deleted[-1] + "/"):
-            continue
-        deleted.append(p)
+    for p in sorted(gone):
+        parent = os.path.dirname(p)
+        while parent not in gone and parent not in ("/", ""):
+            parent = os.path.dirname(parent)
+        if parent not in gone:  # no ancestor is deleted too: p is the top of its subtree
+            deleted.append(p)
     # A path whose kind changed (directory → file) is both re-created and, for its old children,
     # deleted; the children are covered by deleting below it, which the restore does first.
     return Diff(changed=changed, deleted=deleted)

@@ -1,0 +1,189 @@
+"""The verbs (baseline, snapshot, restore with exit 3 on a miss, env ls|show|rm) and the exec stage's
+fallbacks, on the file:// and the loopback S3 store: a corrupted and a truncated blob, a stale stamp,
+a failing setup, an unreachable store, and what must not be captured."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.store import Store, blob_path
+from tests.envsnap.conftest import run_cli, tree_state
+
+pytestmark = pytest.mark.integration
+
+SITE = "lib/site"
+
+
+def make_base(root: Path) -> None:
+    """The "image": one installed package."""
+    if root.exists():
+        shutil.rmtree(root)
+    (root / SITE / "pkg_a").mkdir(parents=True)
+    (root / SITE / "pkg_a" / "__init__.py").write_text("A = 1\n")
+    (root / SITE / "pkg_a-1.0.dist-info").mkdir()
+    (root / SITE / "pkg_a-1.0.dist-info" / "RECORD").write_text("pkg_a/__init__.py,,\n")
+
+
+def project(tmp_path: Path, store_uri: str, setup: str = "sh setup.sh") -> Path:
+    root = tmp_path / "env"
+    make_base(root)
+    s = root / SITE
+    (tmp_path / "setup.sh").write_text(
+        "set -e\n"
+        f"rm -r {s}/pkg_a {s}/pkg_a-1.0.dist-info\n"
+        f"mkdir -p {s}/pkg_b {s}/pkg_b-2.0.dist-info\n"
+        f"echo 'B = 2' > {s}/pkg_b/__init__.py\n"
+        f"echo 'pkg_b/__init__.py,,' > {s}/pkg_b-2.0.dist-info/RECORD\n"
+        f"ln -s pkg_b/__init__.py {s}/b_link.py\n"
+        f"echo run >> {tmp_path}/setup-runs\n"
+    )
+    (tmp_path / "bootseer.toml").write_text(
+        f'[store]\nuri = "{store_uri}"\n[exec]\nagent = false\n[env]\nroots = ["{root}"]\nwait_s = 20\n'
+        f"setup = {json.dumps([setup])}\n"
+    )
+    return root
+
+
+def cli(tmp_path: Path, *args: str, node: str = "node1"):
+    return run_cli(list(args), tmp_path, tmp_path / f"{node}-cache")
+
+
+def capture_by_hand(tmp_path: Path) -> None:
+    assert cli(tmp_path, "baseline").returncode == 0
+    import subprocess
+
+    subprocess.run(["sh", "setup.sh"], cwd=tmp_path, check=True)
+    r = cli(tmp_path, "snapshot")
+    assert r.returncode == 0 and "published" in r.stdout, r.stderr
+
+
+def test_verbs_baseline_snapshot_restore_ls_show_rm(tmp_path: Path, store_uri: str) -> None:
+    root = project(tmp_path, store_uri)
+    base = tree_state(root)
+    miss = cli(tmp_path, "restore")
+    assert miss.returncode == 3 and "no snapshot" in miss.stderr, miss.stderr
+    capture_by_hand(tmp_path)
+    want = tree_state(root)
+
+    ls = cli(tmp_path, "env", "ls", "--json")
+    rows = json.loads(ls.stdout)
+    assert len(rows) == 1 and rows[0]["files"] == 3 and rows[0]["deletions"] == 2 and rows[0]["format"] == 1
+    key = rows[0]["env_key"]
+    table = cli(tmp_path, "env", "ls").stdout
+    assert key[:16] in table and "FILES" in table
+    show = cli(tmp_path, "env", "show", key[:8], "--files").stdout
+    assert f"{root}/{SITE}/pkg_b/__init__.py" in show and f"- {root}/{SITE}/pkg_a" in show
+    assert f"{root}/{SITE}/b_link.py -> pkg_b/__init__.py" in show
+
+    make_base(root)  # another node: same image, empty cache
+    r = cli(tmp_path, "restore", node="node2")
+    assert r.returncode == 0 and "restored" in r.stdout, r.stderr
+    assert tree_state(root) == want
+    again = cli(tmp_path, "restore", node="node2")
+    assert again.returncode == 0 and "already present" in again.stdout
+
+    # a stale stamp: someone changed an installed package since; the stamp is not trusted
+    rec = root / SITE / "pkg_b-2.0.dist-info" / "RECORD"
+    rec.write_text("tampered\n")
+    stale = cli(tmp_path, "restore", node="node2")
+    assert stale.returncode == 0 and "stale stamp" in stale.stderr and "restored" in stale.stdout, stale.stderr
+    assert tree_state(root) == want
+
+    rm = cli(tmp_path, "env", "rm", key[:8])
+    assert rm.returncode == 0
+    assert "no env snapshots" in cli(tmp_path, "env", "ls").stdout
+    make_base(root)
+    gone = cli(tmp_path, "restore", node="node3")
+    assert gone.returncode == 3
+    assert tree_state(root) == base
+    assert cli(tmp_path, "env", "show", "ffff").returncode == 1
+
+
+def test_corrupt_and_truncated_blobs_are_caught(tmp_path: Path, store_uri: str) -> None:
+    root = project(tmp_path, store_uri)
+    capture_by_hand(tmp_path)
+    want = tree_state(root)
+    ref = json.loads(cli(tmp_path, "env", "ls", "--json").stdout)[0]
+    store = Store(store_uri)
+    good = store.get_blob_bytes(ref["blob"])
+    flipped = bytearray(good)
+    flipped[len(good) // 3] ^= 0x01
+    outside_before = tree_state(tmp_path, skip=(str(root),) + tuple(str(p) for p in tmp_path.glob("node*-cache")))
+    for n, bad in enumerate([bytes(flipped), good[: len(good) // 2]]):
+        store.put_bytes(blob_path(ref["blob"]), bad)
+        make_base(root)
+        base = tree_state(root)
+        r = cli(tmp_path, "restore", node=f"bad{n}")
+        assert r.returncode == 1 and "does not match its digest" in r.stderr, r.stderr
+        assert tree_state(root) == base, "a bad blob changed the env"
+    skip = (str(root), str(tmp_path / "store")) + tuple(str(p) for p in tmp_path.glob("*-cache"))
+    assert tree_state(tmp_path, skip=skip) == {k: v for k, v in outside_before.items() if not k.startswith(skip)}
+
+    # exec with the bad blob: warns, runs the setup, publishes a good snapshot that the next node restores
+    store.put_bytes(blob_path(ref["blob"]), bytes(flipped))
+    make_base(root)
+    r = cli(tmp_path, "exec", "--", "true", node="exec1")
+    assert r.returncode == 0, r.stderr
+    assert "could not restore" in r.stderr and "published" in r.stderr, r.stderr
+    assert (tmp_path / "setup-runs").read_text().count("run") == 2
+    assert tree_state(root) == want
+    make_base(root)
+    r = cli(tmp_path, "exec", "--", "true", node="exec2")
+    assert r.returncode == 0 and "restored" in r.stderr, r.stderr
+    assert tree_state(root) == want
+
+
+def test_a_corrupt_cached_blob_is_fetched_again(tmp_path: Path) -> None:
+    root = project(tmp_path, (tmp_path / "store").as_uri())
+    capture_by_hand(tmp_path)  # node1's cache now holds the blob
+    want = tree_state(root)
+    cached = next((tmp_path / "node1-cache").rglob("blobs/sha256/*/*"))
+    data = bytearray(cached.read_bytes())
+    data[100] ^= 0xFF
+    cached.write_bytes(bytes(data))
+    make_base(root)
+    r = cli(tmp_path, "restore")
+    assert r.returncode == 0 and "from store" in r.stdout, r.stdout + r.stderr
+    assert tree_state(root) == want
+
+
+def test_failing_setup_stops_the_start_with_its_status(tmp_path: Path) -> None:
+    project(tmp_path, (tmp_path / "store").as_uri(), setup="echo doing; exit 7")
+    r = cli(tmp_path, "exec", "--", "echo", "launched")
+    assert r.returncode == 7, r.stderr
+    assert "setup command failed (exit 7)" in r.stderr and "launched" not in r.stdout
+    assert "doing" in r.stderr, "the setup's output goes to stderr"
+
+
+def test_unreachable_store_runs_the_setup_locally(tmp_path: Path) -> None:
+    from tests.support.s3server import free_port
+
+    dead = f"s3://nowhere/x?endpoint_override=http://127.0.0.1:{free_port()}&scheme=http&connect_timeout=1&request_timeout=1"
+    root = project(tmp_path, dead)
+    r = cli(tmp_path, "exec", "--", "echo", "launched")
+    assert r.returncode == 0 and r.stdout.strip() == "launched", r.stderr
+    assert "store unreachable" in r.stderr and "running the setup locally" in r.stderr
+    assert (root / SITE / "pkg_b" / "__init__.py").exists()
+    again = cli(tmp_path, "exec", "--", "true")
+    assert "env present" in again.stderr, "the locally built env is stamped"
+
+
+def test_refuses_what_another_node_could_not_use(tmp_path: Path) -> None:
+    root = project(tmp_path, (tmp_path / "store").as_uri())
+    assert cli(tmp_path, "baseline").returncode == 0
+    (root / SITE / "__editable__.mine.pth").write_text(f"{tmp_path / 'src'}\n")
+    r = cli(tmp_path, "snapshot")
+    assert r.returncode == 1 and "editable" in r.stderr and str(tmp_path / "src") in r.stderr, r.stderr
+    (root / SITE / "__editable__.mine.pth").unlink()
+    with open(root / SITE / "being_written.bin", "wb") as f:
+        f.write(b"half")
+        f.flush()
+        r = cli(tmp_path, "snapshot")
+    assert r.returncode == 1 and "open for writing" in r.stderr and "being_written.bin" in r.stderr, r.stderr
+    assert json.loads(cli(tmp_path, "env", "ls", "--json").stdout) == [], "nothing was published"
+    missing = run_cli(["snapshot"], tmp_path, tmp_path / "fresh-cache")
+    assert missing.returncode == 1 and "bootseer baseline" in missing.stderr
