@@ -112,7 +112,7 @@ def test_corrupt_and_truncated_blobs_are_caught(tmp_path: Path, store_uri: str) 
     good = store.get_blob_bytes(ref["blob"])
     flipped = bytearray(good)
     flipped[len(good) // 3] ^= 0x01
-    outside_before = tree_state(tmp_path, skip=(str(root),) + tuple(str(p) for p in tmp_path.glob("node*-cache")))
+    outside_before = tree_state(tmp_path, skip=(str(root), *tuple(str(p) for p in tmp_path.glob("node*-cache"))))
     for n, bad in enumerate([bytes(flipped), good[: len(good) // 2]]):
         store.put_bytes(blob_path(ref["blob"]), bad)
         make_base(root)
@@ -120,7 +120,7 @@ def test_corrupt_and_truncated_blobs_are_caught(tmp_path: Path, store_uri: str) 
         r = cli(tmp_path, "restore", node=f"bad{n}")
         assert r.returncode == 1 and "does not match its digest" in r.stderr, r.stderr
         assert tree_state(root) == base, "a bad blob changed the env"
-    skip = (str(root), str(tmp_path / "store")) + tuple(str(p) for p in tmp_path.glob("*-cache"))
+    skip = (str(root), str(tmp_path / "store"), *tuple(str(p) for p in tmp_path.glob("*-cache")))
     assert tree_state(tmp_path, skip=skip) == {k: v for k, v in outside_before.items() if not k.startswith(skip)}
 
     # exec with the bad blob: warns, runs the setup, publishes a good snapshot that the next node restores
