@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from .store import Store, blob_path
+
+
+def _touch(p: Path) -> None:
+    """Recency with the clock's full resolution (the kernel's file times are coarse, ~4 ms)."""
+    now = time.time()
+    os.utime(p, (now, now))
 
 
 class BlobCache:
@@ -26,7 +33,7 @@ class BlobCache:
         """The cached file, its recency refreshed; None on a miss."""
         p = self.path(digest)
         try:
-            os.utime(p)
+            _touch(p)
         except FileNotFoundError:
             return None
         return p
@@ -38,6 +45,7 @@ class BlobCache:
             return hit, 0
         dest = self.path(digest)
         n = store.fetch_blob(digest, dest, progress=progress)
+        _touch(dest)
         self.evict(keep=digest)
         return dest, n
 
@@ -46,6 +54,7 @@ class BlobCache:
         dest = self.path(digest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(src, dest)
+        _touch(dest)
         self.evict(keep=digest)
         return dest
 

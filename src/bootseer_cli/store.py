@@ -398,20 +398,20 @@ class Store:
             full = Path(self.path(self._lease_rel(key)))
             full.parent.mkdir(parents=True, exist_ok=True)
             for _ in range(2):
+                # Write the whole document under a private name, then hard-link it into place:
+                # link() fails if the lease exists, and a reader never sees a half-written lease.
+                tmp = full.with_name(f".{full.name}.{uuid.uuid4().hex[:8]}")
+                tmp.write_text(doc)
                 try:
-                    fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    os.link(tmp, full)
                 except FileExistsError:
                     current = self.read_lease(key)
                     if current is not None and current.get("expires", 0) > time.time():
                         return None
-                    # Stale: remove it by renaming it away (atomic), so only one taker succeeds.
-                    with contextlib.suppress(FileNotFoundError):
-                        os.rename(full, f"{full}.stale-{uuid.uuid4().hex[:8]}")
-                        for p in full.parent.glob(f"{full.name}.stale-*"):
-                            p.unlink(missing_ok=True)
+                    self._remove_stale_local(full, (current or {}).get("owner"))
                     continue
-                with os.fdopen(fd, "w") as f:
-                    f.write(doc)
+                finally:
+                    tmp.unlink(missing_ok=True)
                 return Lease(self, key, owner, expires)
             return None
         current = self.read_lease(key)
@@ -423,6 +423,24 @@ class Store:
         if current is not None and current.get("owner") == owner:
             return Lease(self, key, owner, expires)
         return None
+
+    @staticmethod
+    def _remove_stale_local(full: Path, stale_owner: str | None) -> None:
+        """Move a stale lease aside (rename is atomic: one taker wins); if what was moved turns out
+        to be a fresh lease that another taker created meanwhile, put it back."""
+        aside = full.with_name(f"{full.name}.stale-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(full, aside)
+        except FileNotFoundError:
+            return
+        try:
+            moved = json.loads(aside.read_text() or "{}")
+        except ValueError:
+            moved = {}
+        if moved.get("owner") != stale_owner and moved.get("expires", 0) > time.time():
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, full)
+        aside.unlink(missing_ok=True)
 
     def release_lease(self, lease: Lease) -> None:
         current = self.read_lease(lease.key)
@@ -454,7 +472,12 @@ def _open_s3(uri: str) -> tuple[Any, str]:
     import pyarrow.fs as pafs
 
     parsed = urlparse(uri)
-    kwargs: dict[str, Any] = {"check_directory_existence_before_creation": True}
+    # The SDK's default request timeout (3 s without a byte) fails large transfers from a busy server.
+    kwargs: dict[str, Any] = {
+        "check_directory_existence_before_creation": True,
+        "request_timeout": 60.0,
+        "connect_timeout": 10.0,
+    }
     if parsed.username:
         kwargs["access_key"] = unquote(parsed.username)
         kwargs["secret_key"] = unquote(parsed.password or "")

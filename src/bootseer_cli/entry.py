@@ -1,0 +1,70 @@
+"""The `bootseer` entry point: `exec` takes a fast path that never imports typer.
+
+`bootseer exec` sits in front of every start of every job, so its own cost is paid on every
+restart of every node. typer (which now imports pydantic) costs a few hundred milliseconds to
+import; the exec options are few and fixed, so they are parsed here by hand. Anything unusual
+(`--help`, an unknown option) goes through the full typer CLI, which explains it properly.
+"""
+
+from __future__ import annotations
+
+import sys
+
+_VALUED = {"--config", "-c", "--store", "--skip"}
+_FLAGS = {"--quiet", "-q"}
+
+
+def _parse_exec(args: list[str]) -> tuple[dict[str, str | bool], list[str]] | None:
+    """Options and command of `bootseer exec …`, or None to let typer handle the arguments."""
+    opts: dict[str, str | bool] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return opts, args[i + 1 :]
+        if a in _FLAGS:
+            opts["quiet"] = True
+        elif "=" in a and a.split("=", 1)[0] in _VALUED:
+            name, value = a.split("=", 1)
+            opts["config" if name == "-c" else name.lstrip("-")] = value
+        elif a in _VALUED:
+            if i + 1 >= len(args):
+                return None
+            opts["config" if a == "-c" else a.lstrip("-")] = args[i + 1]
+            i += 1
+        elif a.startswith("-"):
+            return None  # --help and friends: typer explains
+        else:
+            return opts, args[i:]
+        i += 1
+    return None
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv[:1] == ["exec"]:
+        parsed = _parse_exec(argv[1:])
+        if parsed is not None:
+            _fast_exec(*parsed)
+            return
+    from .cli import main as cli_main
+
+    cli_main()
+
+
+def _fast_exec(opts: dict[str, str | bool], command: list[str]) -> None:
+    from .config import load
+    from .errors import BootseerError
+    from .launch import execute
+
+    try:
+        overrides = {("store", "uri"): opts.get("store"), ("exec", "quiet"): True if opts.get("quiet") else None}
+        cfg = load(opts.get("config"), overrides)  # type: ignore[arg-type]
+        skip = {s.strip() for s in str(opts.get("skip") or "").split(",") if s.strip()}
+        execute(cfg, command, skip)
+    except BootseerError as e:
+        print(f"bootseer: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("bootseer: interrupted", file=sys.stderr)
+        sys.exit(130)

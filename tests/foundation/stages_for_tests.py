@@ -1,0 +1,23 @@
+"""Stage functions used by the launch tests to drive the stage framework itself."""
+
+from __future__ import annotations
+
+from bootseer_cli.launch import LaunchContext, StageFatal, StageResult
+
+
+def ok(ctx: LaunchContext) -> StageResult:
+    ctx.exports["BOOTSEER_TEST_EXPORT"] = "yes"
+    return StageResult(outcome="hit", summary="restored", cache="hit", bytes=123, bytes_from_store=100)
+
+
+def boom(ctx: LaunchContext) -> StageResult:
+    raise RuntimeError("disk on fire")
+
+
+def unreachable_store(ctx: LaunchContext) -> StageResult:
+    ctx.store.check_writable()  # raises StoreError for a dead store
+    return StageResult(outcome="hit")
+
+
+def fatal(ctx: LaunchContext) -> StageResult:
+    raise StageFatal("setup failed with exit status 4", 4)

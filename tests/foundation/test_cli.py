@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.entry import _parse_exec
+
+BOOTSEER = [sys.executable, "-m", "bootseer_cli"]
+
+
+def run(args: list[str], cwd: Path, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*BOOTSEER, *args], capture_output=True, text=True, timeout=120, cwd=cwd, **kw)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--", "torchrun", "x.py"], ({}, ["torchrun", "x.py"])),
+        (["-q", "--config", "a.toml", "--", "ls", "-l"], ({"quiet": True, "config": "a.toml"}, ["ls", "-l"])),
+        (
+            ["--config=a.toml", "--store=s3://b/p", "--skip", "image,env", "ls"],
+            ({"config": "a.toml", "store": "s3://b/p", "skip": "image,env"}, ["ls"]),
+        ),
+        (["-c", "x.toml", "python", "-c", "pass"], ({"config": "x.toml"}, ["python", "-c", "pass"])),
+        (["--help"], None),
+        (["--bogus", "--", "ls"], None),
+        (["--config"], None),
+    ],
+)
+def test_fast_exec_parser(args: list[str], expected: object) -> None:
+    assert _parse_exec(args) == expected
+
+
+def test_help_lists_every_verb(tmp_path: Path) -> None:
+    r = run(["--help"], tmp_path)
+    assert r.returncode == 0
+    for verb in ("exec", "init", "config", "keys", "doctor"):
+        assert f"  {verb} " in r.stdout
+    assert run(["--version"], tmp_path).stdout.startswith("bootseer ")
+    r = run(["exec", "--help"], tmp_path)
+    assert r.returncode == 0 and "--skip" in r.stdout
+
+
+def test_init_writes_the_template(tmp_path: Path) -> None:
+    r = run(["init"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    root = Path(__file__).resolve().parents[2]
+    assert (tmp_path / "bootseer.toml").read_text() == (root / "templates" / "bootseer.toml").read_text()
+    r = run(["init"], tmp_path)
+    assert r.returncode == 2 and "exists" in r.stderr
+    assert run(["init", "--force"], tmp_path).returncode == 0
+    r = run(["init", "--template", "nope"], tmp_path)
+    assert r.returncode == 2 and "no template 'nope'" in r.stderr
+
+
+def test_config_shows_sources(tmp_path: Path) -> None:
+    (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["true"]\n')
+    r = run(["config", "--json"], tmp_path, env={**_env(), "BOOTSEER_ENV_WAIT_S": "3"})
+    doc = json.loads(r.stdout)
+    assert doc["settings"]["env"]["setup"] == {"value": ["true"], "source": f"file:{tmp_path}/bootseer.toml:2"}
+    assert doc["settings"]["env"]["wait_s"] == {"value": 3.0, "source": "env:BOOTSEER_ENV_WAIT_S"}
+    assert doc["settings"]["store"]["uri"]["source"] == "default"
+    text = run(["config", "--store", "file:///x"], tmp_path).stdout
+    assert 'uri = "file:///x"    # flag' in text
+
+
+def test_keys_json(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text("six\n")
+    (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["pip install -r requirements.txt"]\n')
+    doc = json.loads(run(["keys", "--json"], tmp_path).stdout)
+    assert doc["env"]["doc"]["image"] == doc["image"]["digest"]
+    assert len(doc["env"]["digest"]) == 64
+    (tmp_path / "requirements.txt").write_text("six==1.17\n")
+    assert json.loads(run(["keys", "--json"], tmp_path).stdout)["env"]["digest"] != doc["env"]["digest"]
+
+
+def test_doctor(tmp_path: Path) -> None:
+    r = run(["doctor", "--json", "--store", (tmp_path / "s").as_uri()], tmp_path)
+    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    assert set(checks) == {"store", "fuse", "cache", "docker", "p2p"}
+    assert checks["store"]["status"] == "ok"
+    r = run(["doctor", "--store", "nope://x"], tmp_path)
+    assert r.returncode == 1
+    assert "fail  store" in r.stdout and "unknown scheme" in r.stdout and "fix:" in r.stdout
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.config import load
+from bootseer_cli.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "bootseer.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_without_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = load()
+    assert cfg.path is None
+    assert cfg.get("env", "setup") == []
+    assert cfg.source("env", "setup") == "default"
+    assert cfg.get("image", "record") == "auto"
+
+
+def test_layers_file_env_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, '[store]\nuri = "file:///from-file"\n[env]\nwait_s = 5\n')
+    cfg = load(path)
+    assert cfg.get("store", "uri") == "file:///from-file"
+    assert cfg.source("store", "uri") == f"file:{path}:2"
+    assert cfg.get("env", "wait_s") == 5.0 and isinstance(cfg.get("env", "wait_s"), float)
+
+    monkeypatch.setenv("BOOTSEER_STORE", "file:///from-env")
+    monkeypatch.setenv("BOOTSEER_ENV_WAIT_S", "7.5")
+    cfg = load(path)
+    assert cfg.get("store", "uri") == "file:///from-env"
+    assert cfg.source("store", "uri") == "env:BOOTSEER_STORE"
+    assert cfg.get("env", "wait_s") == 7.5
+
+    cfg = load(path, {("store", "uri"): "file:///from-flag"})
+    assert cfg.get("store", "uri") == "file:///from-flag"
+    assert cfg.source("store", "uri") == "flag"
+
+
+def test_config_found_in_cwd_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, '[env]\nsetup = ["true"]\n')
+    monkeypatch.chdir(tmp_path)
+    assert load().get("env", "setup") == ["true"]
+    other = tmp_path / "sub"
+    other.mkdir()
+    (other / "x.toml").write_text('[env]\nsetup = ["false"]\n')
+    monkeypatch.setenv("BOOTSEER_CONFIG", str(other / "x.toml"))
+    cfg = load()
+    assert cfg.get("env", "setup") == ["false"]
+    assert cfg.base_dir == other
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[env]\nsetup = [\n", "invalid TOML"),
+        ('[env]\nsetpu = ["x"]\n', "bootseer.toml:2: unknown key 'setpu' in [env]"),
+        ("[nope]\nx = 1\n", "bootseer.toml:1: unknown section [nope]"),
+        ('[env]\nwait_s = "soon"\n', "[env] wait_s must be float"),
+        ('\n\n[image]\nrecord = "sometimes"\n', "bootseer.toml:4: [image] record must be one of auto, always, never"),
+        ("[env]\nsetup = [1, 2]\n", "[env] setup must be list[str]"),
+        ("[p2p]\nenabled = 1\n", "[p2p] enabled must be bool"),
+    ],
+)
+def test_bad_files_name_key_and_line(tmp_path: Path, text: str, needle: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert needle in str(err.value)
+    assert err.value.exit_code == 2
+
+
+def test_bad_env_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BOOTSEER_P2P_ENABLED", "maybe")
+    with pytest.raises(ConfigError, match="BOOTSEER_P2P_ENABLED"):
+        load()
+
+
+def test_missing_explicit_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load(tmp_path / "missing.toml")
+
+
+def test_list_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BOOTSEER_EXEC_SKIP", "image, env")
+    monkeypatch.setenv("BOOTSEER_QUIET", "1")
+    cfg = load()
+    assert cfg.get("exec", "skip") == ["image", "env"]
+    assert cfg.get("exec", "quiet") is True
+
+
+def test_example_is_the_template_and_valid() -> None:
+    root = Path(__file__).resolve().parents[2]
+    example = root / "bootseer.toml.example"
+    template = root / "templates" / "bootseer.toml"
+    assert example.read_text() == template.read_text()
+    cfg = load(example)
+    assert cfg.get("env", "setup") == ["pip install -r requirements.txt"]

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli import keys
+from bootseer_cli.config import load
+from bootseer_cli.errors import ConfigError
+
+
+def env_digest(**overrides: object) -> str:
+    args: dict[str, object] = {
+        "image_key": "a" * 64,
+        "setup": ["pip install -r requirements.txt"],
+        "files": {"requirements.txt": "b" * 64},
+        "key_env": {"TORCH_CUDA_ARCH_LIST": "8.0"},
+        "machine": "x86_64",
+    }
+    args.update(overrides)
+    return keys.make_key(keys.env_key_doc(**args)).digest  # type: ignore[arg-type]
+
+
+def test_env_key_is_deterministic_and_canonical() -> None:
+    assert env_digest() == env_digest()
+    a = keys.make_key({"x": 1, "y": [1, 2]})
+    b = keys.make_key({"y": [1, 2], "x": 1})
+    assert a.digest == b.digest and len(a.digest) == 64
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"image_key": "c" * 64},
+        {"setup": ["pip install -r requirements.txt", "pip install flash-attn"]},
+        {"setup": ["uv pip install -r requirements.txt"]},
+        {"files": {"requirements.txt": "d" * 64}},
+        {"files": {"requirements.txt": "b" * 64, "constraints.txt": "e" * 64}},
+        {"key_env": {"TORCH_CUDA_ARCH_LIST": "9.0"}},
+        {"key_env": {"TORCH_CUDA_ARCH_LIST": None}},
+        {"machine": "aarch64"},
+    ],
+)
+def test_each_input_changes_env_key(change: dict[str, object]) -> None:
+    assert env_digest(**change) != env_digest()
+
+
+def test_image_key_digest_vs_fingerprint() -> None:
+    by_digest = keys.make_key(keys.image_key_doc("sha256:" + "1" * 64, None))
+    assert by_digest.doc["kind"] == "image"
+    fp = keys.gather_rootfs_fingerprint()
+    assert fp == keys.gather_rootfs_fingerprint()
+    by_fp = keys.make_key(keys.image_key_doc(None, fp))
+    assert by_fp.digest != by_digest.digest
+    other = dict(fp, python="0.0.0")
+    assert keys.make_key(keys.image_key_doc(None, other)).digest != by_fp.digest
+
+
+def test_image_digest_from_ref() -> None:
+    d = "sha256:" + "2" * 64
+    assert keys.image_digest_from_ref(f"registry:5000/train@{d}") == d
+    assert keys.image_digest_from_ref(d) == d
+    assert keys.image_digest_from_ref("train:latest") is None
+    assert keys.image_digest_from_ref(None) is None
+
+
+def test_files_named_by_setup() -> None:
+    setup = [
+        "pip install -r requirements.txt -c constraints.txt",
+        "uv pip install --requirement=extra.txt --no-deps x",
+        "pip install -rdev.txt",
+        "pip install -r https://example.invalid/r.txt",
+    ]
+    assert keys.files_named_by(setup) == ["requirements.txt", "constraints.txt", "extra.txt", "dev.txt"]
+
+
+def test_compute_reads_files_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "requirements.txt").write_text("six==1.16.0\n")
+    (tmp_path / "bootseer.toml").write_text(
+        '[env]\nsetup = ["pip install -r requirements.txt"]\nkey_env = ["BS_TEST_ARCH"]\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    first = keys.compute(load())
+    assert first.env.doc["files"]["requirements.txt"]
+    assert first.env.doc["image"] == first.image.digest
+    assert keys.compute(load()).env.digest == first.env.digest
+    (tmp_path / "requirements.txt").write_text("six==1.17.0\n")
+    second = keys.compute(load())
+    assert second.env.digest != first.env.digest
+    assert second.image.digest == first.image.digest
+    monkeypatch.setenv("BS_TEST_ARCH", "8.0")
+    assert keys.compute(load()).env.digest != second.env.digest
+    monkeypatch.setenv("BOOTSEER_IMAGE", "reg/x@sha256:" + "3" * 64)
+    pinned = keys.compute(load())
+    assert pinned.image.doc == {"v": 1, "kind": "image", "digest": "sha256:" + "3" * 64}
+
+
+def test_unreadable_requirements_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["pip install -r missing.txt"]\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"missing\.txt"):
+        keys.compute(load())
