@@ -103,6 +103,7 @@ class Announcer:
         self.name = _clean(f"{node_name()}-{host}-{port}")
         self.rel = f"swarm/{digest}/{self.name}.json"
         self.state = ""
+        self.pending = ""
         self.written = 0.0
 
     def write(self, state: str) -> None:
@@ -111,7 +112,16 @@ class Announcer:
         self.state = state
         self.written = time.time()
 
+    def want(self, state: str) -> None:
+        """Change the state at the next `refresh` (from the discovery thread, off the fetch loop)."""
+        self.pending = state
+
     def refresh(self) -> None:
+        pending = self.pending
+        if pending and pending != self.state:
+            with contextlib.suppress(Exception):
+                self.write(pending)
+            return
         if self.state and time.time() - self.written > REFRESH_S:
             with contextlib.suppress(Exception):
                 self.write(self.state)
@@ -119,7 +129,7 @@ class Announcer:
     def remove(self) -> None:
         with contextlib.suppress(Exception):
             self.store.delete(self.rel)
-        self.state = ""
+        self.state = self.pending = ""
 
 
 def swarm_peers(store: Any, digest: str, exclude: str = "") -> list[Endpoint]:

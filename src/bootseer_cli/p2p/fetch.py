@@ -43,6 +43,7 @@ class Served:
     torrent_digest: str
     handle: Any
     announcer: Announcer
+    discoverer: Discoverer
     work: Path  # libtorrent's save path (the cache keeps a hard link of the verified file)
 
 
@@ -92,11 +93,32 @@ def _hex(h: Any) -> str:
     return str(h.info_hash())
 
 
-def _peer_list(node: Node, digest: str, ann: Announcer) -> list[tuple[str, int]]:
-    eps = [(e.host, e.port) for e in static_peers(node.cfg)]
-    with contextlib.suppress(Exception):
-        eps += [(e.host, e.port) for e in swarm_peers(node.store, digest, exclude=ann.name)]
-    return eps
+class Discoverer(threading.Thread):
+    """Store I/O off the fetch loop (a slow store must not delay stall detection): lists the blob's
+    swarm, connects to new peers, refreshes this node's entry, and counts the peers still downloading."""
+
+    def __init__(self, node: Node, digest: str, handle: Any, ann: Announcer) -> None:
+        super().__init__(name=f"discover-{digest[:8]}", daemon=True)
+        self.node, self.digest, self.handle, self.ann = node, digest, handle, ann
+        self.stop = threading.Event()
+        self.downloading = 0  # peers announced as downloading, other than this node
+        self.seeds = 0
+
+    def tick(self) -> None:
+        eps = [(e.host, e.port) for e in static_peers(self.node.cfg)]
+        try:
+            peers = swarm_peers(self.node.store, self.digest, exclude=self.ann.name)
+        except Exception:
+            peers = []
+        self.downloading = sum(1 for p in peers if p.state == "downloading")
+        self.seeds = sum(1 for p in peers if p.state == "seed")
+        self.node.swarm.connect(self.handle, eps + [(p.host, p.port) for p in peers])
+        self.ann.refresh()
+
+    def run(self) -> None:
+        while not self.stop.wait(DISCOVER_S):
+            with contextlib.suppress(Exception):
+                self.tick()
 
 
 def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: Any = None) -> Result:
@@ -117,6 +139,7 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
     ann = Announcer(store, digest, swarm.announce_host, swarm.port)
     from_store = len(torrent)
     feeder: StoreFeeder | None = None
+    discoverer = Discoverer(node, digest, handle, ann)
     lease = None
     note = ""
     origin = False
@@ -127,16 +150,15 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
         if not any(p.state == "seed" for p in peers):
             lease = store.try_lease(f"p2p-{digest}", LEASE_TTL_S)
         ann.write("downloading")
-        swarm.connect(handle, _peer_list(node, digest, ann))
+        discoverer.tick()
+        discoverer.start()
         if lease is not None:
             origin = True
             feeder = StoreFeeder(handle, store, digest, shuffle=False, mbps=float(cfg.get("p2p", "origin_mbps")))
             feeder.start()
-        total = handle.torrent_file().total_size()
         done_reported = 0
         last_progress = time.monotonic()
         last_pieces = -1
-        last_discover = time.monotonic()
         last_lease = time.monotonic()
         ever_peer = False
         while True:
@@ -157,10 +179,6 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
             if feeder is not None and feeder.error is not None:
                 raise feeder.error
             now = time.monotonic()
-            if now - last_discover >= DISCOVER_S:
-                swarm.connect(handle, _peer_list(node, digest, ann))
-                ann.refresh()
-                last_discover = now
             if lease is not None and now - last_lease >= LEASE_TTL_S / 3:
                 with contextlib.suppress(Exception):
                     lease.renew(LEASE_TTL_S)
@@ -173,6 +191,9 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
                     note = f"no peer within {deadline_s:g} s; read from the store"
                 else:
                     note = f"swarm stalled for {deadline_s:g} s; missing pieces read from the store"
+                if failures:
+                    # Corrupt peers are still serving: stop asking the swarm, take the rest from the store.
+                    handle.set_flags(swarm.lt.torrent_flags.upload_mode)
                 feeder = StoreFeeder(handle, store, digest, shuffle=True)
                 feeder.start()
             time.sleep(POLL_S)
@@ -183,12 +204,16 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
         st = handle.status()
         from_peers = int(st.total_payload_download)
         src = work / digest
-        _wait_flushed(handle, src, total)
+        swarm.flush(handle)
         if _sha256(src) != digest:
-            raise IntegrityError(f"blob {digest[:12]} from the swarm does not match its digest")
+            # Every piece passed libtorrent's check, so a mismatch is a write still in flight: flush again.
+            time.sleep(0.5)
+            swarm.flush(handle)
+            if _sha256(src) != digest:
+                raise IntegrityError(f"blob {digest[:12]} from the swarm does not match its digest")
         path = _into_cache(cache, src, digest)
-        ann.write("seed")
-        node.served[digest] = Served(digest, tdigest, handle, ann, work)
+        ann.want("seed")
+        node.served[digest] = Served(digest, tdigest, handle, ann, discoverer, work)
         _keep_torrent(cache, tdigest, torrent)
         failures = swarm.hash_failures.get(key, 0)
         if failures and not note:
@@ -208,6 +233,7 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
     except BaseException:
         if feeder is not None:
             feeder.stop.set()
+        discoverer.stop.set()
         ann.remove()
         swarm.remove(handle)
         shutil.rmtree(work, ignore_errors=True)
@@ -216,17 +242,6 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
         if lease is not None:
             with contextlib.suppress(Exception):
                 lease.release()
-
-
-def _wait_flushed(handle: Any, path: Path, total: int) -> None:
-    """libtorrent reports a piece once it is hashed and handed to the disk; wait until the file is whole."""
-    handle.flush_cache()
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        with contextlib.suppress(FileNotFoundError):
-            if path.stat().st_size == total:
-                return
-        time.sleep(0.02)
 
 
 def _sha256(path: Path) -> str:
@@ -261,22 +276,24 @@ def _keep_torrent(cache: Any, tdigest: str, torrent: bytes) -> None:
 
 
 def _downloading_peers(node: Node) -> int:
+    """Peers that may still want data from this node: connected and not seeds, or announced as downloading."""
     n = 0
     for s in node.served.values():
         with contextlib.suppress(Exception):
             n += sum(1 for p in s.handle.get_peer_info() if not p.seed)
+        n += s.discoverer.downloading
     return n
 
 
 def linger(node: Node, cap_s: float) -> float:
-    """Keep serving while connected peers still download from this node, at most `cap_s` seconds."""
+    """Keep serving while peers still download (from this node or announced), at most `cap_s` seconds."""
     t0 = time.monotonic()
     quiet_since: float | None = None
     while time.monotonic() - t0 < cap_s:
         node.swarm.pump()
         if _downloading_peers(node) == 0:
             quiet_since = quiet_since or time.monotonic()
-            if time.monotonic() - quiet_since >= 1.0:
+            if time.monotonic() - quiet_since >= 1.5 * DISCOVER_S:
                 break
         else:
             quiet_since = None
@@ -297,6 +314,8 @@ def shutdown(cap_s: float | None = None) -> list[dict[str, Any]]:
             linger(node, cap)
     served = [{"digest": s.digest, "torrent": s.torrent_digest} for s in node.served.values()]
     for s in node.served.values():
+        s.discoverer.stop.set()
+        s.discoverer.join(10)
         s.announcer.remove()
         node.swarm.remove(s.handle)
     node.swarm.close()

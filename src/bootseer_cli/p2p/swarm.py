@@ -133,6 +133,7 @@ class Swarm:
         self.hash_failures: dict[str, int] = {}  # per info-hash (hex)
         self.banned: dict[str, int] = {}
         self.errors: list[str] = []
+        self._flushed: dict[str, threading.Event] = {}
         self._wait_listening(lo, hi)
 
     def _wait_listening(self, lo: int, hi: int) -> None:
@@ -186,8 +187,28 @@ class Swarm:
                 elif isinstance(a, lt.peer_ban_alert):
                     key = str(a.handle.info_hash())
                     self.banned[key] = self.banned.get(key, 0) + 1
+                elif isinstance(a, lt.save_resume_data_alert | lt.save_resume_data_failed_alert):
+                    event = self._flushed.get(str(a.handle.info_hash()))
+                    if event is not None:
+                        event.set()
                 elif isinstance(a, lt.listen_failed_alert | lt.file_error_alert | lt.torrent_error_alert):
                     self.errors.append(a.message())
+
+    def flush(self, handle: Any, timeout: float = 30.0) -> bool:
+        """Wait until every piece libtorrent has verified is on disk (a piece counts as "have" once it is
+        hashed, which can be before its last write lands). True when the flush was confirmed."""
+        key = str(handle.info_hash())
+        event = self._flushed[key] = threading.Event()
+        try:
+            handle.save_resume_data(self.lt.save_resume_flags_t.flush_disk_cache)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                self.pump()
+                if event.wait(0.02):
+                    return True
+            return False
+        finally:
+            self._flushed.pop(key, None)
 
     def close(self) -> None:
         with self.lock:
@@ -196,6 +217,10 @@ class Swarm:
         if session is not None:
             session.pause()
             del session  # the session's destructor closes its sockets and files
+
+
+RETRY_S = 3.0
+OVERWRITE_EXISTING = 1  # lt.add_piece_flags_t.overwrite_existing (kept numeric: libtorrent loads lazily)
 
 
 class StoreFeeder(threading.Thread):
@@ -229,6 +254,26 @@ class StoreFeeder(threading.Thread):
         self.error: BaseException | None = None
         self.done = False
 
+    def _add(self, f: Any, ti: Any, i: int, flags: int) -> None:
+        size = ti.piece_size(i)
+        data = f.read_at(size, i * ti.piece_length())
+        if len(data) != size:
+            raise OSError(f"short read of piece {i} of blob {self.digest[:12]}")
+        self.bytes_read += size
+        self.handle.add_piece(i, bytes(data), flags)
+
+    def _settle(self, f: Any, ti: Any, pending: dict[int, float]) -> None:
+        """Drop the pieces libtorrent now has; hand again, overwriting, any that did not stick (e.g. its
+        blocks were mixed with a corrupt peer's and the piece failed its check)."""
+        for j, t in list(pending.items()):
+            if self.handle.have_piece(j):
+                del pending[j]
+            elif time.monotonic() - t > RETRY_S:
+                self._add(f, ti, j, OVERWRITE_EXISTING)
+                pending[j] = time.monotonic()
+        if pending:
+            time.sleep(0.005)
+
     def run(self) -> None:
         from ..store import blob_path
 
@@ -239,7 +284,7 @@ class StoreFeeder(threading.Thread):
             if self.shuffle:
                 random.shuffle(order)
             f = self.store.open_input(blob_path(self.digest))
-            pending: list[int] = []
+            pending: dict[int, float] = {}  # piece -> when it was handed to libtorrent
             t0 = time.monotonic()
             try:
                 for i in order:
@@ -248,20 +293,15 @@ class StoreFeeder(threading.Thread):
                     if self.handle.have_piece(i):
                         continue
                     while len(pending) >= self.IN_FLIGHT and not self.stop.is_set():
-                        pending = [j for j in pending if not self.handle.have_piece(j)]
-                        if len(pending) >= self.IN_FLIGHT:
-                            time.sleep(0.005)
-                    size = ti.piece_size(i)
-                    data = f.read_at(size, i * ti.piece_length())
-                    if len(data) != size:
-                        raise OSError(f"short read of piece {i} of blob {self.digest[:12]}")
-                    self.bytes_read += size
-                    self.handle.add_piece(i, bytes(data), 0)
-                    pending.append(i)
+                        self._settle(f, ti, pending)
+                    self._add(f, ti, i, 0)
+                    pending[i] = time.monotonic()
                     if self.mbps > 0:
                         ahead = self.bytes_read * 8 / (self.mbps * 1e6) - (time.monotonic() - t0)
                         if ahead > 0:
                             self.stop.wait(ahead)
+                while pending and not self.stop.is_set():
+                    self._settle(f, ti, pending)
             finally:
                 f.close()
             self.done = True
