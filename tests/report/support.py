@@ -12,6 +12,7 @@ import random
 import shutil
 import struct
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,20 @@ def colour_stats(path: Path) -> tuple[int, float]:
             colours.add(px)
             non_white += px != b"\xff\xff\xff"
     return len(colours), non_white / (width * height)
+
+
+def in_process(capsys: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """`bootseer report ARGS` through the CLI's own main(), without a new interpreter per call."""
+    from bootseer_cli import cli
+
+    saved = sys.argv
+    sys.argv = ["bootseer", "report", *args]
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.argv = saved
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)

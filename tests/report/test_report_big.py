@@ -16,7 +16,7 @@ from bootseer_cli.report import analysis, load, render
 from bootseer_cli.store import Store
 from tests.report.conftest import BIG_NODES, RESTARTED, STRAGGLER, BigJob
 from tests.report.recompute import assert_matches, expected
-from tests.report.support import chromium_screenshot, colour_stats
+from tests.report.support import chromium_screenshot, colour_stats, in_process
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -89,8 +89,8 @@ def test_cli_json_html_svg_and_screenshot(big_job: BigJob, tmp_path: Path) -> No
     assert inked > 0.10, inked
 
 
-def test_text_report(big_job: BigJob) -> None:
-    out = _cli("--store", big_job.uri, "--job", big_job.job, "--gpus-per-node", "4")
+def test_text_report(big_job: BigJob, capsys: pytest.CaptureFixture[str]) -> None:
+    out = in_process(capsys, "--store", big_job.uri, "--job", big_job.job, "--gpus-per-node", "4")
     assert out.returncode == 0, out.stderr
     text = out.stdout
     exp = expected(big_job.rows, gpus=4)

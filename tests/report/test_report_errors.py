@@ -13,7 +13,7 @@ import pytest
 
 from bootseer_cli import events
 from bootseer_cli.store import Store
-from tests.report.support import node_events, write_run
+from tests.report.support import in_process, node_events, write_run
 
 
 def _report(*args: str) -> subprocess.CompletedProcess[str]:
@@ -41,16 +41,21 @@ def test_empty_store(tmp_path: Path) -> None:
     _one_line_error(_report("--store", (tmp_path / "empty").as_uri(), "--last"), 1, "no stage events")
 
 
-def test_bad_arguments(store: Store, tmp_path: Path) -> None:
-    _one_line_error(_report("--store", store.uri, "--job", "nope"), 1, "no events for job 'nope'")
-    _one_line_error(_report("--store", store.uri, "--job", "../x"), 2, "not a job name")
-    _one_line_error(_report("--store", store.uri, "--job", "job-a", "--last"), 2, "--job and --last")
-    _one_line_error(_report("--store", store.uri, "--since", "7x"), 2, "--since")
-    _one_line_error(_report("--store", store.uri, "--since", "7d", "--svg", "x.svg"), 2, "--svg")
-    _one_line_error(_report("--store", store.uri, "--start", "5"), 1, "no start 5")
+def test_bad_arguments(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return in_process(capsys, "--store", store.uri, *args)
+
+    _one_line_error(run("--job", "nope"), 1, "no events for job 'nope'")
+    _one_line_error(run("--job", "../x"), 2, "not a job name")
+    _one_line_error(run("--job", "job-a", "--last"), 2, "--job and --last")
+    _one_line_error(run("--since", "7x"), 2, "--since")
+    _one_line_error(run("--since", "7d", "--svg", "x.svg"), 2, "--svg")
+    _one_line_error(run("--start", "5"), 1, "no start 5")
     target = tmp_path / "missing-dir" / "r.html"
-    _one_line_error(_report("--store", store.uri, "--html", str(target)), 1, "cannot write")
+    _one_line_error(run("--html", str(target)), 1, "cannot write")
     assert not target.parent.exists()
+    ok = run("--job", "job-a")
+    assert ok.returncode == 0 and "job job-a · 3 node(s)" in ok.stdout
 
 
 def test_damaged_file_is_skipped_loudly(store: Store) -> None:
