@@ -11,7 +11,9 @@
   cells already consumed are evicted first. A demand read always proceeds (it is what the caller
   waits for), so the bound can be exceeded by at most the reads in progress.
 - **Retries.** A failed ranged read (connection reset, timeout, a server restarting, which may
-  briefly answer "not found") is retried with backoff on a freshly opened handle, a few times.
+  briefly answer "not found") is retried with backoff on a freshly opened handle, a few times. A
+  stripe that has run out of retries fails the reads queued for it at once for `down_s`, so a dead
+  server costs a reader one retry cycle, not one per queued cell.
 - **Checksums.** Every cell is checked against the manifest before anyone sees it. A mismatch is an
   `IntegrityError`, which the mount turns into EIO: never silent bad bytes.
 """
@@ -111,6 +113,7 @@ class ReaderOptions:
     threads: int = 0  # fetch threads; 0: 4 per stripe, 8 to 64
     retries: int = 3  # re-tries of a failed ranged read (so 4 attempts)
     backoff_s: float = 0.2  # first retry delay, doubled each time
+    down_s: float = 2.0  # after a stripe exhausts its retries, its queued reads fail at once this long
 
 
 @dataclass
@@ -139,6 +142,7 @@ class Reader:
         self.inflight_bytes = 0
         self.ahead_bytes = 0
         self.streams: dict[Any, _Stream] = {}
+        self.down: dict[int, tuple[float, str]] = {}  # stripe -> (until, error) after retries ran out
         self.stats = {"fetched": 0, "bytes": 0, "retries": 0, "hits": 0, "prefetched": 0}
         self.closed = False
 
@@ -149,6 +153,9 @@ class Reader:
         attempt = 0
         integrity_retried = False
         while True:
+            down = self.down.get(s)
+            if down is not None and down[0] > time.monotonic():
+                raise StoreError(down[1])  # fail fast: this stripe just failed all its retries
             try:
                 data = src.read_at(off, n)
                 if len(data) != n:
@@ -167,9 +174,12 @@ class Reader:
                 raise
             except Exception as e:  # OSError, and pyarrow's own ArrowException family
                 if self.closed or attempt >= self.opts.retries:
-                    if isinstance(e, StoreError):
-                        raise
-                    raise StoreError(f"stripe {s}: read failed after {attempt + 1} attempts: {e}") from None
+                    err = e if isinstance(e, StoreError) else None
+                    msg = str(e) if err else f"stripe {s}: read failed after {attempt + 1} attempts: {e}"
+                    # Queued reads of this stripe fail at once for a moment instead of each waiting out
+                    # its own retries: a reader gets its EIO in seconds, not minutes.
+                    self.down[s] = (time.monotonic() + self.opts.down_s, msg)
+                    raise err or StoreError(msg) from None
                 attempt += 1
                 with self.lock:
                     self.stats["retries"] += 1
