@@ -162,3 +162,19 @@ def test_cli_and_api(tmp_path: Path, plain_ckpt: Path) -> None:
     assert r.returncode == 0 and "removed" in r.stdout, r.stderr
     r = run_cli("ckpt", "push", str(tmp_path / "nope"), "--name", "x", env=env)
     assert r.returncode == 2 and "not a directory" in r.stderr
+
+
+def test_pull_of_whole_stripes_through_the_node_cache(tmp_path: Path, plain_ckpt: Path) -> None:
+    """With [p2p] on, pull fetches whole stripes via delivery.fetch_blob (cache → swarm → store)."""
+    from bootseer_cli.cache import cache_from_config
+    from bootseer_cli.config import load
+
+    store, m = _pushed(tmp_path, plain_ckpt)
+    cfg = load(None)
+    r = pull(m, catalog.Targets(store), tmp_path / "out", cfg=cfg, whole_stripes=True)  # type: ignore[arg-type]
+    assert same_tree(plain_ckpt, tmp_path / "out")
+    assert r.bytes_from_store == m.total_size  # type: ignore[attr-defined]
+    cache = cache_from_config(cfg)
+    assert all(cache.get(s.digest) is not None for s in m.stripes)  # type: ignore[attr-defined]
+    r = pull(m, catalog.Targets(store), tmp_path / "again", cfg=cfg, whole_stripes=True)  # type: ignore[arg-type]
+    assert r.bytes_from_store == 0 and same_tree(plain_ckpt, tmp_path / "again")  # served by the node cache
