@@ -6,9 +6,12 @@ pulled back by digest, exactly the path a CI pre-warm job takes; see tests/suppo
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +110,51 @@ def make_wheel(d: Path, name: str = "tinypkg", version: str = "1.0") -> Path:
             z.writestr(path, data)
         z.writestr(f"{name}-{version}.dist-info/RECORD", record)
     return whl
+
+
+PROBE = "python3 -c 'import tinypkg'"
+
+
+def project(d: Path, setup: list[str] | None = None) -> Path:
+    """A job directory: bootseer.toml whose setup installs a wheel shipped next to it."""
+    from bootseer_cli.containers.prewarm import WORKDIR
+
+    whl = make_wheel(d)
+    (d / "requirements.txt").write_text(f"{WORKDIR}/{whl.name}\n")
+    setup = setup or ["pip install --no-index --no-deps -r requirements.txt"]
+    (d / "bootseer.toml").write_text(
+        "[env]\nsetup = [" + ", ".join(json.dumps(s) for s in setup) + "]\n"
+        f'files = ["{whl.name}"]\n\n[image]\nrecord = "auto"\n'
+    )
+    return d / "bootseer.toml"
+
+
+@dataclass
+class Prewarmed:
+    job: Path  # the job's directory (bootseer.toml, requirements, wheel)
+    store_dir: Path  # the file:// store prewarm published to
+    out: dict[str, Any]  # prewarm --json
+    stderr: str
+
+
+@pytest.fixture(scope="session")
+def prewarmed(test_image: images.TestImage, tmp_path_factory: pytest.TempPathFactory) -> Prewarmed:
+    """One CI pre-warm of the test image, run as the GitHub Actions template's pre-warm step runs it."""
+    import yaml
+
+    from bootseer_cli.templates import render
+
+    root = tmp_path_factory.mktemp("prewarmed")
+    job = root / "job"
+    job.mkdir()
+    project(job)
+    store_dir = root / "store"
+    workflow = yaml.safe_load(render("github-actions-prewarm.yml", {"IMAGE": "unused", "PROBE": PROBE}))
+    job_spec = workflow["jobs"]["prewarm"]
+    step = next(s for s in job_spec["steps"] if s.get("id") == "prewarm")
+    env = dict(os.environ, IMAGE=test_image.ref, PROBE=job_spec["env"]["PROBE"], BOOTSEER_STORE=store_dir.as_uri())
+    env["GITHUB_OUTPUT"] = str(root / "github_output")
+    r = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=job, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert (root / "github_output").read_text().strip() == f"pinned={test_image.pinned}"
+    return Prewarmed(job=job, store_dir=store_dir, out=json.loads((job / "prewarm.json").read_text()), stderr=r.stderr)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,21 +13,7 @@ from bootseer_cli.containers.prewarm import WORKDIR
 from bootseer_cli.store import open_store
 from tests.support import images
 
-from .conftest import make_wheel
-
-PROBE = "python3 -c 'import tinypkg'"
-
-
-def project(d: Path, setup: list[str] | None = None) -> Path:
-    """A job directory: bootseer.toml whose setup installs a wheel shipped next to it."""
-    whl = make_wheel(d)
-    (d / "requirements.txt").write_text(f"{WORKDIR}/{whl.name}\n")
-    setup = setup or ["pip install --no-index --no-deps -r requirements.txt"]
-    (d / "bootseer.toml").write_text(
-        "[env]\nsetup = [" + ", ".join(json.dumps(s) for s in setup) + "]\n"
-        f'files = ["{whl.name}"]\n\n[image]\nrecord = "auto"\n'
-    )
-    return d / "bootseer.toml"
+from .conftest import Prewarmed, project
 
 
 def prewarm(*args: str) -> subprocess.CompletedProcess[str]:
@@ -36,19 +21,14 @@ def prewarm(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.integration
-def test_prewarm_then_exec_in_the_image_hits(docker_client: Any, test_image: images.TestImage, tmp_path: Path) -> None:
-    job = tmp_path / "job"
-    job.mkdir()
-    cfg = project(job)
-    store_dir = tmp_path / "store"
+def test_prewarm_then_exec_in_the_image_hits(
+    docker_client: Any, test_image: images.TestImage, prewarmed: Prewarmed
+) -> None:
+    out, store_dir, job = prewarmed.out, prewarmed.store_dir, prewarmed.job
     store_uri = store_dir.as_uri()
-
-    r = prewarm("--image", test_image.ref, "-c", str(cfg), "--store", store_uri, "--probe", PROBE, "--json")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
     assert out["image"]["digest"] == test_image.digest and out["image"]["pinned"] == test_image.pinned
     assert out["job_env"] == {"BOOTSEER_IMAGE": test_image.pinned}
-    assert "Successfully installed tinypkg-1.0" in r.stderr  # the setup's output is shown
+    assert "Successfully installed tinypkg-1.0" in prewarmed.stderr  # the setup's output is shown
     store = open_store(store_uri)
     env_ref = store.read_ref("env", out["keys"]["env"])
     hot_ref = store.read_ref("hot", out["keys"]["image"])

@@ -40,7 +40,7 @@ PY_VER = f"{sys.version_info.major}.{sys.version_info.minor}"
 # Host tools copied into the image, with the libraries they need.
 TOOLS = ["dash", "cat", "cp", "mv", "rm", "ls", "mkdir", "ln", "env", "true", "false", "sleep", "chmod", "echo",
          "head", "tail", "wc", "id", "test", "touch", "uname", "sync", "readlink", "dirname", "basename", "sha256sum",
-         "grep", "sed", "tar"]  # fmt: skip
+         "grep", "sed", "tar", "timeout", "tr"]  # fmt: skip
 # Standard library parts nobody imports at run time.
 STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"}
 EXTRA_DISTS = ["pip", "setuptools", "wheel"]  # to `pip install` bootseer inside the image
@@ -280,7 +280,7 @@ def ensure_app(client: Any, base: str) -> str:
         readme = ctx / "bootseer-src/README.md"
         if not readme.exists():  # pyproject names it; a checkout always has one
             readme.write_text("bootseer\n")
-        shutil.copy2(REPO_ROOT / "hooks/entrypoint.sh", ctx / "entrypoint.sh")
+        shutil.copytree(REPO_ROOT / "hooks", ctx / "hooks")
         (ctx / "Dockerfile").write_text(dockerfile)
         try:
             client.images.build(path=str(ctx), tag=tag, network_mode="none", rm=True, forcerm=True)

@@ -10,6 +10,10 @@ import typer
 from ..cli import ConfigOpt, JsonOpt, StoreOpt, load_config
 
 
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
+
+
 def prewarm(
     image: Annotated[str, typer.Option("--image", help="The job's image (tag or name@sha256:…).")],
     config: ConfigOpt = None,
@@ -33,7 +37,7 @@ def prewarm(
         ref = out.env_ref or {}
         what = "already there" if out.env_was_there else "published"
         blob = ref.get("blob") or ref.get("digest") or "?"
-        size = f", {ref['size'] / 1e6:.1f} MB" if isinstance(ref.get("size"), int) else ""
+        size = f", {_size(ref['size'])}" if isinstance(ref.get("size"), int) else ""
         typer.echo(f"env_key    {out.env_key}  snapshot {what}: {blob}{size}")
     if out.hot_ref is not None:
         typer.echo(f"hot record published: {out.hot_ref.get('blob', '?')} for image_key {out.image_key[:16]}")
@@ -42,5 +46,29 @@ def prewarm(
     typer.echo(f"In the job: BOOTSEER_IMAGE={out.image.pinned}")
 
 
+def prefetch(
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+    cache_dir: Annotated[
+        str | None, typer.Option("--cache-dir", help="Node cache to fill (default [store] cache_dir).")
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Fetch this job's env snapshot, hot-block record and checkpoint stripes into the node cache (hooks)."""
+    from ..containers.warm import prefetch as run
+
+    out = run(load_config(config, store, store__cache_dir=cache_dir))
+    if json_:
+        typer.echo(json.dumps(out.as_dict(), indent=2))
+    else:
+        for i in out.items:
+            size = f"{i.blobs} blob(s), {_size(i.bytes)} ({_size(i.bytes_from_store)} from the store)"
+            typer.echo(f"{i.what:10} {i.status:7} {i.key[:24]:24} {size if i.blobs else i.detail}")
+        typer.echo(f"node cache: {out.cache_dir}")
+    if any(i.status == "failed" for i in out.items):
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     app.command("prewarm")(prewarm)
+    app.command("prefetch")(prefetch)

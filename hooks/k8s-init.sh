@@ -1,0 +1,36 @@
+#!/bin/sh
+# bootseer Kubernetes init container: warm the pod's shared volume before the training container starts.
+#
+# Runs in the job's own image (so it computes the same keys), with the same environment as the training
+# container (BOOTSEER_IMAGE pinned by digest, BOOTSEER_STORE and the store's credentials, BOOTSEER_CONFIG),
+# and the shared volume mounted at $BOOTSEER_WARM_DIR (default /bootseer-cache). It fetches the env
+# snapshot, the hot-block record and the checkpoint stripes into $BOOTSEER_WARM_DIR/blobs, which the
+# entrypoint wrapper then hands to `bootseer exec` as the node cache.
+#
+# It always exits 0: a cold cache only makes the start slower, it must never keep the pod from starting.
+set -u
+
+warm="${BOOTSEER_WARM_DIR:-/bootseer-cache}"
+limit="${BOOTSEER_PREFETCH_TIMEOUT:-600}"
+
+if ! command -v bootseer >/dev/null 2>&1; then
+    echo "bootseer-init: warning: bootseer is not installed in this image; nothing prefetched" >&2
+    exit 0
+fi
+if ! mkdir -p "$warm/blobs"; then
+    echo "bootseer-init: warning: cannot create $warm/blobs; nothing prefetched" >&2
+    exit 0
+fi
+
+if command -v timeout >/dev/null 2>&1; then
+    timeout "$limit" bootseer prefetch --cache-dir "$warm/blobs"
+else
+    bootseer prefetch --cache-dir "$warm/blobs"
+fi
+status=$?
+if [ "$status" -ne 0 ]; then
+    echo "bootseer-init: warning: prefetch ended with status $status; the start will fetch what is missing" >&2
+fi
+# The training container may run as another user: let it read and refresh the cache.
+chmod -R a+rwX "$warm" 2>/dev/null || true
+exit 0
