@@ -532,6 +532,16 @@ def verdict(r: JobReport) -> str:
                     f"the job {_s(s.straggler_cost_s)}: {why}",
                 )
             )
+    single = max((c for c, t in candidates if " is the straggler in " in t), default=0.0)
+    if r.nodes > 2 and r.straggler_wait_s > 1.0 and r.straggler_wait_s > 1.25 * single:
+        slow = ", ".join(_why_slow(r, row) for row in _slowest(r))
+        candidates.append(
+            (
+                r.straggler_wait_s,
+                f"stragglers: the median node was ready at {_s(r.median_ready_s)} but the job started at "
+                f"{_s(r.startup_s)}; the slowest: {slow}",
+            )
+        )
     total = by_name.get(TOTAL_STAGE)
     if total:
         own = total.p50_s - sum(by_name[n].p50_s for n in by_name if n not in (TOTAL_STAGE, READY_STAGE))
@@ -546,6 +556,28 @@ def verdict(r: JobReport) -> str:
         return f"{_s(r.startup_s)} to the slowest node's ready; no stage events explain it."
     _saving, text = max(candidates, key=lambda c: c[0])
     return f"Fix first: {text}."
+
+
+def _slowest(r: JobReport, limit: int = 3) -> list[NodeRow]:
+    """The nodes in the slow tail: ready later than halfway from the median node to the slowest one."""
+    cut = r.median_ready_s + r.straggler_wait_s / 2
+    return sorted((row for row in r.rows if row.ready > cut), key=lambda row: -row.ready)[:limit]
+
+
+def _why_slow(r: JobReport, row: NodeRow) -> str:
+    """'node-7 (checkpoint 30.0 s vs 5.0 s p50)': the stage where this node lost the most against the median."""
+    p50 = {s.stage: s.p50_s for s in r.stages}
+    worst, excess, took, note = "", 0.0, 0.0, ""
+    for seg in row.segments:
+        if seg.stage == TOTAL_STAGE or seg.stage not in p50:
+            continue
+        d = seg.end - seg.start
+        if d - p50[seg.stage] > excess:
+            worst, excess, took = seg.stage, d - p50[seg.stage], d
+            note = " failed" if seg.outcome in FAILED_OUTCOMES else " miss" if seg.cache == "miss" else ""
+    if not worst:
+        return row.node
+    return f"{row.node} ({STAGE_LABELS.get(worst, worst)}{note} {_s(took)} vs {_s(p50[worst])} p50)"
 
 
 # ---- across jobs ---------------------------------------------------------------------------
