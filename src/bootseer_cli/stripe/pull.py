@@ -133,12 +133,13 @@ def _write_files(m: Manifest, reader: Reader, root: Path, advance: Callable[[int
         with open(path, "wb") as out:
             off = 0
             while off < f.size:
-                data = reader.pread(f, off, chunk, stream=stream)
-                if not data:
+                parts = reader.pread_parts(f, off, chunk, stream=stream)
+                if not parts:
                     raise IntegrityError(f"checkpoint {m.name}:{m.tag}: {f.path} ended early")
-                out.write(data)
-                off += len(data)
-                advance(len(data))
+                for part in parts:
+                    out.write(part)
+                    off += len(part)
+                    advance(len(part))
 
 
 def _swap_in(tmp: Path, dest: Path) -> None:

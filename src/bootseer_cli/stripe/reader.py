@@ -262,11 +262,21 @@ class Reader:
     # ---- reading -------------------------------------------------------------------------------
     def read(self, lo: int, hi: int, stream: Any = None) -> bytes:
         """Logical bytes [lo, hi) (clamped to the stream's end), verified."""
+        parts = self.read_parts(lo, hi, stream)
+        if not parts:
+            return b""
+        if len(parts) == 1:
+            whole = parts[0].obj
+            return whole if len(parts[0]) == len(whole) else bytes(parts[0])  # type: ignore[arg-type]
+        return b"".join(parts)
+
+    def read_parts(self, lo: int, hi: int, stream: Any = None) -> list[memoryview]:
+        """Like `read`, as views of the cells (no copy: `pull` writes them out as they are)."""
         if self.closed:
             raise StoreError("reader closed")
         hi = min(hi, self.m.total_size)
         if hi <= lo:
-            return b""
+            return []
         cells = self.m.cells_in(lo, hi)
         with self.lock:
             futs = [self._start(c, prefetch=False) for c in cells]
@@ -278,8 +288,8 @@ class Reader:
             data = fut.result()
             start = max(lo - c * cell, 0)
             end = min(hi - c * cell, len(data))
-            parts.append(data[start:end] if (start, end) != (0, len(data)) else data)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+            parts.append(memoryview(data)[start:end])
+        return parts
 
     def _readahead(self, stream: Any, lo: int, hi: int) -> None:
         """Grow the window of a stream that reads on from where it stopped; fetch ahead of it (lock held)."""
@@ -311,6 +321,12 @@ class Reader:
             return b""
         end = min(entry.size, offset + size)
         return self.read(entry.offset + offset, entry.offset + end, stream)
+
+    def pread_parts(self, entry: FileEntry, offset: int, size: int, stream: Any = None) -> list[memoryview]:
+        if offset >= entry.size or size <= 0:
+            return []
+        end = min(entry.size, offset + size)
+        return self.read_parts(entry.offset + offset, entry.offset + end, stream)
 
     def close(self) -> None:
         self.closed = True
