@@ -102,3 +102,24 @@ def test_node_without_ready_is_ready_at_exec_and_verdicts() -> None:
     assert "already fast" in fast.verdict
     failed = [*evs, _ev("n1", "a", "checkpoint", 0.0, 0.0, outcome="failed", reason="store unreachable")]
     assert "env" in analysis.analyze_job(failed, "j").verdict
+
+
+def test_verdict_names_the_slow_tail() -> None:
+    """Two slow nodes in different stages: no single one explains the wait, so the verdict names both."""
+    evs = []
+    for k in range(6):
+        env = 30.0 if k == 1 else 3.0
+        ckpt = 25.0 if k == 4 else 4.0
+        cache = "miss" if k == 1 else "hit"
+        evs += [
+            _ev(f"n{k}", "a", "env", 0.0, env, cache=cache),
+            _ev(f"n{k}", "a", "checkpoint", env, env + ckpt),
+            _ev(f"n{k}", "a", "bootseer", 0.0, env + ckpt),
+            _ev(f"n{k}", "a", "ready", env + ckpt, env + ckpt + 5.0),
+        ]
+    r = analysis.analyze_job(evs, "j")
+    assert r.slowest_node == "n1" and r.startup_s == pytest.approx(39.0)
+    assert r.straggler_wait_s == pytest.approx(39.0 - 12.0)
+    assert r.verdict.startswith("Fix first: stragglers:")
+    assert "n1 (env miss 30.0 s vs 3.0 s p50)" in r.verdict
+    assert "n4 (checkpoint 25.0 s vs 4.0 s p50)" in r.verdict
