@@ -534,7 +534,7 @@ def verdict(r: JobReport) -> str:
             )
     single = max((c for c, t in candidates if " is the straggler in " in t), default=0.0)
     if r.nodes > 2 and r.straggler_wait_s > 1.0 and r.straggler_wait_s > 1.25 * single:
-        slow = ", ".join(_why_slow(r, row) for row in _slowest(r))
+        slow = ", ".join(why_slow(r, row) for row in slowest(r))
         candidates.append(
             (
                 r.straggler_wait_s,
@@ -558,13 +558,13 @@ def verdict(r: JobReport) -> str:
     return f"Fix first: {text}."
 
 
-def _slowest(r: JobReport, limit: int = 3) -> list[NodeRow]:
+def slowest(r: JobReport, limit: int = 3) -> list[NodeRow]:
     """The nodes in the slow tail: ready later than halfway from the median node to the slowest one."""
     cut = r.median_ready_s + r.straggler_wait_s / 2
     return sorted((row for row in r.rows if row.ready > cut), key=lambda row: -row.ready)[:limit]
 
 
-def _why_slow(r: JobReport, row: NodeRow) -> str:
+def why_slow(r: JobReport, row: NodeRow) -> str:
     """'node-7 (checkpoint 30.0 s vs 5.0 s p50)': the stage where this node lost the most against the median."""
     p50 = {s.stage: s.p50_s for s in r.stages}
     worst, excess, took, note = "", 0.0, 0.0, ""

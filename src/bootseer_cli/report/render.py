@@ -16,7 +16,7 @@ import math
 import time
 from typing import Any
 
-from .analysis import READY_STAGE, TOTAL_STAGE, JobReport, NodeRow, TrendReport, percentile
+from .analysis import READY_STAGE, TOTAL_STAGE, JobReport, NodeRow, TrendReport, percentile, slowest, why_slow
 
 MAX_NODE_ROWS = 64
 GROUP_ROWS = 32
@@ -65,11 +65,15 @@ def fmt_time(ts: float) -> str:
 # ---- text ------------------------------------------------------------------------------------
 
 
-def _table(header: list[str], rows: list[list[str]], left: int = 1) -> list[str]:
+def _table(header: list[str], rows: list[list[str]], left: int = 1, last_left: bool = False) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    n = len(header)
 
     def line(r: list[str]) -> str:
-        cells = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        cells = [
+            c.ljust(w) if i < left or (last_left and i == n - 1) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
         return "  ".join(cells).rstrip()
 
     return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
@@ -107,7 +111,11 @@ def job_text(r: JobReport) -> str:
         for s in r.stages
     ]
     header = ["stage", "nodes", "p50", "p90", "max", "hits", "miss", "fail", "from store", "from peers"]
-    lines += ["", *_table([*header, "straggler (cost to job)"], rows, left=1)]
+    lines += ["", *_table([*header, "straggler (cost to job)"], rows, left=1, last_left=True)]
+    tail = slowest(r, 5) if r.nodes > 1 else []
+    if tail:
+        lines += ["", "slowest nodes (ready at, and the stage each lost the most in):"]
+        lines += [f"  {fmt_s(row.ready):>8}  {why_slow(r, row)}" for row in tail]
     if len(r.attempts) > 1:
         lines += ["", "starts in this job:"]
         for a in r.attempts:
