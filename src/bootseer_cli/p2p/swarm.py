@@ -50,9 +50,7 @@ def make_torrent(path: Path, digest: str) -> bytes:
     if size == 0:
         raise ValueError("an empty blob has no torrent")
     piece = piece_size_for(size)
-    fs = lt.file_storage()
-    fs.add_file(digest, size)
-    ct = lt.create_torrent(fs, piece, flags=lt.create_torrent.v1_only)
+    ct = lt.create_torrent([lt.create_file_entry(digest, size)], piece, lt.create_torrent.v1_only)
     ct.set_creation_date(0)
     with open(path, "rb") as f:
         for i in range(ct.num_pieces()):
@@ -254,22 +252,35 @@ class StoreFeeder(threading.Thread):
         self.error: BaseException | None = None
         self.done = False
 
-    def _add(self, f: Any, ti: Any, i: int, flags: int) -> None:
-        size = ti.piece_size(i)
-        data = f.read_at(size, i * ti.piece_length())
+    def _read(self, ti: Any, i: int) -> bytes:
+        """Piece `i` from the store: from one sequential stream when reading in order (one request for
+        the whole blob), else by a ranged read."""
+        from ..store import blob_path
+
+        size, offset = ti.piece_size(i), i * ti.piece_length()
+        if self._stream is not None and self._stream_pos == offset:
+            data = self._stream.read(size)
+            self._stream_pos += len(data)
+        else:
+            if self._random is None:
+                self._random = self.store.open_input(blob_path(self.digest))
+            data = self._random.read_at(size, offset)
         if len(data) != size:
             raise OSError(f"short read of piece {i} of blob {self.digest[:12]}")
         self.bytes_read += size
-        self.handle.add_piece(i, bytes(data), flags)
+        return bytes(data)
 
-    def _settle(self, f: Any, ti: Any, pending: dict[int, float]) -> None:
+    def _add(self, ti: Any, i: int, flags: int) -> None:
+        self.handle.add_piece(i, self._read(ti, i), flags)
+
+    def _settle(self, ti: Any, pending: dict[int, float]) -> None:
         """Drop the pieces libtorrent now has; hand again, overwriting, any that did not stick (e.g. its
         blocks were mixed with a corrupt peer's and the piece failed its check)."""
         for j, t in list(pending.items()):
             if self.handle.have_piece(j):
                 del pending[j]
             elif time.monotonic() - t > RETRY_S:
-                self._add(f, ti, j, OVERWRITE_EXISTING)
+                self._add(ti, j, OVERWRITE_EXISTING)
                 pending[j] = time.monotonic()
         if pending:
             time.sleep(0.005)
@@ -277,13 +288,17 @@ class StoreFeeder(threading.Thread):
     def run(self) -> None:
         from ..store import blob_path
 
+        self._stream: Any = None
+        self._stream_pos = 0
+        self._random: Any = None
         try:
             ti = self.handle.torrent_file()
             n = ti.num_pieces()
             order = list(range(n))
             if self.shuffle:
                 random.shuffle(order)
-            f = self.store.open_input(blob_path(self.digest))
+            else:
+                self._stream = self.store.fs.open_input_stream(self.store.path(blob_path(self.digest)))
             pending: dict[int, float] = {}  # piece -> when it was handed to libtorrent
             t0 = time.monotonic()
             try:
@@ -293,17 +308,20 @@ class StoreFeeder(threading.Thread):
                     if self.handle.have_piece(i):
                         continue
                     while len(pending) >= self.IN_FLIGHT and not self.stop.is_set():
-                        self._settle(f, ti, pending)
-                    self._add(f, ti, i, 0)
+                        self._settle(ti, pending)
+                    self._add(ti, i, 0)
                     pending[i] = time.monotonic()
                     if self.mbps > 0:
                         ahead = self.bytes_read * 8 / (self.mbps * 1e6) - (time.monotonic() - t0)
                         if ahead > 0:
                             self.stop.wait(ahead)
                 while pending and not self.stop.is_set():
-                    self._settle(f, ti, pending)
+                    self._settle(ti, pending)
             finally:
-                f.close()
+                for f in (self._stream, self._random):
+                    if f is not None:
+                        with contextlib.suppress(Exception):
+                            f.close()
             self.done = True
         except BaseException as e:  # reported to the fetch loop, which falls back
             self.error = e
