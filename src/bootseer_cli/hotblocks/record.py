@@ -118,7 +118,7 @@ def from_parquet(data: bytes) -> Record:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        table = pq.ParquetFile(pa.BufferReader(data)).read()  # not read_table: it imports pyarrow.dataset
         meta = json.loads((table.schema.metadata or {})[META_KEY])
         paths = table.column("path").to_pylist()
         offsets = table.column("offset").to_pylist()
