@@ -217,3 +217,37 @@ def test_agent_keeps_seeding_after_the_fetch(tmp_path: Path) -> None:
     assert final["state"] == "done"
     assert final["blobs"][0]["uploaded"] >= size, final
     assert store.list(f"swarm/{digest}") == []
+
+
+def test_ckpt_pull_through_the_swarm_makes_the_stripe_torrents(tmp_path: Path) -> None:
+    """`bootseer ckpt pull` on three nodes: the stripes were pushed without torrents (cut on the fly);
+    their first fetchers publish them, the others join, and every node gets the same files."""
+    store_uri = (tmp_path / "store").as_uri()
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    random_file(src / "model.bin", 10 * MiB, seed=11)
+    random_file(src / "optim.bin", 6 * MiB + 5, seed=12)
+    env = node_env(tmp_path, "pusher", store_uri, port_range())
+    push = subprocess.run(
+        [sys.executable, "-m", "bootseer_cli", "ckpt", "push", str(src), "--name", "ck", "--tag", "t1", "-k", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert push.returncode == 0, push.stderr
+    store = Store(store_uri)
+    assert store.list_refs("torrent") == []
+    ports = port_range()
+    procs = []
+    for i in range(3):
+        e = node_env(tmp_path, f"n{i}", store_uri, ports, deadline_s=10)
+        argv = [sys.executable, "-m", "bootseer_cli", "ckpt", "pull", "ck:t1", str(tmp_path / f"out{i}")]
+        procs.append(subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _out, err = p.communicate(timeout=150)
+        assert p.returncode == 0, err
+    for i in range(3):
+        for name in ("model.bin", "optim.bin"):
+            assert sha256(tmp_path / f"out{i}" / name) == sha256(src / name)
+    assert len(store.list_refs("torrent")) == 2  # one torrent per stripe, made by its first fetcher

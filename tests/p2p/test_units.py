@@ -83,15 +83,21 @@ def test_after_publish_makes_and_reuses_the_torrent(tmp_path: Path) -> None:
     assert after_publish(_cfg(enabled=True), store, digest, src) == {"torrent": tdigest}
 
 
-def test_no_torrent_means_the_store_with_a_note(tmp_path: Path) -> None:
+def test_a_blob_without_torrent_gets_one_from_its_first_fetcher(tmp_path: Path) -> None:
     from bootseer_cli.cache import BlobCache
+    from bootseer_cli.p2p.fetch import shutdown
 
     store = Store((tmp_path / "store").as_uri())
     digest = store.put_blob_bytes(b"a blob published without its torrent" * 1000)
     cache = BlobCache(tmp_path / "cache", 1 << 30)
-    got = fetch_blob(_cfg(enabled=True), store, digest, cache=cache)
-    assert got.source == "store" and got.bytes_from_store == 36000
-    assert "no torrent" in got.note
+    try:
+        got = fetch_blob(_cfg(enabled=True, host="127.0.0.1", port="23000-23040"), store, digest, cache=cache)
+    finally:
+        assert shutdown(0.0)[0]["blobs"][0]["digest"] == digest
+    assert got.source == "store" and got.bytes_from_store >= 36000
+    assert "published one" in got.note
+    assert store.read_ref("torrent", digest)["torrent"]
+    assert store.list(f"swarm/{digest}") == []
     again = fetch_blob(_cfg(enabled=True), store, digest, cache=cache)
     assert again.source == "cache" and again.bytes_from_store == 0
 

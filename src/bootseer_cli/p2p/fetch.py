@@ -44,7 +44,7 @@ class Served:
     handle: Any
     announcer: Announcer
     discoverer: Discoverer
-    work: Path  # libtorrent's save path (the cache keeps a hard link of the verified file)
+    work: Path | None  # libtorrent's save path (the cache keeps a hard link); None: seeding the cache file
 
 
 @dataclass
@@ -127,7 +127,10 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
 
     tref = store.read_ref("torrent", digest)
     if not tref or not tref.get("torrent"):
-        raise NoSwarm("no torrent was published for this blob")
+        made = _torrent_for_unpublished(cfg, store, digest, cache, progress)
+        if isinstance(made, Result):
+            return made
+        tref = made
     tdigest = str(tref["torrent"])
     torrent = store.get_blob_bytes(tdigest)
     node = get_node(cfg, store)
@@ -244,6 +247,73 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
                 lease.release()
 
 
+class _KeptLease:
+    """Renews a lease in the background while a long step (a whole-blob download) runs."""
+
+    def __init__(self, lease: Any) -> None:
+        self.lease = lease
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="lease")
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(LEASE_TTL_S / 3):
+            with contextlib.suppress(Exception):
+                self.lease.renew(LEASE_TTL_S)
+
+    def release(self) -> None:
+        self.stop.set()
+        with contextlib.suppress(Exception):
+            self.lease.release()
+
+
+def _torrent_for_unpublished(cfg: Any, store: Any, digest: str, cache: Any, progress: Any) -> Result | dict:
+    """A blob published without a torrent (e.g. checkpoint stripes cut on the fly, with no local file).
+
+    The node that takes the blob's lease downloads it from the store (one copy), makes the torrent
+    from its verified copy, publishes it and seeds; the others wait for the torrent while that lease
+    is alive, then download from the swarm. Returns the lease holder's Result, or the torrent ref.
+    """
+    from .publish import publish_torrent
+
+    lease = store.try_lease(f"p2p-{digest}", LEASE_TTL_S)
+    if lease is not None:
+        kept = _KeptLease(lease)
+        try:
+            path, n = cache.fetch(store, digest, progress=progress)
+            tdigest = publish_torrent(store, digest, path)
+        finally:
+            kept.release()
+        torrent = store.get_blob_bytes(tdigest)
+        node = get_node(cfg, store)
+        handle = node.swarm.add(torrent, path.parent, seed=True)
+        ann = Announcer(store, digest, node.swarm.announce_host, node.swarm.port)
+        ann.write("seed")
+        discoverer = Discoverer(node, digest, handle, ann)
+        discoverer.start()
+        node.served[digest] = Served(digest, tdigest, handle, ann, discoverer, None)
+        _keep_torrent(cache, tdigest, torrent)
+        note = "blob had no torrent: fetched it from the store and published one"
+        node.fetches.append(
+            {"digest": digest, "origin": True, "bytes_from_store": n, "bytes_from_peers": 0, "note": note}
+        )
+        return Result(path, n + len(torrent), 0, note, origin=True)
+    # Another node is making the torrent: wait for it while its lease lives.
+    missing_since: float | None = None
+    while True:
+        tref = store.read_ref("torrent", digest)
+        if tref and tref.get("torrent"):
+            return tref
+        current = store.read_lease(f"p2p-{digest}")
+        if current is None or float(current.get("expires", 0)) < time.time():
+            missing_since = missing_since or time.monotonic()
+            if time.monotonic() - missing_since > 2.0:
+                raise NoSwarm("no torrent was published for this blob, and the node making one gave up")
+        else:
+            missing_since = None
+        time.sleep(0.25)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -320,5 +390,6 @@ def shutdown(cap_s: float | None = None) -> list[dict[str, Any]]:
         node.swarm.remove(s.handle)
     node.swarm.close()
     for s in node.served.values():
-        shutil.rmtree(s.work, ignore_errors=True)
+        if s.work is not None:
+            shutil.rmtree(s.work, ignore_errors=True)
     return [{"blobs": served, "fetches": node.fetches}] if served else []
