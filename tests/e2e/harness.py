@@ -43,6 +43,13 @@ VENV_AT = Path("/opt/bootseer-e2e/venv")
 # What the job's setup fetches from the loopback index: its requirements (both tabulate versions, for
 # the changed-requirements scenario) and setuptools to build the sdist in pip's isolated build env.
 INDEX_WHEELS = ["einops==0.8.2", "tabulate==0.10.0", "tabulate==0.8.10", "msgpack==1.2.3", "setuptools", "wheel"]
+# A start that checks the env without starting torch: prints the job's `train: deps` line.
+DEPS_COMMAND = [
+    "python",
+    "-c",
+    "from importlib.metadata import version as v; import bsexample_fnv, einops, msgpack, tabulate; "
+    "print('train: deps', *(f'{d}={v(d)}' for d in ('einops', 'tabulate', 'msgpack')), 'fnv=' + v('bsexample-fnv'))",
+]
 TRAIN_LINE = re.compile(r"^train: (\S+)(.*)$")
 
 
@@ -167,6 +174,7 @@ class Run:
     events: list[dict[str, Any]]
     started: float
     ended: float
+    leftover: list[int] = field(default_factory=list)  # node processes still alive after the drain timeout
 
     def train(self, what: str) -> list[dict[str, str]]:
         """The `train: <what> k=v …` lines (rank 0) as dicts."""
@@ -184,6 +192,10 @@ class Run:
 
     def losses(self) -> dict[int, float]:
         return {int(d["step"]): float(d["loss"]) for d in self.train("step")}
+
+    def versions(self) -> dict[str, str]:
+        """`train: deps …` of the job, or the same line printed by `DEPS_COMMAND`."""
+        return self.one("deps")
 
     def stage(self, name: str) -> dict[str, Any]:
         found = [e for e in self.events if e.get("stage") == name]
@@ -272,7 +284,10 @@ class Node:
         return env
 
     def wrap(self, argv: list[str]) -> list[str]:
-        """argv run in this node's own mount namespace, with its venv mounted at `venv_at`."""
+        """argv run in this node's own mount namespace, with its venv mounted at `venv_at` (as is when
+        the venv already lives at `venv_at`: then mounts it makes are visible to the whole machine)."""
+        if self.venv_at == self.venv:
+            return list(argv)
         script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
         return [
             "unshare",
@@ -307,13 +322,20 @@ class Node:
         bootseer: bool = True,
         train_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        command: list[str] | None = None,
     ) -> Started:
-        """Start the job on this node (in the background); `.wait()` gives the `Run`."""
+        """Start the job on this node (in the background); `.wait()` gives the `Run`. `command`
+        replaces the torchrun job (under `bootseer exec` unless bootseer=False), e.g. for a start
+        whose point is only the env stage."""
+        if command is not None:
+            argv = ["bootseer", "exec", "--", *command] if bootseer else list(command)
+        else:
+            argv = self.job_argv(steps, bootseer, train_args)
         log = self.root / f"run-{len(self.runs) + 1}-{uuid.uuid4().hex[:6]}.log"
         before = set(self.run_dirs())
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                self.wrap(self.job_argv(steps, bootseer, train_args)),
+                self.wrap(argv),
                 cwd=self.work,
                 env=self.env(env),
                 stdout=out,
@@ -322,7 +344,7 @@ class Node:
             )
         return Started(self, proc, log, before, time.time())
 
-    def run_job(self, timeout: float = 240.0, **kw: Any) -> Run:
+    def run_job(self, timeout: float = 600.0, **kw: Any) -> Run:
         return self.start(**kw).wait(timeout)
 
     def run_dirs(self) -> list[Path]:
@@ -357,27 +379,41 @@ class Started:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def wait(self, timeout: float = 240.0) -> Run:
+    def wait(self, timeout: float = 600.0, drain_s: float = 90.0) -> Run:
+        """The run once the launcher has exited and everything it left behind (the agent: uploads,
+        hot-block record, seeding, unmount) has ended too, or `drain_s` has passed."""
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
             tail = self.output()[-4000:]
             raise AssertionError(f"{self.node.name}: job did not end within {timeout} s:\n{tail}") from None
-        return self._finish(rc)
+        ended = time.time()
+        deadline = ended + drain_s
+        while self.node.processes() and time.time() < deadline:
+            time.sleep(0.2)
+        return self._finish(rc, ended)
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
-    def _finish(self, rc: int) -> Run:
+    def _finish(self, rc: int, ended: float) -> Run:
         events: list[dict[str, Any]] = []
         for d in self.node.run_dirs():
             if d not in self.before:
                 events.extend(read_events(d / "events.jsonl"))
-        run = Run(rc=rc, output=self.output(), events=events, started=self.started, ended=time.time())
+        run = Run(rc, self.output(), events, self.started, ended, leftover=self.node.processes())
         self.node.runs.append(run)
+        ready = run.train("ready")
+        ready_s = f"{float(ready[0]['t']) - self.started:.1f} s" if ready else "-"
+        summary = next((ln for ln in run.output.splitlines() if ln.startswith("bootseer: image")), "")
+        print(
+            f"e2e: {self.node.name} rc={rc} ready={ready_s} exited={ended - self.started:.1f} s "
+            f"drained={time.time() - self.started:.1f} s {summary}",
+            flush=True,
+        )
         return run
 
 
@@ -414,6 +450,36 @@ def kill_node_processes(node: Node) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def wait_all(started: list[Started], timeout: float = 300.0) -> list[Run]:
+def wait_all(started: list[Started], timeout: float = 600.0) -> list[Run]:
     deadline = time.time() + timeout
     return [s.wait(max(1.0, deadline - time.time())) for s in started]
+
+
+# What the env stage's outcome means for a scenario (the stage's own words vary by path).
+ENV_KINDS = {
+    "built": "built",
+    "miss": "built",
+    "restored": "restored",
+    "present": "hit",  # the stamp: this node already carries the env
+    "setup": "fallback",  # the setup ran locally, without the store (it said why)
+}
+
+
+def env_kind(run: Run) -> str:
+    outcome = run.stage("env")["outcome"]
+    return ENV_KINDS.get(outcome, outcome)
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def mounted(path: Path) -> bool:
+    with open("/proc/mounts") as f:
+        return any(line.split()[1] == str(path) for line in f)
