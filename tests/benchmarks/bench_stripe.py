@@ -209,7 +209,7 @@ def main() -> int:
         return 2
     os.environ.update(ENV)
     work = Path(tempfile.mkdtemp(prefix="bootseer-bench-stripe-"))
-    lab = Lab("bsck")
+    lab = Lab("bsck", subnet="10.201.44")  # its own subnet: other benchmarks may run a lab at the same time
     atexit.register(lambda: shutil.rmtree(work, ignore_errors=True))
     atexit.register(cleanup)  # atexit runs last-registered first: unmount and kill before removing files
     out: list[str] = []
