@@ -50,3 +50,19 @@ def test_walk_files_sees_each_file_once_and_skips_symlinks(tree: Path, tmp_path:
     alias.symlink_to(tree)
     found = sorted(Path(f.path).name for f in walk_files([tree, alias, tree / "f1.bin"]))
     assert found == ["f1.bin", "f2.bin", "f3.bin", "g.bin"]
+
+
+def test_evict_and_scan_many_files_on_the_thread_pool(tmp_path: Path) -> None:
+    from bootseer_cli.hotblocks.record import scan
+
+    root = tmp_path / "many"
+    root.mkdir()
+    for i in range(300):  # over the threshold where evict and scan use threads
+        (root / f"m{i:03}.bin").write_bytes(os.urandom(2 * PAGE_SIZE))
+    files = list(walk_files([root]))
+    assert evict(files) == 300
+    for i in range(0, 300, 7):
+        (root / f"m{i:03}.bin").read_bytes()
+    rec = scan("k", [str(root)], files)
+    assert sorted(Path(p).name for p in rec.files) == [f"m{i:03}.bin" for i in range(0, 300, 7)]
+    assert rec.roots_files == 300 and rec.total_bytes == len(rec.files) * 2 * PAGE_SIZE

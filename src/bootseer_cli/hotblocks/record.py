@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import IntegrityError
-from .pagecache import PAGE_SIZE, FileInfo, resident_runs, walk_files
+from .pagecache import PAGE_SIZE, FileInfo, parallel_map, resident_runs, walk_files
 
 FORMAT = 1
 META_KEY = b"bootseer.hot"
@@ -72,12 +72,12 @@ def coalesce(
 def scan(image_key: str, roots: list[str], files: Iterable[FileInfo] | None = None) -> Record:
     """Take a record now: every file under `roots` with resident pages, as coalesced extents."""
     rec = Record(image_key=image_key, roots=list(roots), created=time.time(), creator=socket.gethostname())
-    for f in files if files is not None else walk_files(roots):
+    listed = list(files if files is not None else walk_files(roots))
+    runs = parallel_map(lambda f: resident_runs(f.path, f.size) if f.size > 0 else [], listed)
+    for f, file_runs in zip(listed, runs, strict=True):
         rec.roots_files += 1
         rec.roots_bytes += f.size
-        if f.size <= 0:
-            continue
-        extents = coalesce(resident_runs(f.path, f.size), PAGE_SIZE, f.size)
+        extents = coalesce(file_runs, PAGE_SIZE, f.size)
         if extents:
             rec.files[f.path] = (f.size, f.mtime_ns)
             rec.extents.extend((f.path, off, n) for off, n in extents)
