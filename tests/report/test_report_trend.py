@@ -93,3 +93,21 @@ def test_since_across_jobs(tmp_path: Path) -> None:
     )
     assert text.returncode == 0, text.stderr
     assert "1 job(s), 1 start(s), 4 node start(s)" in text.stdout
+
+
+def test_last_is_the_job_with_the_latest_event(tmp_path: Path) -> None:
+    """--last compares the events, not only the upload times, of the most recently uploaded jobs."""
+    import os
+
+    from bootseer_cli.report.load import last_job
+
+    store = Store((tmp_path / "store").as_uri())
+    rng = random.Random(8)
+    now = time.time()
+    _job(store, tmp_path, "late-events", now - 100, 2, False, rng)
+    assert last_job(store) == "late-events"
+    _job(store, tmp_path, "early-events", now - 5000, 2, False, rng)  # uploaded after, but its events are older
+    assert last_job(store) == "late-events"
+    for f in (tmp_path / "store" / "events" / "late-events").iterdir():
+        os.utime(f, (now - 50, now - 50))
+    assert last_job(store) == "late-events"

@@ -136,13 +136,28 @@ def last_job(store: Any) -> str:
     for f in files:
         newest[f.job] = max(newest.get(f.job, 0.0), f.mtime)
     shortlist = sorted(newest, key=lambda j: newest[j], reverse=True)[:3]
+    if len(shortlist) == 1:
+        return shortlist[0]
     best, best_end = shortlist[0], -1.0
     for job in shortlist:
-        rows = read_events(store, [f for f in files if f.job == job])
-        end = max((float(r["end"] or 0.0) for r in rows), default=-1.0)
+        end = _latest_end(store, [f for f in files if f.job == job])
         if end > best_end:
             best, best_end = job, end
     return best
+
+
+def _latest_end(store: Any, files: list[EventFile]) -> float:
+    """The latest `end` among the events in `files`, reading only that column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    try:
+        data = ds.dataset([store.path(f.rel) for f in files], format="parquet", filesystem=store.fs, schema=_schema())
+        value = pc.max(data.to_table(columns=["end"])["end"]).as_py()
+    except (OSError, pa.ArrowException):
+        value = max((float(r["end"] or 0.0) for r in read_events(store, files)), default=None)
+    return float(value) if value is not None else -1.0
 
 
 def load_since(store: Any, seconds: float, now: float | None = None) -> list[dict[str, Any]]:
