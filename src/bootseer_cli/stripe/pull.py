@@ -29,7 +29,7 @@ from .catalog import Targets
 from .layout import Manifest
 from .reader import FileStripe, Reader, ReaderOptions, StripeSource, open_reader
 
-WRITE_CHUNK = 8 << 20
+WRITE_CHUNK = 16 << 20
 
 
 @dataclass
@@ -125,7 +125,7 @@ def _write_files(m: Manifest, reader: Reader, root: Path, advance: Callable[[int
     covers each file completely, so the files' own sha256 (kept in the manifest for other tools) is
     not computed again here: on a CPU-bound node that second pass would cost a third of the time.
     """
-    chunk = max(WRITE_CHUNK, 2 * m.cell_size * m.k)
+    chunk = max(WRITE_CHUNK, 4 * m.cell_size * m.k)
     stream = object()
     for f in m.files:
         path = root / f.path

@@ -110,7 +110,7 @@ class MissingStripe(StoreError):
 class ReaderOptions:
     memory: int = 512 << 20  # global bound for buffered cells (cached + in flight)
     readahead: int = 0  # per-stream maximum window in bytes; 0: 8 rows of cells, within memory/2
-    threads: int = 0  # fetch threads; 0: 4 per stripe, 8 to 64
+    threads: int = 0  # fetch threads; 0: 8 per stripe, 16 to 64
     retries: int = 3  # re-tries of a failed ranged read (so 4 attempts)
     backoff_s: float = 0.2  # first retry delay, doubled each time
     down_s: float = 2.0  # after a stripe exhausts its retries, its queued reads fail at once this long
@@ -128,7 +128,7 @@ class Reader:
         self.sources = sources
         self.opts = opts or ReaderOptions()
         k, cell = manifest.k, manifest.cell_size
-        self.threads = self.opts.threads or min(64, max(8, 4 * k))
+        self.threads = self.opts.threads or min(64, max(16, 8 * k))
         memory_cells = max(2, self.opts.memory // cell)
         window = self.opts.readahead // cell if self.opts.readahead else 8 * k
         self.max_window = max(1, min(window, memory_cells // 2))
