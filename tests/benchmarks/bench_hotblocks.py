@@ -25,6 +25,7 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -107,6 +108,9 @@ def main() -> int:
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (drop_caches, FUSE)")
+    # SIGTERM/SIGHUP unwind like Ctrl-C, so the finally below unmounts the lazy tree
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(1))
 
     WORK.mkdir(parents=True, exist_ok=True)
     venv = WORK / "venv"

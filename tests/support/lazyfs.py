@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 CHUNK = 1 << 20
+MAX_THREADS = 64
 
 
 def _make_ops(source: str, delay_s: float, chunk: int, mbps: float, log: str | None) -> Any:
@@ -127,7 +128,16 @@ def serve(source: str, mountpoint: str, delay_ms: float, chunk: int, mbps: float
     import mfusepy
 
     ops = _make_ops(os.path.realpath(source), delay_ms / 1000.0, chunk, mbps, log)
-    mfusepy.FUSE(ops, mountpoint, foreground=True, ro=True, fsname="lazyfs", allow_other=True, max_read=1 << 20)
+    mfusepy.FUSE(
+        ops,
+        mountpoint,
+        foreground=True,
+        ro=True,
+        fsname="lazyfs",
+        allow_other=True,
+        max_read=1 << 20,
+        max_threads=MAX_THREADS,  # libfuse3 serves 10 requests at a time by default: too few for a parallel reader
+    )
 
 
 def _mounted(mountpoint: str) -> bool:
