@@ -47,9 +47,32 @@ def main() -> None:
         if parsed is not None:
             _fast_exec(*parsed)
             return
+    if argv[:1] == ["restore"]:
+        # `bootseer restore || (setup && bootseer snapshot)` runs in front of every start too
+        parsed = _parse_exec([*argv[1:], "--"])
+        if parsed is not None and set(parsed[0]) <= {"config", "store"}:
+            _fast_restore(parsed[0])
+            return
     from .cli import main as cli_main
 
     cli_main()
+
+
+def _fast_restore(opts: dict[str, str | bool]) -> None:
+    from .config import load
+    from .envsnap.snapshot import restore_verb
+    from .errors import BootseerError
+
+    try:
+        cfg = load(opts.get("config"), {("store", "uri"): opts.get("store")})  # type: ignore[arg-type]
+        code = restore_verb(cfg, print, lambda m: print(m, file=sys.stderr))
+    except BootseerError as e:
+        print(f"bootseer: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("bootseer: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code)
 
 
 def _fast_exec(opts: dict[str, str | bool], command: list[str]) -> None:

@@ -15,8 +15,6 @@ import typer
 from ..cli import ConfigOpt, JsonOpt, StoreOpt, load_config
 from ..errors import BootseerError
 
-EXIT_MISS = 3
-
 
 def _age(ts: float) -> str:
     s = max(0.0, time.time() - ts)
@@ -92,28 +90,11 @@ def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt =
 
 def restore(config: ConfigOpt = None, store: StoreOpt = None) -> None:
     """Restore the snapshot for the current env key: exit 0 on a hit, 3 when there is none."""
-    from ..envsnap import snapshot
-    from ..keys import compute
-    from ..store import store_from_config
+    from ..envsnap.snapshot import restore_verb
 
-    cfg = load_config(config, store)
-    roots = snapshot.resolve_roots(cfg)
-    key = compute(cfg).env.digest
-    ok, why = snapshot.stamp_state(roots, key)
-    if ok:
-        typer.echo(f"env {key[:16]} already present")
-        return
-    if why.startswith("stale"):
-        _warn(why)
-    r = snapshot.restore(cfg, store_from_config(cfg), key, roots)
-    if r is None:
-        typer.echo(f"no snapshot for env {key[:16]}", err=True)
-        raise typer.Exit(EXIT_MISS)
-    typer.echo(
-        f"restored env {key[:16]}: {r.files} files ({_size(r.raw_bytes)}) from {r.source} "
-        f"in {r.seconds_fetch + r.seconds_extract:.1f} s (fetch {r.seconds_fetch:.1f} s, "
-        f"extract {r.seconds_extract:.1f} s)"
-    )
+    code = restore_verb(load_config(config, store), typer.echo, lambda m: typer.echo(m, err=True))
+    if code:
+        raise typer.Exit(code)
 
 
 env_app = typer.Typer(help="List, show and remove environment snapshots.", no_args_is_help=True)

@@ -43,7 +43,7 @@ FORMAT = 1
 TRAILER_MAGIC = b"BSEESNP1"
 SKIPPABLE_MAGIC = 0x184D2A5B  # one of the sixteen skippable-frame magics zstd reserves
 HARDLINK = "h"
-CHUNK_BYTES = 8 << 20  # tar bytes per frame: big enough to compress well, small enough to spread
+CHUNK_BYTES = 4 << 20  # tar bytes per frame: big enough to compress well, small enough to spread
 ONE_SHOT_MAX = 64 << 20  # frames up to this raw size are decompressed in one call
 BLOCK = 512
 MODE_MASK = 0o777  # setuid/setgid/sticky bits from a store are not honoured
@@ -653,7 +653,9 @@ def extract(
             _check_real_parent(path, real_roots)
             undo.move_aside(path)
         # 2. The frames, in parallel.
-        workers = max(1, min(threads or max(4, 2 * (os.cpu_count() or 1)), len(p.chunks) or 1))
+        # More threads than cores: file creation waits on the filesystem (journal, directory locks),
+        # and threads blocked there overlap; decompression and os.write release the GIL.
+        workers = max(1, min(threads or min(32, 8 * (os.cpu_count() or 1)), len(p.chunks) or 1))
         fd = os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
         local = threading.local()
         try:

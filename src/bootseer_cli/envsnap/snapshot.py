@@ -447,6 +447,38 @@ def restore(
     )
 
 
+EXIT_MISS = 3
+
+
+def restore_verb(cfg: Any, out: Callable[[str], None], err: Callable[[str], None]) -> int:
+    """`bootseer restore`: 0 when the env is present or restored, 3 when the store has no snapshot.
+
+    Kept free of typer so the entry point can run it without the CLI framework's import cost.
+    """
+    from ..keys import compute
+    from ..store import store_from_config
+
+    roots = resolve_roots(cfg)
+    key = compute(cfg).env.digest
+    ok, why = stamp_state(roots, key)
+    if ok:
+        out(f"env {key[:16]} already present")
+        return 0
+    if why.startswith("stale"):
+        err(f"bootseer: warning: {why}")
+    r = restore(cfg, store_from_config(cfg), key, roots)
+    if r is None:
+        err(f"no snapshot for env {key[:16]}")
+        return EXIT_MISS
+    mb = r.raw_bytes / 1e6
+    out(
+        f"restored env {key[:16]}: {r.files} files ({mb:.1f} MB) from {r.source} "
+        f"in {r.seconds_fetch + r.seconds_extract:.2f} s (fetch {r.seconds_fetch:.2f} s, "
+        f"extract {r.seconds_extract:.2f} s)"
+    )
+    return 0
+
+
 # ---- stamps ----------------------------------------------------------------------------------------
 
 

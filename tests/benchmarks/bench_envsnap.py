@@ -1,0 +1,252 @@
+#!/usr/bin/env python
+"""Benchmark: restoring an env snapshot vs installing the same packages, side by side in one run.
+
+For each case (a realistic wheel set: numpy, pandas, pyarrow, scipy; and the source-build case: a
+tiny sdist with a C extension), every method starts from the same fresh target (a bare venv at one
+path) with cold installer caches, served by the same loopback index:
+
+  pip install                         (pip's default: compiles bytecode)
+  uv pip install --compile-bytecode   (the same end state as a snapshot, which carries .pyc)
+  uv pip install                      (no bytecode)
+  tar -I 'zstd -T0' -xf <our blob>    (GNU tar + zstd on our own archive: the practical limit)
+  bootseer restore                    (the CLI, blob fetched from a file:// store, verified, extracted)
+  bootseer restore (cached blob)      (the same with the blob already in the node cache: a restart)
+
+Runs are interleaved (rep 1 of every method, then rep 2, …) so a change in machine load hits all
+methods alike; the table shows the median and the ratio of each method to `bootseer restore`.
+The machine's pip configuration is cleared (PIP_CONFIG_FILE=/dev/null, no PIP_*, bytecode on).
+
+    python tests/benchmarks/bench_envsnap.py [--reps 3] [--target /tmp/bootseer-bench/venv] [--json out.json]
+
+Everything it creates lives under the target's parent directory and is removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.support import pkgindex  # noqa: E402
+
+REALISTIC = ["numpy", "pandas", "pyarrow", "scipy"]
+SOURCE = [pkgindex.SDIST_NAME]
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"failed ({r.returncode}): {' '.join(argv)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r
+
+
+class Case:
+    def __init__(self, name: str, packages: list[str], check: str, work: Path, target: Path, index_dir: Path) -> None:
+        self.name = name
+        self.packages = packages
+        self.check = check
+        self.work = work / name
+        self.target = target
+        self.index_dir = index_dir
+        self.py = str(target / "bin" / "python")
+        self.uv = shutil.which("uv") or "uv"
+        self.store = self.work / "store"
+        self.cache_dir = self.work / "node-cache"
+        self.blob: Path | None = None
+        self.snapshot_info = ""
+
+    def fresh_target(self) -> None:
+        shutil.rmtree(self.target, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(self.target)], check=True)
+        subprocess.run(["sync"], check=False)
+
+    def installers(self) -> dict[str, list[str]]:
+        pip = [sys.executable, "-m", "pip", "--python", self.py, "install", "-q", *self.packages]
+        uv = [self.uv, "pip", "install", "-q", "--python", self.py]
+        return {
+            "pip install": pip,
+            "uv pip install --compile-bytecode": [*uv, "--compile-bytecode", *self.packages],
+            "uv pip install": [*uv, *self.packages],
+        }
+
+    def config(self) -> Path:
+        """The bootseer.toml of this case: the setup is the pip install (its string is part of the key)."""
+        setup = " ".join(self.installers()["pip install"])
+        cfg = self.work / "bootseer.toml"
+        cfg.write_text(
+            f'[store]\nuri = "{self.store.as_uri()}"\n[env]\nroots = ["{self.target}"]\nsetup = {json.dumps([setup])}\n'
+        )
+        return cfg
+
+    def env(self, index: pkgindex.PackageIndex) -> dict[str, str]:
+        env = index.pip_env()
+        env.pop("UV_NO_CACHE", None)
+        env.pop("PIP_NO_CACHE_DIR", None)
+        env["PIP_CACHE_DIR"] = str(self.work / "pip-cache")  # emptied before every run: caches cold
+        env["UV_CACHE_DIR"] = str(self.work / "uv-cache")
+        env["XDG_CACHE_HOME"] = str(self.cache_dir)
+        return {k: v for k, v in env.items() if not k.startswith("BOOTSEER_")}
+
+    def cold(self) -> None:
+        for d in ("pip-cache", "uv-cache"):
+            shutil.rmtree(self.work / d, ignore_errors=True)
+
+    def capture(self, index: pkgindex.PackageIndex) -> float:
+        """baseline → pip install → snapshot; returns the pip install's time (one more pip sample)."""
+        self.work.mkdir(parents=True, exist_ok=True)
+        cfg = self.config()
+        env = self.env(index)
+        self.fresh_target()
+        self.cold()
+        bs = [sys.executable, "-m", "bootseer_cli"]
+        run([*bs, "baseline", "--config", str(cfg)], env)
+        t = time.perf_counter()
+        run(self.installers()["pip install"], env)
+        took = time.perf_counter() - t
+        out = run([*bs, "snapshot", "--config", str(cfg), "--json"], env).stdout
+        doc = json.loads(out)
+        self.blob = next(self.store.rglob(doc["blob"]))
+        self.snapshot_info = f"{doc['files']} files, {doc['size'] / 1e6:.1f} MB compressed"
+        run([self.py, "-c", self.check], env)
+        return took
+
+    def methods(self, index: pkgindex.PackageIndex) -> dict[str, tuple[list[str], dict[str, str]]]:
+        env = self.env(index)
+        out = {name: (argv, env) for name, argv in self.installers().items()}
+        assert self.blob is not None
+        out["tar -I 'zstd -T0' -xf"] = (["tar", "-I", "zstd -T0", "-xf", str(self.blob), "-C", "/"], env)
+        restore = [sys.executable, "-m", "bootseer_cli", "restore", "--config", str(self.work / "bootseer.toml")]
+        out["bootseer restore"] = (restore, env)
+        out["bootseer restore (cached blob)"] = (restore, env)
+        return out
+
+    def measure(self, name: str, argv: list[str], env: dict[str, str]) -> tuple[float, str]:
+        self.fresh_target()
+        self.cold()
+        if name == "bootseer restore":
+            shutil.rmtree(self.cache_dir, ignore_errors=True)  # a fresh node: the blob comes from the store
+        elif name == "bootseer restore (cached blob)":
+            # a restart: the node cache holds the blob already (fetch it there, untimed)
+            shutil.rmtree(self.cache_dir, ignore_errors=True)
+            run(argv, env)
+            self.fresh_target()
+        t = time.perf_counter()
+        r = run(argv, env, cwd=self.work)
+        took = time.perf_counter() - t
+        run([self.py, "-c", self.check], env)
+        detail = ""
+        m = re.search(r"fetch ([\d.]+) s, extract ([\d.]+) s", r.stdout)
+        if m:
+            detail = f"fetch {m.group(1)} s, extract {m.group(2)} s"
+        return took, detail
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--target", type=Path, default=Path("/tmp/bootseer-bench/venv"))
+    ap.add_argument("--cases", default="realistic,source")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    for k in [k for k in os.environ if k.startswith("PIP_")] + ["PYTHONDONTWRITEBYTECODE"]:
+        os.environ.pop(k, None)
+    os.environ["PIP_CONFIG_FILE"] = os.devnull
+    work = args.target.parent / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    wheels = work / "index"
+    results: dict[str, dict[str, list[float]]] = {}
+    details: dict[str, dict[str, str]] = {}
+    info: dict[str, str] = {}
+    try:
+        pkgindex.wheelhouse(wheels, REALISTIC + pkgindex.BUILD_WHEELS)
+        pkgindex.write_c_sdist(wheels)
+        with pkgindex.PackageIndex(wheels) as index:
+            cases = []
+            if "realistic" in args.cases:
+                cases.append(
+                    Case("realistic", REALISTIC, "import numpy, pandas, pyarrow, scipy", work, args.target, wheels)
+                )
+            if "source" in args.cases:
+                cases.append(
+                    Case("source", SOURCE, "import bsdemo_cext; bsdemo_cext.fnv(b'x')", work, args.target, wheels)
+                )
+            for case in cases:
+                print(f"[{case.name}] capturing (baseline → pip install → snapshot)…", file=sys.stderr, flush=True)
+                first_pip = case.capture(index)
+                results[case.name] = {"pip install": [first_pip]}
+                details[case.name] = {}
+                info[case.name] = case.snapshot_info
+                methods = case.methods(index)
+                for rep in range(args.reps):
+                    for name, (argv, env) in methods.items():
+                        if (
+                            name == "pip install"
+                            and rep == args.reps - 1
+                            and len(results[case.name][name]) >= args.reps
+                        ):
+                            continue
+                        took, detail = case.measure(name, argv, env)
+                        results[case.name].setdefault(name, []).append(took)
+                        if detail:
+                            details[case.name][name] = detail
+                        print(
+                            f"[{case.name}] rep {rep + 1}: {name}: {took:.2f} s {detail}", file=sys.stderr, flush=True
+                        )
+    finally:
+        shutil.rmtree(args.target, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    report(results, details, info, args)
+
+
+def report(results: dict, details: dict, info: dict, args: argparse.Namespace) -> None:
+    load = os.getloadavg()
+    print(f"\n# env restore benchmark — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(
+        f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, target {args.target} "
+        f"({_fstype(args.target.parent)}), load average {load[0]:.1f} at the end, {args.reps} reps (median)"
+    )
+    goals = {"pip install": 10.0, "uv pip install --compile-bytecode": 3.0, "tar -I 'zstd -T0' -xf": 1.0}
+    doc = {}
+    for case, rows in results.items():
+        ours = statistics.median(rows["bootseer restore"])
+        print(f"\n## {case}: {info.get(case, '')}")
+        print(f"| method | median s | runs | × slower than bootseer restore | goal |")
+        print("|---|---:|---|---:|---|")
+        for name, xs in rows.items():
+            med = statistics.median(xs)
+            goal = goals.get(name)
+            if case == "source" and name == "pip install":
+                goal = 20.0
+            mark = ""
+            if goal:
+                mark = f"≥ {goal:g}× {'met' if med / ours >= goal else 'MISSED'}"
+            extra = f" ({details[case][name]})" if name in details.get(case, {}) else ""
+            runs = ", ".join(f"{x:.2f}" for x in xs)
+            print(f"| {name}{extra} | {med:.2f} | {runs} | {med / ours:.1f}× | {mark} |")
+        doc[case] = {name: xs for name, xs in rows.items()}
+    if args.json:
+        args.json.write_text(json.dumps({"results": doc, "details": details, "info": info}, indent=2))
+
+
+def _fstype(p: Path) -> str:
+    try:
+        out = subprocess.run(["stat", "-f", "-c", "%T", str(p)], capture_output=True, text=True).stdout.strip()
+        return out or "?"
+    except OSError:
+        return "?"
+
+
+if __name__ == "__main__":
+    main()
