@@ -222,7 +222,7 @@ def report(results: dict, details: dict, info: dict, args: argparse.Namespace) -
     for case, rows in results.items():
         ours = statistics.median(rows["bootseer restore"])
         print(f"\n## {case}: {info.get(case, '')}")
-        print(f"| method | median s | runs | × slower than bootseer restore | goal |")
+        print("| method | median s | runs | × slower than bootseer restore | goal |")
         print("|---|---:|---|---:|---|")
         for name, xs in rows.items():
             med = statistics.median(xs)
