@@ -83,7 +83,7 @@ def test_diff_sees_adds_changes_deletions_links_modes(tmp_path: Path) -> None:
     assert links == {f"{r}/lib/new_pkg/alias.py": f"{r}/lib/new_pkg/__init__.py"}
     # the baseline file round-trips
     manifest.save(base, tmp_path / "b.manifest", [r])
-    loaded, roots = manifest.load(tmp_path / "b.manifest")
+    loaded, roots, _extra = manifest.load(tmp_path / "b.manifest")
     assert loaded == base and roots == [r]
 
 

@@ -51,9 +51,13 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None) -> None:
 
     cfg = load_config(config, store)
     roots = snapshot.resolve_roots(cfg)
+    from ..keys import compute
+
     m = manifest.scan(roots, snapshot.excluded_paths(cfg))
     path = snapshot.baseline_path(roots)
-    manifest.save(m, path, roots)
+    # The key as of before the setup: a setup into the base prefix changes the image fingerprint, and
+    # fresh nodes (which compute the key before their setup) must find the snapshot under this one.
+    manifest.save(m, path, roots, {"env_key": compute(cfg).env.digest})
     typer.echo(f"baseline of {len(m)} entries under {', '.join(roots)} saved")
 
 
@@ -68,15 +72,16 @@ def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt =
     path = snapshot.baseline_path(roots)
     if not path.exists():
         raise BootseerError(f"no baseline for {', '.join(roots)}: run `bootseer baseline` before the setup")
-    base, _ = manifest.load(path)
-    key = compute(cfg).env.digest
+    base, _, extra = manifest.load(path)
+    now = compute(cfg).env.digest
+    key = str(extra.get("env_key") or now)
     from ..store import store_from_config
 
     st = store_from_config(cfg)
     t0 = time.monotonic()
     cap = snapshot.capture(cfg, roots, base, key, cache_from_config(cfg), _warn, since=path.stat().st_mtime)
     snapshot.publish(cfg, st, cap, key, roots)
-    snapshot.write_stamp(roots, [key], cap.digest, cap.entries)
+    snapshot.write_stamp(roots, [key, now], cap.digest, cap.entries)
     took = time.monotonic() - t0
     if json_:
         doc = {"env_key": key, "blob": cap.digest, "size": cap.size, "files": cap.files, "deletions": cap.deletions}

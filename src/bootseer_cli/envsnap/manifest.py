@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # Kinds of entries.
 FILE, DIR, SYMLINK, OTHER = "f", "d", "l", "o"
@@ -160,16 +161,17 @@ def hardlink_groups(manifest: Manifest, paths: Iterable[str]) -> dict[str, str]:
 # ---- persistence (the `bootseer baseline` file) ------------------------------------------------
 
 
-def save(manifest: Manifest, path: Path, roots: list[str]) -> None:
+def save(manifest: Manifest, path: Path, roots: list[str], extra: dict[str, Any] | None = None) -> None:
     """Write a manifest compactly (zlib'd JSON rows), by temporary name and rename."""
     rows = [[p, e.kind, e.mode, e.size, e.mtime_ns, e.dev, e.ino, e.nlink, e.target] for p, e in manifest.items()]
-    data = zlib.compress(json.dumps({"format": 1, "roots": roots, "rows": rows}).encode(), 1)
+    doc = {"format": 1, "roots": roots, "rows": rows, "extra": extra or {}}
+    data = zlib.compress(json.dumps(doc).encode(), 1)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
-def load(path: Path) -> tuple[Manifest, list[str]]:
+def load(path: Path) -> tuple[Manifest, list[str], dict[str, Any]]:
     doc = json.loads(zlib.decompress(path.read_bytes()))
-    return {r[0]: Entry(*r[1:]) for r in doc["rows"]}, list(doc["roots"])
+    return {r[0]: Entry(*r[1:]) for r in doc["rows"]}, list(doc["roots"]), dict(doc.get("extra") or {})
