@@ -82,7 +82,7 @@ def test_cli_json_html_svg_and_screenshot(big_job: BigJob, tmp_path: Path) -> No
 
     page = html.read_text()
     assert "<svg" in page and "src=" not in page and "<link" not in page  # self-contained
-    chromium_screenshot(html, png, tmp_path, size="1400,1500")
+    chromium_screenshot(html, png, tmp_path)
     assert png.stat().st_size > 20_000
     colours, inked = colour_stats(png)
     assert colours > 100, colours
