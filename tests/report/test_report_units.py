@@ -123,3 +123,34 @@ def test_verdict_names_the_slow_tail() -> None:
     assert r.verdict.startswith("Fix first: stragglers:")
     assert "n1 (env miss 30.0 s vs 3.0 s p50)" in r.verdict
     assert "n4 (checkpoint 25.0 s vs 4.0 s p50)" in r.verdict
+
+
+def test_odd_jobs_render() -> None:
+    """A crashed exec (no bootseer event), an agent-side stage, one node, 70 nodes: every view renders."""
+    import xml.etree.ElementTree as ET
+
+    from bootseer_cli.report import render
+
+    odd = [
+        _ev("n0", "a", "image", 0.0, 2.0, cache="hit"),  # exec died after the image stage
+        _ev("n1", "a", "bootseer", 0.0, 3.0),
+        _ev("n1", "a", "hot-prefetch", 3.0, 9.0),  # something the agent did behind the launcher
+        _ev("n1", "a", "ready", 3.0, 6.0),
+    ]
+    r = analysis.analyze_job(odd, "j")
+    assert [s.stage for s in r.stages] == ["image", "hot-prefetch", "bootseer", "ready"]
+    assert r.slowest_node == "n1" and r.startup_s == pytest.approx(6.0)
+    many = [
+        e
+        for k in range(70)
+        for e in (
+            _ev(f"n{k:02d}", "a", "bootseer", 0.0, 1.0 + k / 10),
+            _ev(f"n{k:02d}", "a", "ready", 1.0 + k / 10, 5.0 + k),
+        )
+    ]
+    for events in (odd, odd[1:2], many):
+        report = analysis.analyze_job(events, "j")
+        ET.fromstring(render.timeline_svg(report))
+        assert "<svg" in render.job_html(report)
+        assert render.job_text(report).splitlines()[0].startswith("job j")
+    assert "n69" in render.timeline_svg(analysis.analyze_job(many, "j"))
