@@ -2,7 +2,8 @@
 
     torrent ref ─► join the swarm (announce in the store, connect to the others) ─►
         a seed already announced?  download from the swarm
-        else take the blob's lease: the winner (origin) streams the blob from the store into the swarm
+        else take a free segment lease: its holder streams that segment from the store into the swarm
+        (big blobs have up to 8 segments, so up to 8 nodes read one each and trade the rest)
     no progress for [p2p] deadline_s (no peer, a dead origin, only corrupt peers) ─► read the missing
     pieces from the store ─► verify the whole blob's sha256 ─► into the node cache
 
@@ -21,6 +22,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +30,8 @@ from typing import Any
 from ..errors import IntegrityError
 from .discovery import Announcer, local_host, static_peers, swarm_peers
 
-POLL_S = 0.05
-DISCOVER_S = 1.0
+POLL_S = 0.1
+DISCOVER_S = 2.0
 LEASE_TTL_S = 30.0
 
 
@@ -143,26 +145,34 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
     from_store = len(torrent)
     feeder: StoreFeeder | None = None
     discoverer = Discoverer(node, digest, handle, ann)
-    lease = None
+    plan: _SegmentClaims | None = None
+    hasher: _PrefixHasher | None = None
     note = ""
     origin = False
     try:
         peers = []
         with contextlib.suppress(Exception):
             peers = swarm_peers(store, digest, exclude=ann.name)
+        ti = handle.torrent_file()
+        plan = None
         if not any(p.state == "seed" for p in peers):
-            lease = store.try_lease(f"p2p-{digest}", LEASE_TTL_S)
+            plan = _SegmentClaims(store, digest, ti.num_pieces(), segment_count(ti.total_size()))
+            first = plan.first()
+            if first is None:
+                plan = None
         ann.write("downloading")
         discoverer.tick()
         discoverer.start()
-        if lease is not None:
+        hasher = _PrefixHasher(handle, work / digest)
+        hasher.start()
+        if plan is not None:
             origin = True
-            feeder = StoreFeeder(handle, store, digest, shuffle=False, mbps=float(cfg.get("p2p", "origin_mbps")))
+            mbps = float(cfg.get("p2p", "origin_mbps"))
+            feeder = StoreFeeder(handle, store, digest, shuffle=False, mbps=mbps, segments=plan.iterate(first))
             feeder.start()
         done_reported = 0
         last_progress = time.monotonic()
         last_pieces = -1
-        last_lease = time.monotonic()
         ever_peer = False
         while True:
             swarm.pump()
@@ -182,11 +192,7 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
             if feeder is not None and feeder.error is not None:
                 raise feeder.error
             now = time.monotonic()
-            if lease is not None and now - last_lease >= LEASE_TTL_S / 3:
-                with contextlib.suppress(Exception):
-                    lease.renew(LEASE_TTL_S)
-                last_lease = now
-            if feeder is None and now - last_progress > deadline_s:
+            if (feeder is None or feeder.done) and now - last_progress > deadline_s:
                 failures = swarm.hash_failures.get(key, 0)
                 if failures:
                     note = f"{failures} corrupt piece(s) from peers rejected; missing pieces read from the store"
@@ -197,6 +203,8 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
                 if failures:
                     # Corrupt peers are still serving: stop asking the swarm, take the rest from the store.
                     handle.set_flags(swarm.lt.torrent_flags.upload_mode)
+                if feeder is not None:
+                    from_store += feeder.bytes_read
                 feeder = StoreFeeder(handle, store, digest, shuffle=True)
                 feeder.start()
             time.sleep(POLL_S)
@@ -207,10 +215,8 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
         st = handle.status()
         from_peers = int(st.total_payload_download)
         src = work / digest
-        swarm.flush(handle)
-        if _sha256(src) != digest:
-            # Every piece passed libtorrent's check, so a mismatch is a write still in flight: flush again.
-            time.sleep(0.5)
+        if hasher.finish() != digest:
+            # Every piece passed libtorrent's check, so a mismatch is a write not yet visible: flush, re-read.
             swarm.flush(handle)
             if _sha256(src) != digest:
                 raise IntegrityError(f"blob {digest[:12]} from the swarm does not match its digest")
@@ -236,15 +242,56 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
     except BaseException:
         if feeder is not None:
             feeder.stop.set()
+        if hasher is not None:
+            hasher.stop.set()
         discoverer.stop.set()
         ann.remove()
         swarm.remove(handle)
         shutil.rmtree(work, ignore_errors=True)
         raise
     finally:
-        if lease is not None:
+        if plan is not None:
+            plan.release()
+
+
+class _PrefixHasher(threading.Thread):
+    """sha256 of the blob while it arrives: hashes the contiguous prefix of verified pieces as it
+    grows, so the whole-blob check at the end has little left to read (the store path hashes while
+    it streams; without this the swarm path would pay a full extra pass)."""
+
+    def __init__(self, handle: Any, path: Path) -> None:
+        super().__init__(name="prefix-hash", daemon=True)
+        self.handle, self.path = handle, path
+        self.h = hashlib.sha256()
+        self.next = 0
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        ti = handle.torrent_file()
+        self.n, self.plen = ti.num_pieces(), ti.piece_length()
+
+    def _advance(self, have: Any) -> None:
+        with self.lock:
+            if self.next >= self.n or not have[self.next]:
+                return
+            with open(self.path, "rb") as f:
+                f.seek(self.next * self.plen)
+                while self.next < self.n and have[self.next] and not self.stop.is_set():
+                    self.h.update(f.read(self.plen))
+                    self.next += 1
+
+    def run(self) -> None:
+        from .swarm import QUERY_PIECES
+
+        while not self.stop.wait(0.1) and self.next < self.n:
             with contextlib.suppress(Exception):
-                lease.release()
+                self._advance(self.handle.status(QUERY_PIECES).pieces)
+
+    def finish(self) -> str:
+        self.stop.set()
+        self.join()
+        self.stop.clear()
+        self._advance([True] * self.n)
+        return self.h.hexdigest()
 
 
 class _KeptLease:
@@ -265,6 +312,59 @@ class _KeptLease:
         self.stop.set()
         with contextlib.suppress(Exception):
             self.lease.release()
+
+
+SEGMENT_BYTES = 128 << 20
+MAX_SEGMENTS = 8
+
+
+def segment_count(size: int) -> int:
+    """How many nodes may read a blob from the store at once (one segment each): big blobs are read
+    in up to 8 segments by different nodes, so no single origin must upload every piece to every
+    peer; the segments together are still one copy from the store."""
+    return max(1, min(MAX_SEGMENTS, size // SEGMENT_BYTES))
+
+
+def segment_lease_key(digest: str, k: int) -> str:
+    return f"p2p-{digest}" if k == 0 else f"p2p-{digest}-{k}"
+
+
+class _SegmentClaims:
+    """The store-read segments this node took (a lease each, renewed until the fetch ends).
+
+    A node takes the first free segment when it joins; a feeder that finished its segments takes
+    the next free ones, so all are read even when the swarm has fewer nodes than segments.
+    """
+
+    def __init__(self, store: Any, digest: str, pieces: int, count: int) -> None:
+        self.store, self.digest, self.pieces, self.count = store, digest, pieces, count
+        self.kept: list[_KeptLease] = []
+
+    def _take(self, k: int) -> bool:
+        lease = self.store.try_lease(segment_lease_key(self.digest, k), LEASE_TTL_S)
+        if lease is None:
+            return False
+        self.kept.append(_KeptLease(lease))
+        return True
+
+    def _pieces(self, k: int) -> list[int]:
+        return list(range(k * self.pieces // self.count, (k + 1) * self.pieces // self.count))
+
+    def first(self) -> int | None:
+        for k in range(self.count):
+            if self._take(k):
+                return k
+        return None
+
+    def iterate(self, first: int) -> Iterator[list[int]]:
+        yield self._pieces(first)
+        for k in range(first + 1, self.count):
+            if self._take(k):
+                yield self._pieces(k)
+
+    def release(self) -> None:
+        for kept in self.kept:
+            kept.release()
 
 
 def _torrent_for_unpublished(cfg: Any, store: Any, digest: str, cache: Any, progress: Any) -> Result | dict:

@@ -18,7 +18,7 @@ import hashlib
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +219,7 @@ class Swarm:
 
 RETRY_S = 3.0
 OVERWRITE_EXISTING = 1  # lt.add_piece_flags_t.overwrite_existing (kept numeric: libtorrent loads lazily)
+QUERY_PIECES = 8  # lt.torrent_handle.query_pieces
 
 
 class StoreFeeder(threading.Thread):
@@ -229,7 +230,7 @@ class StoreFeeder(threading.Thread):
     rate (`[p2p] origin_mbps`), so the origin leaves room for the job's other traffic.
     """
 
-    IN_FLIGHT = 8
+    IN_FLIGHT = 16
 
     def __init__(
         self,
@@ -239,6 +240,7 @@ class StoreFeeder(threading.Thread):
         shuffle: bool,
         mbps: float = 0.0,
         on_error: Callable[[BaseException], None] | None = None,
+        segments: Iterator[list[int]] | None = None,
     ) -> None:
         super().__init__(name=f"feeder-{digest[:8]}", daemon=True)
         self.handle = handle
@@ -247,6 +249,8 @@ class StoreFeeder(threading.Thread):
         self.shuffle = shuffle
         self.mbps = mbps
         self.on_error = on_error
+        self.segments = segments  # claimed lazily (leases); None: every piece
+        self.claimed = 0
         self.bytes_read = 0
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -275,15 +279,17 @@ class StoreFeeder(threading.Thread):
 
     def _settle(self, ti: Any, pending: dict[int, float]) -> None:
         """Drop the pieces libtorrent now has; hand again, overwriting, any that did not stick (e.g. its
-        blocks were mixed with a corrupt peer's and the piece failed its check)."""
+        blocks were mixed with a corrupt peer's and the piece failed its check). One status query per
+        round: every call into libtorrent waits for its network thread, which is busy serving peers."""
+        have = self.handle.status(QUERY_PIECES).pieces
         for j, t in list(pending.items()):
-            if self.handle.have_piece(j):
+            if have[j]:
                 del pending[j]
             elif time.monotonic() - t > RETRY_S:
                 self._add(ti, j, OVERWRITE_EXISTING)
                 pending[j] = time.monotonic()
-        if pending:
-            time.sleep(0.005)
+        if len(pending) >= self.IN_FLIGHT:
+            self.stop.wait(0.02)
 
     def run(self) -> None:
         from ..store import blob_path
@@ -294,29 +300,36 @@ class StoreFeeder(threading.Thread):
         try:
             ti = self.handle.torrent_file()
             n = ti.num_pieces()
-            order = list(range(n))
-            if self.shuffle:
-                random.shuffle(order)
+            if self.segments is None:
+                order = list(range(n))
+                if self.shuffle:
+                    random.shuffle(order)
+                plans: Iterator[list[int]] = iter([order])
             else:
-                self._stream = self.store.fs.open_input_stream(self.store.path(blob_path(self.digest)))
+                plans = self.segments
             pending: dict[int, float] = {}  # piece -> when it was handed to libtorrent
             t0 = time.monotonic()
             try:
-                for i in order:
-                    if self.stop.is_set():
-                        return
-                    if self.handle.have_piece(i):
-                        continue
-                    while len(pending) >= self.IN_FLIGHT and not self.stop.is_set():
-                        self._settle(ti, pending)
-                    self._add(ti, i, 0)
-                    pending[i] = time.monotonic()
-                    if self.mbps > 0:
-                        ahead = self.bytes_read * 8 / (self.mbps * 1e6) - (time.monotonic() - t0)
-                        if ahead > 0:
-                            self.stop.wait(ahead)
+                for order in plans:
+                    self.claimed += 1
+                    if not self.shuffle and order and order[0] == 0 and self._stream is None:
+                        self._stream = self.store.fs.open_input_stream(self.store.path(blob_path(self.digest)))
+                    for i in order:
+                        if self.stop.is_set():
+                            return
+                        if self.handle.have_piece(i):
+                            continue
+                        while len(pending) >= self.IN_FLIGHT and not self.stop.is_set():
+                            self._settle(ti, pending)
+                        self._add(ti, i, 0)
+                        pending[i] = time.monotonic()
+                        if self.mbps > 0:
+                            ahead = self.bytes_read * 8 / (self.mbps * 1e6) - (time.monotonic() - t0)
+                            if ahead > 0:
+                                self.stop.wait(ahead)
                 while pending and not self.stop.is_set():
                     self._settle(ti, pending)
+                    self.stop.wait(0.02)
             finally:
                 for f in (self._stream, self._random):
                     if f is not None:
