@@ -154,3 +154,18 @@ def test_odd_jobs_render() -> None:
         assert "<svg" in render.job_html(report)
         assert render.job_text(report).splitlines()[0].startswith("job j")
     assert "n69" in render.timeline_svg(analysis.analyze_job(many, "j"))
+
+
+def test_stages_behind_the_launcher_are_not_blamed() -> None:
+    evs = []
+    for k in range(3):
+        evs += [
+            _ev(f"n{k}", "a", "env", 0.0, 2.0, cache="hit"),
+            _ev(f"n{k}", "a", "bootseer", 0.0, 2.1),
+            _ev(f"n{k}", "a", "hot-prefetch", 2.1, 60.0),  # the agent reads on behind the program
+            _ev(f"n{k}", "a", "ready", 2.1, 4.0 + k),
+        ]
+    r = analysis.analyze_job(evs, "j")
+    prefetch = next(s for s in r.stages if s.stage == "hot-prefetch")
+    assert prefetch.behind and not next(s for s in r.stages if s.stage == "env").behind
+    assert "hot-prefetch" not in r.verdict

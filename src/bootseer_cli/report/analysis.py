@@ -245,6 +245,7 @@ class StageStats:
     straggler_cost_s: float
     straggler_cache: str  # "hit", "miss", "failed" or "": what the stage did on the straggler
     reasons: list[str]
+    behind: bool = False  # ran behind the launcher (an agent task), so it did not delay the start
 
 
 @dataclass
@@ -290,10 +291,11 @@ def stage_stats(starts: list[NodeStart]) -> list[StageStats]:
                 if str(e.get("outcome") or "") in FAILED_OUTCOMES:
                     failed += 1
                     reasons[str(e.get("reason") or "?")] += 1
+        behind = name not in (READY_STAGE, TOTAL_STAGE) and _mostly_after_exec(rows)
         out.append(
             StageStats(
                 stage=name,
-                label=STAGE_LABELS.get(name, name),
+                label=STAGE_LABELS.get(name, name) + (" (behind the launcher)" if behind else ""),
                 nodes=len(rows),
                 p50_s=p50,
                 p90_s=percentile(durations, 90),
@@ -311,9 +313,16 @@ def stage_stats(starts: list[NodeStart]) -> list[StageStats]:
                 if slow_span.outcome in FAILED_OUTCOMES
                 else cache_class({"cache": slow_span.cache, "outcome": slow_span.outcome}) or "",
                 reasons=[r for r, _ in sorted(reasons.items(), key=lambda kv: -kv[1])][:3],
+                behind=behind,
             )
         )
     return out
+
+
+def _mostly_after_exec(rows: list[tuple[NodeStart, Span]]) -> bool:
+    """True when, on most nodes, the stage ended after exec handed over to the launcher."""
+    after = sum(1 for s, span in rows if s.exec_at is not None and span.end > s.exec_at + 0.01)
+    return after * 2 > len(rows)
 
 
 def gpu_count(starts: list[NodeStart], flag: int | None, configured: int | None, default: int = 8) -> GpuCount:
@@ -497,7 +506,7 @@ def verdict(r: JobReport) -> str:
     candidates: list[tuple[float, str]] = []
     by_name = {s.stage: s for s in r.stages}
     for s in r.stages:
-        if s.stage == TOTAL_STAGE:
+        if s.stage == TOTAL_STAGE or s.behind:
             continue
         if s.stage == READY_STAGE:
             candidates.append(
@@ -544,7 +553,8 @@ def verdict(r: JobReport) -> str:
         )
     total = by_name.get(TOTAL_STAGE)
     if total:
-        own = total.p50_s - sum(by_name[n].p50_s for n in by_name if n not in (TOTAL_STAGE, READY_STAGE))
+        inside = [n for n, st in by_name.items() if n not in (TOTAL_STAGE, READY_STAGE) and not st.behind]
+        own = total.p50_s - sum(by_name[n].p50_s for n in inside)
         if own > 1.0:
             candidates.append(
                 (
