@@ -84,9 +84,13 @@ def after_publish(cfg: Any, store: Any, digest: str, path: Path) -> dict[str, An
         return {}
 
 
-def handoff(cap_s: float | None = None) -> list[dict[str, Any]]:
-    """Before `exec`: stop this process's swarm (after serving the peers still downloading from it,
-    bounded) and return the agent tasks that keep seeding the fetched blobs. No-op without P2P."""
+HANDOFF_LINGER_S = 5.0
+
+
+def handoff(cap_s: float | None = HANDOFF_LINGER_S) -> list[dict[str, Any]]:
+    """Before `exec`: stop this process's swarm (after serving the peers still downloading from it, a
+    few seconds at most: the agent serves them again right after) and return the agent tasks that keep
+    seeding the fetched blobs. `cap_s=None` lingers up to `[p2p] deadline_s`. No-op without P2P."""
     import sys
 
     if "bootseer_cli.p2p.fetch" not in sys.modules:

@@ -153,3 +153,18 @@ def test_bad_port_in_config_falls_back_to_the_store(tmp_path: Path) -> None:
     got = fetch_blob(_cfg(enabled=True, port="nope"), store, digest, cache=BlobCache(tmp_path / "c", 1 << 30))
     assert got.source == "store" and got.bytes_from_store == MiB
     assert "port" in got.note
+
+
+def test_a_torrent_for_another_blob_is_refused(tmp_path: Path) -> None:
+    """The torrent comes from the store: one that names another file is not used (the store serves)."""
+    from bootseer_cli.cache import BlobCache
+
+    store = Store((tmp_path / "store").as_uri())
+    a = random_file(tmp_path / "a", MiB, seed=21)
+    b = random_file(tmp_path / "b", MiB, seed=22)
+    da, db = store.put_blob_file(a), store.put_blob_file(b)
+    ta = after_publish(_cfg(enabled=True), store, da, a)["torrent"]
+    store.write_ref("torrent", db, {"torrent": ta})
+    got = fetch_blob(_cfg(enabled=True), store, db, cache=BlobCache(tmp_path / "c", 1 << 30))
+    assert got.source == "store" and "does not describe this blob" in got.note
+    assert got.path.read_bytes() == b.read_bytes()

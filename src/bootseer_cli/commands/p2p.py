@@ -112,7 +112,7 @@ def fetch(
             f"{_mb(got.bytes_from_peers)} from peers{note}"
         )
     sys.stdout.flush()
-    handoff()
+    handoff(None)  # no agent follows: serve the peers still downloading, up to [p2p] deadline_s
 
 
 def register(app: typer.Typer) -> None:

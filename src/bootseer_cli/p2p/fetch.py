@@ -135,7 +135,9 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
         tref = made
     tdigest = str(tref["torrent"])
     torrent = store.get_blob_bytes(tdigest)
+    _check_torrent(torrent, digest)
     node = get_node(cfg, store)
+    _prune_work(cache.root / ".p2p")
     swarm = node.swarm
     deadline_s = float(cfg.get("p2p", "deadline_s"))
     work = cache.root / ".p2p" / f"{digest}-{uuid.uuid4().hex[:8]}"
@@ -252,6 +254,28 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
     finally:
         if plan is not None:
             plan.release()
+
+
+def _check_torrent(torrent: bytes, digest: str) -> None:
+    """The torrent comes from the store: it must describe exactly this blob (one file named by the
+    digest), so libtorrent writes nothing but that file inside its work directory."""
+    import libtorrent as lt
+
+    try:
+        ti = lt.torrent_info(lt.bdecode(torrent))
+    except Exception as e:
+        raise NoSwarm(f"the blob's torrent is unreadable: {e}") from None
+    if ti.num_files() != 1 or ti.name() != digest:
+        raise NoSwarm("the blob's torrent does not describe this blob")
+
+
+def _prune_work(root: Path, older_s: float = 3600.0) -> None:
+    """Work directories of processes that died mid-fetch (the cache's own entries live elsewhere)."""
+    with contextlib.suppress(OSError):
+        for d in root.iterdir():
+            with contextlib.suppress(OSError):
+                if time.time() - d.stat().st_mtime > older_s:
+                    shutil.rmtree(d, ignore_errors=True)
 
 
 class _PrefixHasher(threading.Thread):
