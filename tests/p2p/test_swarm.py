@@ -251,3 +251,53 @@ def test_ckpt_pull_through_the_swarm_makes_the_stripe_torrents(tmp_path: Path) -
         for name in ("model.bin", "optim.bin"):
             assert sha256(tmp_path / f"out{i}" / name) == sha256(src / name)
     assert len(store.list_refs("torrent")) == 2  # one torrent per stripe, made by its first fetcher
+
+
+def test_exec_hands_the_swarm_blobs_to_the_agent(tmp_path: Path) -> None:
+    """`bootseer exec` pulling a checkpoint through the swarm: the agent seeds the stripes while the
+    launcher runs (`bootseer p2p status` shows it), and stops with the launcher."""
+    store_uri = (tmp_path / "store").as_uri()
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    random_file(src / "model.bin", 4 * MiB, seed=31)
+    env = node_env(tmp_path, "node", store_uri, port_range(), seed_s=120)
+    env.update(
+        BOOTSEER_CHECKPOINT_NAME="ck",
+        BOOTSEER_CHECKPOINT_TAG="t1",
+        BOOTSEER_CHECKPOINT_MODE="pull",
+        BOOTSEER_CHECKPOINT_MOUNTPOINT=str(tmp_path / "pulled"),
+    )
+    run = lambda *a, **kw: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "bootseer_cli", *a], env=env, capture_output=True, text=True, timeout=120, **kw
+    )
+    push = run("ckpt", "push", str(src), "--name", "ck", "--tag", "t1", "-k", "2")
+    assert push.returncode == 0, push.stderr
+    exe = subprocess.Popen(
+        [sys.executable, "-m", "bootseer_cli", "exec", "--", "sleep", "10"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    runs = tmp_path / "node" / "bootseer" / "runs"
+    deadline = time.time() + 60
+    seeding = None
+    while time.time() < deadline and seeding is None:
+        for status_file in runs.glob("*/p2p.json"):
+            doc = json.loads(status_file.read_text())
+            if doc.get("state") == "seeding":
+                seeding = status_file
+        time.sleep(0.3)
+    assert seeding is not None, exe.stderr.read() if exe.poll() is not None else "no seeding status"
+    status = run("p2p", "status")
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.count("\n  seeding ") == 2, status.stdout  # both stripes
+    assert "from the store" in status.stdout
+    _, err = exe.communicate(timeout=60)
+    assert exe.returncode == 0, err
+    assert sha256(tmp_path / "pulled" / "model.bin") == sha256(src / "model.bin")
+    deadline = time.time() + 60
+    while time.time() < deadline and json.loads(seeding.read_text()).get("state") != "done":
+        time.sleep(0.3)
+    assert json.loads(seeding.read_text())["state"] == "done"  # the agent stopped with the launcher
+    assert Store(store_uri).list("swarm", recursive=True) == []
