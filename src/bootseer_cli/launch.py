@@ -262,11 +262,15 @@ def execute(cfg: Config, command: list[str], skip: set[str] | None = None) -> No
 
 
 def _launcher_facts(command: list[str]) -> dict[str, Any]:
-    """GPUs per node as the launcher will see them, for the report's "GPU time wasted" (import-free)."""
-    from .report.gpus import gpus_hint
+    """GPUs per node (and the node rank) as the launcher will see them, for `bootseer report` (import-free)."""
+    from .report.gpus import gpus_hint, node_rank_hint
 
     hint = gpus_hint(command, os.environ)
-    return {"gpus": hint[0], "gpus_from": hint[1]} if hint else {}
+    facts: dict[str, Any] = {"gpus": hint[0], "gpus_from": hint[1]} if hint else {}
+    node_rank = node_rank_hint(command)
+    if node_rank is not None:
+        facts["node_rank"] = node_rank
+    return facts
 
 
 def _upload_quietly(ctx: LaunchContext) -> None:

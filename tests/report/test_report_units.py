@@ -169,3 +169,13 @@ def test_stages_behind_the_launcher_are_not_blamed() -> None:
     prefetch = next(s for s in r.stages if s.stage == "hot-prefetch")
     assert prefetch.behind and not next(s for s in r.stages if s.stage == "env").behind
     assert "hot-prefetch" not in r.verdict
+
+
+def test_node_rank_from_the_command_line() -> None:
+    from bootseer_cli.report.gpus import node_rank_hint
+
+    assert node_rank_hint(["torchrun", "--nnodes=2", "--node-rank", "1", "t.py"]) == 1
+    assert node_rank_hint(["torchrun", "--node_rank=3", "t.py"]) == 3
+    assert node_rank_hint(["python", "t.py"]) is None
+    evs = [_ev("n1", "a", "bootseer", 0.0, 1.0, extra='{"node_rank": 1}'), _ev("n0", "a", "bootseer", 0.0, 1.0)]
+    assert {r.node: r.rank for r in analysis.analyze_job(evs, "j").rows} == {"n0": 0, "n1": 1}

@@ -175,18 +175,21 @@ def node_starts(events: list[dict[str, Any]]) -> list[NodeStart]:
         ready = spans.get(READY_STAGE)
         start = total.start if total else min(s.start for s in spans.values())
         gpus, gpus_from = None, ""
+        rank = int(evs[0].get("rank") or 0)
         local_ranks: set[str] = set()
         for e in evs:
             x = _extra(e)
             if e["stage"] == TOTAL_STAGE and isinstance(x.get("gpus"), int) and x["gpus"] > 0:
                 gpus, gpus_from = int(x["gpus"]), str(x.get("gpus_from") or "launcher")
+            if e["stage"] == TOTAL_STAGE and isinstance(x.get("node_rank"), int) and not rank:
+                rank = int(x["node_rank"])  # only the launcher's command line said it
             if e["stage"] == READY_STAGE:
                 local_ranks.add(str(x.get("local_rank", "0")))
         starts.append(
             NodeStart(
                 node=node,
                 run=run,
-                rank=int(evs[0].get("rank") or 0),
+                rank=rank,
                 attempt=0,
                 start=start,
                 exec_at=total.end if total else None,

@@ -38,6 +38,15 @@ def _positive(text: str | None) -> int | None:
     return n if n > 0 else None
 
 
+def node_rank_hint(command: Sequence[str]) -> int | None:
+    """The node's rank when only the launcher's command line says it (`torchrun --node-rank K`)."""
+    text = _option(command, ("--node-rank", "--node_rank", "--machine_rank", "--machine-rank"))
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
 def gpus_hint(command: Sequence[str], environ: Mapping[str, str]) -> tuple[int, str] | None:
     """(GPUs per node, where that came from), or None when nothing says."""
     value = _positive(_option(command, _PER_NODE_FLAGS))

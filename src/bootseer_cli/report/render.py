@@ -280,12 +280,13 @@ def timeline_svg(r: JobReport, width: int = 1200) -> str:
         f'<line x1="{jx:.1f}" y1="{top - 4}" x2="{jx:.1f}" y2="{y + 2}" stroke="{STRAGGLER}" stroke-width="1.5" '
         'stroke-dasharray="5,3"/>'
     )
-    anchor = "end" if jx > width - 200 else "start"
+    words = f"job starts: {fmt_s(r.startup_s)} (slowest node {r.slowest_node} ready)"
+    anchor = "end" if jx + 6.5 * len(words) > width - 10 else "start"
     dx = -4 if anchor == "end" else 4
     svg.text(
         jx + dx,
         y + 16,
-        f"job starts: {fmt_s(r.startup_s)} (slowest node {r.slowest_node} ready)",
+        words,
         f' text-anchor="{anchor}" fill="{STRAGGLER}" font-size="11" font-weight="600"',
     )
     _legend(svg, r, y + 40, exec_stages, others, aggregated)
