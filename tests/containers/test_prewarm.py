@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -85,3 +86,15 @@ def test_bad_arguments_fail_before_the_engine(tmp_path: Path) -> None:
     (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["pip install -r missing.txt"]\n')
     r = prewarm("--image", "x:1", "-c", str(tmp_path / "bootseer.toml"), "--probe", "true")
     assert r.returncode == 2 and "missing.txt" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.integration
+def test_prewarm_to_an_s3_store(test_image: images.TestImage, s3_server: Any, tmp_path: Path) -> None:
+    """A non-file store: the containers use the host's network and get the store's credentials (AWS_*)."""
+    cfg = project(tmp_path)
+    uri = s3_server.uri("prewarm-s3")
+    r = prewarm("--image", test_image.ref, "-c", str(cfg), "--store", uri, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert open_store(uri).read_ref("env", out["keys"]["env"])["blob"] == out["published"]["env"]["blob"]
+    assert out["published"]["hot"] is None and out["notes"]  # no --probe: said so, nothing recorded
