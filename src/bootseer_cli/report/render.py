@@ -112,7 +112,7 @@ def job_text(r: JobReport) -> str:
     ]
     header = ["stage", "nodes", "p50", "p90", "max", "hits", "miss", "fail", "from store", "from peers"]
     lines += ["", *_table([*header, "straggler (cost to job)"], rows, left=1, last_left=True)]
-    tail = slowest(r, 5) if r.nodes > 1 else []
+    tail = slowest(r, 5) if r.nodes > 1 and r.straggler_wait_s >= max(1.0, 0.05 * r.startup_s) else []
     if tail:
         lines += ["", "slowest nodes (ready at, and the stage each lost the most in):"]
         lines += [f"  {fmt_s(row.ready):>8}  {why_slow(r, row)}" for row in tail]
