@@ -64,7 +64,17 @@ def run_stage(ctx: LaunchContext) -> StageResult:
         if result is not None:
             return result
         note = "restore failed"
-    return _single_flight(ctx, store, key, roots, note)
+    ran = {"setup": False}
+    try:
+        return _single_flight(ctx, store, key, roots, note, ran)
+    except StageFatal:
+        raise
+    except Exception as e:  # the store failed us half way: the job still gets its env
+        if ran["setup"]:
+            ctx.warn(f"env: setup done, but the snapshot step failed: {e}")
+            return StageResult("setup", summary="setup ran (snapshot step failed)", cache="miss", reason=str(e))
+        ctx.warn(f"env: {e}; running the setup locally")
+        return _local_setup(ctx, roots, key, reason="store failed")
 
 
 def _try_restore(ctx: LaunchContext, store: Any, key: str, roots: list[str], ref: Any) -> StageResult | None:
@@ -80,7 +90,9 @@ def _try_restore(ctx: LaunchContext, store: Any, key: str, roots: list[str], ref
     return _restored_result(r)
 
 
-def _single_flight(ctx: LaunchContext, store: Any, key: str, roots: list[str], note: str) -> StageResult:
+def _single_flight(
+    ctx: LaunchContext, store: Any, key: str, roots: list[str], note: str, ran: dict[str, bool]
+) -> StageResult:
     from . import snapshot as snap
 
     wait_s = float(ctx.cfg.get("env", "wait_s"))
@@ -93,7 +105,7 @@ def _single_flight(ctx: LaunchContext, store: Any, key: str, roots: list[str], n
             ctx.warn(f"env: cannot take the build lease ({e}); running the setup locally")
             return _local_setup(ctx, roots, key, reason="lease failed")
         if lease is not None:
-            return _build(ctx, store, key, roots, lease, note)
+            return _build(ctx, store, key, roots, lease, note, ran)
         if not announced:
             ctx.info(f"env: another node is building env {key[:12]}; waiting up to {wait_s:.0f} s for its snapshot")
             announced = True
@@ -113,7 +125,9 @@ def _single_flight(ctx: LaunchContext, store: Any, key: str, roots: list[str], n
             return _local_setup(ctx, roots, key, reason="restore failed")
 
 
-def _build(ctx: LaunchContext, store: Any, key: str, roots: list[str], lease: Any, note: str) -> StageResult:
+def _build(
+    ctx: LaunchContext, store: Any, key: str, roots: list[str], lease: Any, note: str, ran: dict[str, bool]
+) -> StageResult:
     """Holder of the lease: setup, capture, publish. A failed capture/publish only warns."""
     from ..cache import cache_from_config
     from . import snapshot as snap
@@ -130,6 +144,7 @@ def _build(ctx: LaunchContext, store: Any, key: str, roots: list[str], lease: An
         snap.remove_stamp(roots)
         baseline = scan(roots, snap.excluded_paths(cfg))
         t0 = time.time()
+        ran["setup"] = True
         snap.run_setup(cfg, ctx.info)
         setup_s = time.time() - t0
         try:
