@@ -187,3 +187,19 @@ def test_refuses_what_another_node_could_not_use(tmp_path: Path) -> None:
     assert json.loads(cli(tmp_path, "env", "ls", "--json").stdout) == [], "nothing was published"
     missing = run_cli(["snapshot"], tmp_path, tmp_path / "fresh-cache")
     assert missing.returncode == 1 and "bootseer baseline" in missing.stderr
+
+
+def test_changes_outside_the_roots_are_listed(tmp_path: Path) -> None:
+    """A setup that writes outside the roots still works, but the user is told what the snapshot lacks."""
+    import os
+
+    outside = Path(f"/opt/bootseer-envsnap-test-{os.getpid()}-{tmp_path.name}")
+    try:
+        setup = f"sh setup.sh && mkdir -p {outside} && touch {outside}/x"
+        project(tmp_path, (tmp_path / "store").as_uri(), setup=setup)
+        r = cli(tmp_path, "exec", "--", "true")
+        assert r.returncode == 0, r.stderr
+        assert "outside [env] roots" in r.stderr and f"{outside}/x" in r.stderr, r.stderr
+        assert "published" in r.stderr
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)

@@ -210,46 +210,49 @@ def _fdinfo_flags(text: str) -> int:
     return 0
 
 
-def outside_changes(since: float, roots: list[str], exclude: list[str], budget_s: float = 1.0) -> list[str]:
+def outside_changes(since: float, roots: list[str], exclude: list[str], budget_s: float = 1.5) -> list[str]:
     """Files the setup changed outside the roots, looked for (bounded) where setups usually write.
 
     They will not be in the snapshot, so another node restoring it will lack them: a warning, not
-    an error (many such writes are caches, e.g. pip's).
+    an error (many such writes are caches, e.g. pip's). Each place gets a share of the time budget
+    and is walked newest directory first, so a fresh install is found before old bulk.
     """
     import sysconfig
 
     home = os.path.expanduser("~")
-    places = [home, "/usr/local", "/opt", "/etc"]
     base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
-    places += [base["purelib"], base["platlib"], base["scripts"]]
-    skip = [*roots, *exclude, os.path.join(home, ".cache"), "/proc", "/sys", "/dev"]
-    t_end = time.monotonic() + budget_s
+    places = [base["purelib"], base["platlib"], base["scripts"], "/usr/local", "/opt", "/etc", home]
+    skip = [*roots, *exclude, "/proc", "/sys", "/dev"]
     found: list[str] = []
     seen: set[str] = set()
+    places = [os.path.normpath(p) for p in places]
+    places = [p for p in dict.fromkeys(places) if not _under(p, skip) and os.path.isdir(p)]
     for top in places:
-        top = os.path.normpath(top)
-        if top in seen or _under(top, skip) or not os.path.isdir(top):
-            continue
-        seen.add(top)
+        t_end = time.monotonic() + budget_s / max(1, len(places))
         stack = [top]
         while stack and time.monotonic() < t_end and len(found) < 50:
             d = stack.pop()
+            if d in seen:
+                continue
+            seen.add(d)
             try:
                 it = os.scandir(d)
             except OSError:
                 continue
+            subdirs: list[tuple[float, str]] = []
             with it:
                 for e in it:
-                    if _under(e.path, skip):
+                    if _under(e.path, skip) or (d == home and e.name.startswith(".") and e.name != ".local"):
                         continue
                     try:
                         st = e.stat(follow_symlinks=False)
                     except OSError:
                         continue
                     if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
+                        subdirs.append((st.st_mtime, e.path))
                     elif st.st_ctime >= since or st.st_mtime >= since:
                         found.append(e.path)
+            stack.extend(p for _, p in sorted(subdirs))  # newest last: popped first
     return found
 
 
