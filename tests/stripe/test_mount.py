@@ -157,6 +157,33 @@ def test_server_killed_mid_read_is_eio_never_wrong_bytes(s3_factory, tmp_path: P
     assert bytes(got) == original[: len(got)]
 
 
+def test_server_killed_mid_pull_is_a_clear_error_and_leaves_nothing(s3_factory, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from bootseer_cli.errors import StoreError
+    from bootseer_cli.stripe import pull as pull_mod
+    from bootseer_cli.stripe.pull import pull
+
+    monkeypatch.setattr(pull_mod, "WRITE_CHUNK", 256 << 10)  # small writes, so the kill lands mid-file
+
+    server = s3_factory()
+    src = tmp_path / "src"
+    write_random(src / "big.bin", 8 << 20, 11)
+    store = Store(server.uri("x"))
+    m = push(store, src, "m", "v1", stripes=2, cell_size=CELL)
+    seen = [0]
+
+    def advance(n: int) -> None:
+        seen[0] += n
+        if seen[0] >= 1 << 20 and server.proc is not None:
+            server.stop()  # the server dies with the pull half done
+
+    opts = ReaderOptions(retries=1, backoff_s=0.05, memory=1 << 20)
+    with pytest.raises(StoreError, match="stripe"):
+        pull(m, catalog.Targets(store), tmp_path / "out", opts=opts, advance=advance)
+    assert 1 << 20 <= seen[0] < m.total_size
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+
+
 def test_reader_retries_across_a_link_cut(s3_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     server = s3_factory()
     proxy = Proxy(("127.0.0.1", server.port)).start()

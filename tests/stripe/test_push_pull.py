@@ -158,6 +158,8 @@ def test_cli_and_api(tmp_path: Path, plain_ckpt: Path) -> None:
     r = run_cli("ckpt", "pull", "cli:t1", str(tmp_path / "dst3"), env=env)
     assert r.returncode == 1 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "dst3").exists()
+    r = run_cli("ckpt", "mount", "cli:t1", str(tmp_path / "mnt"), env=env)
+    assert r.returncode == 1 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("ckpt", "rm", "api:" + tag, env=env)
     assert r.returncode == 0 and "removed" in r.stdout, r.stderr
     r = run_cli("ckpt", "push", str(tmp_path / "nope"), "--name", "x", env=env)

@@ -163,7 +163,9 @@ def _options(memory_mib: int | None, threads: int | None) -> dict[str, Any]:
 MemoryOpt = Annotated[
     int | None, typer.Option("--memory", help="Memory bound for buffered cells, MiB (default 512).", min=8)
 ]
-ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="Fetch threads (default 8 per stripe).", min=1)]
+ThreadsOpt = Annotated[
+    int | None, typer.Option("--threads", help="Fetch threads (default 16 per stripe, at most 64).", min=1)
+]
 
 
 @app.command()

@@ -109,8 +109,8 @@ class MissingStripe(StoreError):
 @dataclass
 class ReaderOptions:
     memory: int = 512 << 20  # global bound for buffered cells (cached + in flight)
-    readahead: int = 0  # per-stream maximum window in bytes; 0: 8 rows of cells, within memory/2
-    threads: int = 0  # fetch threads; 0: 8 per stripe, 16 to 64
+    readahead: int = 0  # per-stream maximum window in bytes; 0: 16 rows of cells, within memory/2
+    threads: int = 0  # fetch threads; 0: 16 per stripe, 16 to 64
     retries: int = 3  # re-tries of a failed ranged read (so 4 attempts)
     backoff_s: float = 0.2  # first retry delay, doubled each time
     down_s: float = 2.0  # after a stripe exhausts its retries, its queued reads fail at once this long
@@ -128,9 +128,9 @@ class Reader:
         self.sources = sources
         self.opts = opts or ReaderOptions()
         k, cell = manifest.k, manifest.cell_size
-        self.threads = self.opts.threads or min(64, max(16, 8 * k))
+        self.threads = self.opts.threads or min(64, max(16, 16 * k))
         memory_cells = max(2, self.opts.memory // cell)
-        window = self.opts.readahead // cell if self.opts.readahead else 8 * k
+        window = self.opts.readahead // cell if self.opts.readahead else 16 * k
         self.max_window = max(1, min(window, memory_cells // 2))
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ckpt-read")
         # Re-entrant: a future that is already done runs its callback (which locks) in add_done_callback.
@@ -297,7 +297,8 @@ class Reader:
         if st is None:
             st = self.streams[stream] = _Stream()
         cell = self.m.cell_size
-        sequential = lo == 0 or (st.next >= 0 and st.next - 4 * cell <= lo <= st.next + self.m.k * cell)
+        # A new stream starts with a small window; one that reads on from where it stopped doubles it.
+        sequential = st.next < 0 or st.next - 4 * cell <= lo <= st.next + self.m.k * cell
         if sequential:
             st.window = min(self.max_window, max(self.m.k, st.window * 2))
         else:
