@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from tests.e2e.harness import VENV_AT, Node, PackageIndex, build_index, kill_node_processes
 from tests.support.s3server import S3Server
 

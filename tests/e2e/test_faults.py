@@ -14,6 +14,7 @@ import subprocess
 import time
 
 import pytest
+
 from tests.e2e.harness import DEPS_COMMAND, Run, env_kind, mounted, wait_for
 
 pytestmark = pytest.mark.integration
