@@ -57,11 +57,12 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[images.Regist
 
 
 @pytest.fixture(scope="session")
-def test_image(docker_client: Any, registry: images.Registry) -> images.TestImage:
+def test_image(docker_client: Any, registry: images.Registry) -> Iterator[images.TestImage]:
     """bootseer's test image, as pulled from the registry by digest."""
     base = images.ensure_base(docker_client)
     app = images.ensure_app(docker_client, base)
-    return images.publish(docker_client, registry, app, "bootseer-test")
+    yield images.publish(docker_client, registry, app, "bootseer-test")
+    images.forget_registry(docker_client, registry)
 
 
 @pytest.fixture(scope="session")

@@ -375,6 +375,19 @@ def publish(client: Any, registry: Registry, local: str, name: str) -> TestImage
     return TestImage(ref=f"{repo}:{tag}", digest=digest, image_id=image.id)
 
 
+def forget_registry(client: Any, registry: Registry) -> None:
+    """Drop this session's names in the (stopping) registry, so old images do not pile up on the engine."""
+    for image in client.images.list():
+        for tag in image.tags:
+            if tag.startswith(f"{registry.host}/"):
+                with contextlib.suppress(Exception):
+                    client.images.remove(tag)
+    for image in client.images.list(name="bootseer-test-variant"):
+        for tag in image.tags:
+            with contextlib.suppress(Exception):
+                client.images.remove(tag)
+
+
 def variant(client: Any, base: str, label: str) -> str:
     """Another image: `base` plus one label (a different image id and registry digest)."""
     import io
