@@ -148,3 +148,27 @@ def test_big_file_gets_its_own_frames(tmp_path: Path, kind: str) -> None:
     archive.extract(blob, meta, [str(root)])
     assert (root / "big.bin").read_bytes() == data
     assert (root / "small.txt").read_text() == "s"
+
+
+def test_a_root_the_setup_created_is_restored(tmp_path: Path) -> None:
+    """An extra root that did not exist before the setup (a compile cache) comes back, parents and all."""
+    env, cache = tmp_path / "env", tmp_path / "home" / ".triton" / "cache"
+    env.mkdir()
+    roots = [str(env), str(cache)]
+    base = manifest.scan(roots)
+    (env / "a.py").write_text("a\n")
+    (cache / "kernels").mkdir(parents=True)
+    (cache / "kernels" / "k.so").write_bytes(b"\x7fELF")
+    after = manifest.scan(roots)
+    d = manifest.diff(base, after)
+    assert str(cache) in d.changed
+    blob = tmp_path / "b.tar.zst"
+    w = archive.ArchiveWriter(blob)
+    for p in d.changed:
+        w.add(p, after[p])
+    w.finish({"roots": roots, "deletions": d.deleted})
+    want = tree_state(tmp_path, skip=(str(blob),))
+    shutil.rmtree(tmp_path / "home")
+    (env / "a.py").unlink()
+    archive.extract(blob, archive.read_meta(blob), roots)
+    assert tree_state(tmp_path, skip=(str(blob),)) == want

@@ -422,12 +422,15 @@ class _State:
     umask: int = 0o022
 
 
-def _ensure_parent(st: _State, parent: str) -> None:
-    """Make `parent` exist, after checking it resolves inside the roots (through any symlinks on disk)."""
+def _ensure_parent(st: _State, parent: str, trusted: bool = False) -> None:
+    """Make `parent` exist, after checking it resolves inside the roots (through any symlinks on disk).
+
+    `trusted`: `parent` is a root itself (named by the config, not by the snapshot).
+    """
     if parent in st.ok_parents:
         return
     real = os.path.realpath(parent)
-    if not _under(real, st.real_roots):
+    if not trusted and not _under(real, st.real_roots):
         raise UnsafeArchive(f"{parent} resolves to {real}, outside the roots: refusing to write through it")
     missing = []
     p = parent
@@ -543,6 +546,10 @@ def _extract_frame(st: _State, blob_fd: int, chunk: tuple[int, int, int], dctx_l
                 raise UnsafeArchive(f"snapshot member {path!r} appears twice")
             st.seen.add(path)
         mode, mtime = want[1], want[2]
+        if path in st.plan.roots:  # a root the setup created (e.g. a compile cache): the config names it
+            if not os.path.isdir(path):
+                _ensure_parent(st, path, trusted=True)
+            continue
         parent = path.rpartition("/")[0]
         if parent not in st.ok_parents and kind != HARDLINK:
             _ensure_parent(st, parent)  # every parent is checked once: no writing through a symlink
