@@ -74,13 +74,18 @@ def write_cfg(path: Path, roots: list[Path], **image: object) -> Path:
     return path
 
 
-def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
+def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process and the children it waited for)."""
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{r.stderr[-2000:]}")
-    return dt
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{err.decode(errors='replace')[-2000:]}")
+    return dt, usage.ru_utime + usage.ru_stime
 
 
 def wait_agents(home: Path, timeout: float = 60) -> None:
@@ -150,7 +155,15 @@ def main() -> int:
         blob = next((home_lazy / "bootseer" / "blobs").rglob(show["record"]))
         files = from_parquet(blob.read_bytes()).files
 
-        cases: dict[str, list[float]] = {}
+        order = ["lazy: no replay", "lazy: replay foreground", "lazy: replay concurrent", "lazy: stale record"]
+        order += [] if args.skip_local else ["local: no replay", "local: replay foreground"]
+        cases: dict[str, list[float]] = {name: [] for name in order}
+        cpu: dict[str, list[float]] = {name: [] for name in order}
+
+        def note(name: str, wall_cpu: tuple[float, float]) -> None:
+            cases.setdefault(name, []).append(wall_cpu[0])
+            cpu.setdefault(name, []).append(wall_cpu[1])
+
         fetches: dict[str, list[int]] = {}
 
         def lazy_case(name: str, cmd: list[str], env: dict[str, str], stale: bool = False) -> None:
@@ -159,28 +172,38 @@ def main() -> int:
                 set_mtimes(files, venv, mnt, 10**9)
             try:
                 drop_caches()
-                cases.setdefault(name, []).append(timed(cmd, env, WORK))
+                note(name, timed(cmd, env, WORK))
                 fetches.setdefault(name, []).append(len(lazy.fetches()))
             finally:
                 if stale:
                     set_mtimes(files, venv, mnt, 0)
             wait_agents(home_lazy)
 
+        exec_fg = [*bs, "exec", "-q", "-c", str(cfg_fg), "--", *prog_lazy]
+        exec_bg = [*bs, "exec", "-q", "-c", str(cfg_bg), "--", *prog_lazy]
+        exec_local = [*bs, "exec", "-q", "-c", str(cfg_local), "--", *prog_local]
+
+        def local_case(name: str, cmd: list[str]) -> None:
+            lazy.stop()
+            drop_caches()
+            note(name, timed(cmd, env_local, WORK))
+            wait_agents(home_local)
+
+        steps = [
+            lambda: lazy_case("lazy: no replay", prog_lazy, env_lazy),
+            lambda: lazy_case("lazy: replay foreground", exec_fg, env_lazy),
+            lambda: lazy_case("lazy: replay concurrent", exec_bg, env_lazy),
+            lambda: lazy_case("lazy: stale record", exec_fg, env_lazy, stale=True),
+        ]
+        if not args.skip_local:
+            steps += [
+                lambda: local_case("local: no replay", prog_local),
+                lambda: local_case("local: replay foreground", exec_local),
+            ]
         for rnd in range(args.rounds):
-            lazy_case("lazy: no replay", prog_lazy, env_lazy)
-            lazy_case("lazy: replay foreground", [*bs, "exec", "-q", "-c", str(cfg_fg), "--", *prog_lazy], env_lazy)
-            lazy_case("lazy: replay concurrent", [*bs, "exec", "-q", "-c", str(cfg_bg), "--", *prog_lazy], env_lazy)
-            lazy_case(
-                "lazy: stale record", [*bs, "exec", "-q", "-c", str(cfg_fg), "--", *prog_lazy], env_lazy, stale=True
-            )
-            if not args.skip_local:
-                lazy.stop()
-                drop_caches()
-                cases.setdefault("local: no replay", []).append(timed(prog_local, env_local, WORK))
-                drop_caches()
-                cmd = [*bs, "exec", "-q", "-c", str(cfg_local), "--", *prog_local]
-                cases.setdefault("local: replay foreground", []).append(timed(cmd, env_local, WORK))
-                wait_agents(home_local)
+            # a different order each round, so a drift in the machine's load does not favour one case
+            for step in steps[rnd % len(steps) :] + steps[: rnd % len(steps)]:
+                step()
             print(f"round {rnd + 1}/{args.rounds} done", flush=True)
     finally:
         lazy.stop()
@@ -202,14 +225,16 @@ def main() -> int:
     base = {"lazy": statistics.median(cases["lazy: no replay"])}
     if "local: no replay" in cases:
         base["local"] = statistics.median(cases["local: no replay"])
-    print(f"{'case':28} {'median s':>9} {'runs':>22} {'vs no replay':>13} {'chunks fetched':>15}")
+    print(f"{'case':26} {'median s':>9} {'runs (s)':>22} {'vs no replay':>14} {'CPU s':>6} {'chunks':>7}")
     for name, times in cases.items():
         med = statistics.median(times)
         ref = base[name.split(":")[0]]
         speed = f"{ref / med:.2f}x faster" if med <= ref else f"{(med / ref - 1) * 100:.1f}% slower"
         runs = " ".join(f"{t:.2f}" for t in times)
         chunks = f"{statistics.median(fetches[name]):.0f}" if name in fetches else "-"
-        print(f"{name:28} {med:9.2f} {runs:>22} {speed:>13} {chunks:>15}")
+        print(f"{name:26} {med:9.2f} {runs:>22} {speed:>14} {statistics.median(cpu[name]):6.2f} {chunks:>7}")
+    print("CPU s: user+sys of the launched process (bootseer exec and the program it became), median;")
+    print("the agent and the lazy filesystem server are not included")
     return 0
 
 
