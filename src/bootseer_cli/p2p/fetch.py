@@ -223,7 +223,8 @@ def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: An
             if _sha256(src) != digest:
                 raise IntegrityError(f"blob {digest[:12]} from the swarm does not match its digest")
         path = _into_cache(cache, src, digest)
-        ann.want("seed")
+        with contextlib.suppress(Exception):  # before the leases go: late nodes must see a seed, not a free lease
+            ann.write("seed")
         node.served[digest] = Served(digest, tdigest, handle, ann, discoverer, work)
         _keep_torrent(cache, tdigest, torrent)
         failures = swarm.hash_failures.get(key, 0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import random
 import threading
 import time
@@ -218,6 +219,7 @@ class Swarm:
 
 
 RETRY_S = 3.0
+READ_AHEAD = 16 * MiB
 OVERWRITE_EXISTING = 1  # lt.add_piece_flags_t.overwrite_existing (kept numeric: libtorrent loads lazily)
 QUERY_PIECES = 8  # lt.torrent_handle.query_pieces
 
@@ -256,26 +258,38 @@ class StoreFeeder(threading.Thread):
         self.error: BaseException | None = None
         self.done = False
 
-    def _read(self, ti: Any, i: int) -> bytes:
-        """Piece `i` from the store: from one sequential stream when reading in order (one request for
-        the whole blob), else by a ranged read."""
+    def _read(self, ti: Any, i: int, ahead: bool = True) -> bytes:
+        """Piece `i` from the store. Runs of pieces in order are read ahead in one ranged request of up
+        to READ_AHEAD bytes (a request per piece left the link idle between requests); a piece out of
+        order is one ranged read."""
         from ..store import blob_path
 
-        size, offset = ti.piece_size(i), i * ti.piece_length()
-        if self._stream is not None and self._stream_pos == offset:
-            data = self._stream.read(size)
-            self._stream_pos += len(data)
-        else:
-            if self._random is None:
-                self._random = self.store.open_input(blob_path(self.digest))
-            data = self._random.read_at(size, offset)
-        if len(data) != size:
-            raise OSError(f"short read of piece {i} of blob {self.digest[:12]}")
-        self.bytes_read += size
-        return bytes(data)
+        if i in self._ahead:
+            return self._ahead.pop(i)
+        if self._random is None:
+            self._random = self.store.open_input(blob_path(self.digest))
+        plen, n = ti.piece_length(), ti.num_pieces()
+        run = [i]
+        while (
+            ahead
+            and len(run) * plen < READ_AHEAD
+            and self._next_in_order.get(run[-1]) == run[-1] + 1
+            and run[-1] + 1 < n
+        ):
+            run.append(run[-1] + 1)
+        sizes = [ti.piece_size(j) for j in run]
+        buf = self._random.read_at(sum(sizes), i * plen)
+        if len(buf) != sum(sizes):
+            raise OSError(f"short read of pieces {run[0]}-{run[-1]} of blob {self.digest[:12]}")
+        self.bytes_read += len(buf)  # what the store sent, used or not
+        view, pos = memoryview(buf), 0
+        for j, size in zip(run, sizes, strict=True):
+            self._ahead[j] = bytes(view[pos : pos + size])
+            pos += size
+        return self._ahead.pop(i)
 
     def _add(self, ti: Any, i: int, flags: int) -> None:
-        self.handle.add_piece(i, self._read(ti, i), flags)
+        self.handle.add_piece(i, self._read(ti, i, ahead=not flags), flags)
 
     def _settle(self, ti: Any, pending: dict[int, float]) -> None:
         """Drop the pieces libtorrent now has; hand again, overwriting, any that did not stick (e.g. its
@@ -292,11 +306,9 @@ class StoreFeeder(threading.Thread):
             self.stop.wait(0.02)
 
     def run(self) -> None:
-        from ..store import blob_path
-
-        self._stream: Any = None
-        self._stream_pos = 0
         self._random: Any = None
+        self._ahead: dict[int, bytes] = {}
+        self._next_in_order: dict[int, int] = {}
         try:
             ti = self.handle.torrent_file()
             n = ti.num_pieces()
@@ -312,12 +324,12 @@ class StoreFeeder(threading.Thread):
             try:
                 for order in plans:
                     self.claimed += 1
-                    if not self.shuffle and order and order[0] == 0 and self._stream is None:
-                        self._stream = self.store.fs.open_input_stream(self.store.path(blob_path(self.digest)))
+                    self._next_in_order = dict(itertools.pairwise(order))
                     for i in order:
                         if self.stop.is_set():
                             return
                         if self.handle.have_piece(i):
+                            self._ahead.pop(i, None)
                             continue
                         while len(pending) >= self.IN_FLIGHT and not self.stop.is_set():
                             self._settle(ti, pending)
@@ -331,10 +343,9 @@ class StoreFeeder(threading.Thread):
                     self._settle(ti, pending)
                     self.stop.wait(0.02)
             finally:
-                for f in (self._stream, self._random):
-                    if f is not None:
-                        with contextlib.suppress(Exception):
-                            f.close()
+                if self._random is not None:
+                    with contextlib.suppress(Exception):
+                        self._random.close()
             self.done = True
         except BaseException as e:  # reported to the fetch loop, which falls back
             self.error = e
