@@ -41,6 +41,7 @@ class CheckpointFS(mfusepy.Operations):
         self.m = manifest
         self.reader = reader
         self.on_init = on_init
+        self.was_mounted = False  # set by the init callback: the kernel accepted the mount
         self.files: dict[str, FileEntry] = {"/" + f.path: f for f in manifest.files}
         self.dirs: dict[str, set[str]] = {"/": set()}
         for d in manifest.dirs:

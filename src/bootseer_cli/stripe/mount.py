@@ -162,6 +162,7 @@ def serve(spec: dict[str, Any]) -> int:
     owner = spec.get("owner_pid")
 
     def on_init() -> None:
+        fs.was_mounted = True
         threading.Thread(target=raise_read_ahead, args=(mp, kb), daemon=True).start()
         if owner:
             threading.Thread(target=_watch_owner, args=(int(owner), mp), daemon=True).start()
@@ -181,6 +182,11 @@ def serve(spec: dict[str, Any]) -> int:
         options["allow_other"] = True  # the launcher may run as another user than the agent
     try:
         mfusepy.FUSE(fs, mp, **options)
+    except RuntimeError as e:
+        # libfuse's multithreaded loop reports an error when the kernel side goes away under it
+        # (fusermount -u from outside); that is the normal end of a mount, not a failure.
+        if mount_info(mp) is not None or not fs.was_mounted:
+            raise BootseerError(f"FUSE mount of {m.name}:{m.tag} at {mp} failed (libfuse error {e})") from None
     finally:
         reader.close()
     return 0
@@ -210,7 +216,10 @@ def mount_detached(
     with os.fdopen(fd, "w") as f:  # mode 0600: target URIs may carry credentials
         json.dump(spec, f)
     if log_path is None:
-        log_path = Path(tempfile.gettempdir()) / f"bootseer-mount-{os.getpid()}-{int(time.time())}.log"
+        from ..paths import cache_root
+
+        log_path = cache_root() / "mounts" / f"{Path(mp).name or 'root'}-{int(time.time())}-{os.getpid()}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "bootseer_cli.stripe.mount", spec_path],
