@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shlex
 import sys
 import sysconfig
@@ -23,6 +24,8 @@ from .errors import ConfigError
 FORMAT_VERSION = 1
 
 # Options of pip/uv (and conda/mamba) whose next argument names a file the setup reads.
+# Programs whose `-c` takes code, not a file.
+_INTERPRETER = re.compile(r"^(sh|bash|dash|zsh|ksh|python[0-9.]*|pypy[0-9.]*|perl|ruby|node)$")
 _FILE_OPTIONS = {"-r", "--requirement", "-c", "--constraint", "--constraints", "-f", "--file", "--override"}
 
 
@@ -83,6 +86,8 @@ def files_named_by(setup: list[str]) -> list[str]:
             raise ConfigError(f"[env] setup: cannot parse {command!r}: {e}") from None
         for i, tok in enumerate(tokens):
             name = None
+            if tok == "-c" and i > 0 and _INTERPRETER.match(os.path.basename(tokens[i - 1])):
+                continue  # `sh -c SCRIPT`, `python3 -c CODE`: a script, not a constraints file
             if tok in _FILE_OPTIONS and i + 1 < len(tokens):
                 name = tokens[i + 1]
             elif "=" in tok and tok.split("=", 1)[0] in _FILE_OPTIONS:

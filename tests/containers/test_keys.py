@@ -78,3 +78,15 @@ def test_keys_agree_inside_and_outside(
     assert changed_req["image"] == one["image"] and changed_setup["image"] == one["image"]
     assert len({one["env"]["digest"], changed_req["env"]["digest"], changed_setup["env"]["digest"]}) == 3
     assert changed_req["env"]["digest"] == keys_for(load(cfg_b, environ={}), test_image.pinned).env.digest
+
+
+def test_a_shell_setup_names_no_constraints_file() -> None:
+    """`sh -c …` is common in CI setups; its -c takes a script, not a constraints file (it used to fail)."""
+    from bootseer_cli.keys import files_named_by
+
+    assert files_named_by(["sh -c 'echo hi; exit 7'", "python3 -c 'import x'"]) == []
+    assert files_named_by(["pip install -r r.txt -c c.txt", "uv pip install -c=cons.txt ."]) == [
+        "r.txt",
+        "c.txt",
+        "cons.txt",
+    ]
