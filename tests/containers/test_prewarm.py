@@ -98,3 +98,27 @@ def test_prewarm_to_an_s3_store(test_image: images.TestImage, s3_server: Any, tm
     out = json.loads(r.stdout)
     assert open_store(uri).read_ref("env", out["keys"]["env"])["blob"] == out["published"]["env"]["blob"]
     assert out["published"]["hot"] is None and out["notes"]  # no --probe: said so, nothing recorded
+
+
+def test_what_the_containers_get(tmp_path: Path) -> None:
+    """Settings and credentials go in; facts of a run on this host and host paths do not."""
+    from bootseer_cli.config import load
+    from bootseer_cli.containers.prewarm import container_environment
+
+    (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["true"]\nkey_env = ["TORCH_CUDA_ARCH_LIST"]\n')
+    cfg = load(tmp_path / "bootseer.toml", environ={})
+    host = {
+        "TORCH_CUDA_ARCH_LIST": "8.0;9.0",
+        "AWS_ACCESS_KEY_ID": "k",
+        "BOOTSEER_ENV_WAIT_S": "30",
+        "BOOTSEER_RUN_DIR": "/host/run",
+        "BOOTSEER_STORE_CACHE_DIR": "/host/cache",
+        "BOOTSEER_IMAGE": "other@sha256:00",
+        "HOME": "/root",
+    }
+    env = container_environment(cfg, "r/x@sha256:11", "file:///s", host)
+    assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0" and env["AWS_ACCESS_KEY_ID"] == "k"
+    assert env["BOOTSEER_ENV_WAIT_S"] == "30"
+    assert env["BOOTSEER_IMAGE"] == "r/x@sha256:11" and env["BOOTSEER_STORE"] == "file:///s"
+    assert env["BOOTSEER_CONFIG"] == f"{WORKDIR}/bootseer.toml" and env["BOOTSEER_EXEC_AGENT"] == "0"
+    assert not {"BOOTSEER_RUN_DIR", "BOOTSEER_STORE_CACHE_DIR", "HOME"} & set(env)

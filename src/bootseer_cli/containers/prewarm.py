@@ -33,7 +33,8 @@ from .engine import ResolvedImage, connect, remove_leftovers, resolve_image, run
 WORKDIR = "/bootseer/work"  # where the config and the setup's files are copied in the container
 # Host variables handed to the containers: the store's credentials and bootseer's own settings.
 _PASS_PREFIXES = ("AWS_", "BOOTSEER_", "HDFS_", "HADOOP_", "GOOGLE_")
-_NOT_PASSED = {"BOOTSEER_CONFIG", "BOOTSEER_STORE", "BOOTSEER_IMAGE", "BOOTSEER_STORE_CACHE_DIR"}
+_NOT_PASSED = {"BOOTSEER_CONFIG", "BOOTSEER_STORE", "BOOTSEER_IMAGE", "BOOTSEER_STORE_CACHE_DIR", "BOOTSEER_EXEC_TIME"}
+_NOT_PASSED_PREFIXES = ("BOOTSEER_RUN_", "BOOTSEER_CKPT_")  # facts of a run on this host, not settings
 
 
 @dataclass
@@ -107,7 +108,11 @@ def _file_store_dir(uri: str) -> str | None:
 
 
 def container_environment(cfg: Any, pinned: str, store_uri: str, environ: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in environ.items() if k.startswith(_PASS_PREFIXES) and k not in _NOT_PASSED}
+    env = {
+        k: v
+        for k, v in environ.items()
+        if k.startswith(_PASS_PREFIXES) and k not in _NOT_PASSED and not k.startswith(_NOT_PASSED_PREFIXES)
+    }
     for name in cfg.get("env", "key_env"):  # part of the env key: must be the same inside
         if name in environ:
             env[name] = environ[name]
