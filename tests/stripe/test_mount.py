@@ -259,3 +259,21 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_foreground_mount_serves_until_interrupted(tmp_path: Path, mounts: Path) -> None:
+    store = file_store(tmp_path)
+    src = tmp_path / "src"
+    data = write_random(src / "f.bin", 2 * CELL + 5, 12)
+    push(store, src, "fg", "v1", stripes=2, cell_size=CELL)
+    mp = mounts / "fg"
+    argv = [sys.executable, "-m", "bootseer_cli", "ckpt", "mount", "fg", str(mp), "--foreground", "--store", store.uri]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: mount_info(mp) is not None, timeout=30), proc.stderr.read() if proc.poll() else ""
+        assert (mp / "f.bin").read_bytes() == data
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert mount_info(mp) is None
