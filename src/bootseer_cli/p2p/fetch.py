@@ -118,7 +118,9 @@ class Discoverer(threading.Thread):
         self.ann.refresh()
 
     def run(self) -> None:
-        while not self.stop.wait(DISCOVER_S):
+        t0 = time.monotonic()
+        # Often at first, while the job's nodes are still joining; then every DISCOVER_S.
+        while not self.stop.wait(0.5 if time.monotonic() - t0 < 10 else DISCOVER_S):
             with contextlib.suppress(Exception):
                 self.tick()
 

@@ -289,7 +289,8 @@ class StoreFeeder(threading.Thread):
         return self._ahead.pop(i)
 
     def _add(self, ti: Any, i: int, flags: int) -> None:
-        self.handle.add_piece(i, self._read(ti, i, ahead=not flags), flags)
+        # Under a rate cap, piece by piece: the cap paces the requests (read-ahead would make it bursty).
+        self.handle.add_piece(i, self._read(ti, i, ahead=not flags and self.mbps <= 0), flags)
 
     def _settle(self, ti: Any, pending: dict[int, float]) -> None:
         """Drop the pieces libtorrent now has; hand again, overwriting, any that did not stick (e.g. its
