@@ -83,6 +83,7 @@ def test_after_publish_makes_and_reuses_the_torrent(tmp_path: Path) -> None:
     assert after_publish(_cfg(enabled=True), store, digest, src) == {"torrent": tdigest}
 
 
+@pytest.mark.integration
 def test_a_blob_without_torrent_gets_one_from_its_first_fetcher(tmp_path: Path) -> None:
     from bootseer_cli.cache import BlobCache
     from bootseer_cli.p2p.fetch import shutdown
