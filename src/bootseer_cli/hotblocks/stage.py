@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any
 
+from ..errors import IntegrityError
 from ..launch import LaunchContext, StageResult
 from .pagecache import FileInfo, evict, untrusted_files, walk_files
 from .ready import parse_mode
@@ -55,12 +56,15 @@ def run_stage(ctx: LaunchContext) -> StageResult:
     ready = parse_mode(cfg.get("image", "ready"))
     image_key = ctx.keys.image.digest
     roots = resolve_roots(cfg)
+    why_record = "no record"
     try:
         found = load(cfg, ctx.store, image_key)
-    except Exception as e:  # unreachable store, corrupt record: start without replay
+    except IntegrityError as e:  # a corrupt record is replaced by a new one
+        ctx.warn(f"image: the hot-block record is unusable ({e}); taking a new one")
+        found, why_record = None, "record unusable"
+    except Exception as e:  # unreachable store: start without replay (and without a record to publish)
         ctx.warn(f"image: cannot read the hot-block record ({e}); starting without replay")
         return StageResult(outcome="fallback", summary="no replay (store)", cache="miss", reason=str(e))
-    why_record = "no record"
     if found is not None and mode != "always":
         rec, doc = found
         result = _replay(ctx, rec, doc)
