@@ -125,3 +125,33 @@ def test_leftover_container_is_removed_next_time(
         for c in (leftover, alive):
             with contextlib.suppress(Exception):
                 c.remove(force=True)
+
+
+@pytest.mark.integration
+def test_killed_prewarm_leaves_a_container_the_next_one_removes(
+    docker_client: Any, test_image: images.TestImage, tmp_path: Path
+) -> None:
+    cfg = write_project(tmp_path, ["sleep 120"])
+    store = (tmp_path / "s").as_uri()
+    proc = subprocess.Popen(
+        ["bootseer", "prewarm", "--image", test_image.ref, "-c", str(cfg), "--store", store],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    owner = f"{socket.gethostname()}:{proc.pid}"
+    try:
+        deadline = time.time() + 120
+        found: list[Any] = []
+        while time.time() < deadline and not found:
+            found = docker_client.containers.list(filters={"label": f"{engine.LABEL}={owner}"})
+            time.sleep(0.5)
+        assert found, "the prewarm's container never started"
+    finally:
+        proc.kill()  # SIGKILL: no chance to clean up
+        proc.wait()
+    (left,) = docker_client.containers.list(all=True, filters={"label": f"{engine.LABEL}={owner}"})
+    r = subprocess.run(
+        ["bootseer", "prewarm", "--image", "127.0.0.1:9/none:1", "-c", str(cfg), "--store", store],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert f"removed container {left.name} left behind by an interrupted prewarm" in r.stderr, r.stderr
+    assert not docker_client.containers.list(all=True, filters={"label": f"{engine.LABEL}={owner}"})

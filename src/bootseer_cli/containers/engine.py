@@ -255,16 +255,31 @@ def is_leftover(labels: dict[str, str], now: float | None = None) -> bool:
     return (now or time.time()) - created > LEFTOVER_AGE_S
 
 
-def remove_leftovers(client: Any) -> list[str]:
-    """Remove the containers interrupted prewarms left behind; returns their names."""
+def remove_leftovers(client: Any, warn: Callable[[str], None] | None = None) -> list[str]:
+    """Remove the containers interrupted prewarms left behind; returns their names.
+
+    A removal the engine refuses (e.g. while it is still stopping the container) is retried a few
+    times; one removed by someone else meanwhile is fine.
+    """
+    import docker.errors
+
     removed = []
     for c in client.containers.list(all=True, filters={"label": LABEL}):
-        if is_leftover(c.labels):
+        if not is_leftover(c.labels):
+            continue
+        for attempt in range(5):
             try:
                 c.remove(force=True)
                 removed.append(c.name)
-            except Exception:  # another prewarm removed it first
-                pass
+                break
+            except docker.errors.NotFound:
+                break
+            except Exception as e:
+                if attempt == 4:
+                    if warn is not None:
+                        warn(f"could not remove container {c.name} left by an interrupted prewarm: {e}")
+                    break
+                time.sleep(1.0)
     return removed
 
 

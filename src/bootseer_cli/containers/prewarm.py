@@ -156,7 +156,7 @@ def prewarm(
     store = store_from_config(cfg)
     client = connect()
     try:
-        removed = remove_leftovers(client)
+        removed = remove_leftovers(client, warn=lambda msg: say(f"bootseer: warning: {msg}"))
         for name in removed:
             say(f"bootseer: removed container {name} left behind by an interrupted prewarm")
         image = resolve_image(client, image_ref)
