@@ -7,8 +7,9 @@
 # Site settings come from $BOOTSEER_PROLOG_ENV (default /etc/bootseer/prolog.env), a shell file
 # setting e.g. BOOTSEER_STORE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and BOOTSEER_NODE_CACHE
 # (default /var/cache/bootseer). The job's bootseer.toml is $BOOTSEER_CONFIG when set, else the
-# bootseer.toml in the job's working directory (from `scontrol show job`). The image is pinned by its
-# `[image] ref` (the sbatch template sets BOOTSEER_IMAGE from the same digest).
+# bootseer.toml in the job's working directory (from `scontrol show job`). The prolog does not see the
+# job's environment, so the image must be pinned in that file (`[image] ref = "repo@sha256:…"`, the same
+# value the sbatch template exports as BOOTSEER_IMAGE), else the keys are the node's, not the image's.
 #
 # Blobs land in $BOOTSEER_NODE_CACHE/<job user>, owned by that user; the job uses the same directory
 # (the sbatch template sets BOOTSEER_STORE_CACHE_DIR to it). The prolog always exits 0: a non-zero
