@@ -7,7 +7,8 @@ Four `rclone serve s3` servers, each in its own network namespace with its egres
 `torch.save` checkpoint of --size-mib. Side by side, in one run:
 
   single stream   the checkpoint as one object on one server, read by one stream (the baseline the
-                  paper calls plain HDFS-FUSE: one client, one server)
+                  paper calls plain HDFS-FUSE: one client, one server): `curl` with one GET (the
+                  ratios are against this), and bootseer's own `fetch_blob` (pyarrow, verified)
   ckpt pull       `bootseer ckpt pull` of the checkpoint pushed as 4 stripes over the 4 servers
   mount: cat      sequential `cat` through `bootseer ckpt mount`
   mount: torch    `torch.load` through a fresh `bootseer ckpt mount`
@@ -145,14 +146,34 @@ def drop_caches() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3")
 
 
-def measure(work: Path, main_uri: str, targets: list[str], single: tuple[str, str] | None, size: int) -> dict:
+def measure(work: Path, main_uri: str, targets: list[str], single: tuple[str, str, str] | None, size: int) -> dict:
     """One scenario: rows of (label, transfer s, whole-process s)."""
     rows = {}
     env = {"BOOTSEER_STORE": main_uri, "BOOTSEER_CHECKPOINT_TARGETS": ",".join(targets)}
     if single:
         drop_caches()
+        # One GET over one connection (curl, SigV4): the plain single-stream baseline.
+        whole, out = run(
+            [
+                "curl",
+                "-sS",
+                "-f",
+                "--aws-sigv4",
+                "aws:amz:us-east-1:s3",
+                "--user",
+                f"{ACCESS}:{SECRET}",
+                "-o",
+                str(work / "single.bin"),
+                "-w",
+                "%{time_total}",
+                single[2],
+            ]
+        )
+        rows["single stream (curl, one GET)"] = (float(out), whole)
+        (work / "single.bin").unlink()
+        drop_caches()
         whole, out = run([PY, "-c", SINGLE, single[0], single[1], str(work / "single.bin")], env)
-        rows["single stream"] = (float(out.split()[1]), whole)
+        rows["single stream (bootseer fetch_blob)"] = (float(out.split()[1]), whole)
         (work / "single.bin").unlink()
     drop_caches()
     whole, out = run([PY, "-c", TIMED_PULL, main_uri, "ck", str(work / "pulled")], env)
@@ -214,7 +235,7 @@ def main() -> int:
     atexit.register(cleanup)  # atexit runs last-registered first: unmount and kill before removing files
     out: list[str] = []
     try:
-        from bootseer_cli.store import Store
+        from bootseer_cli.store import Store, blob_path
         from bootseer_cli.stripe.push import push
 
         size = make_checkpoint(work / "ckpt", args.size_mib)
@@ -226,12 +247,13 @@ def main() -> int:
         digest = Store(uri(eps[0], "single")).put_blob_file(work / "ckpt" / "model.pt")
         push(Store(main_uri), work / "ckpt", "ck", "v1", stripes=args.servers, targets=[Store(t) for t in targets])
         print(f"setup: {size / 2**20:.0f} MiB checkpoint pushed in {time.time() - t0:.1f} s", file=sys.stderr)
-        rows = measure(work, main_uri, targets, (uri(eps[0], "single"), digest), size)
+        url = f"http://{eps[0]}/{BUCKET}/single/{blob_path(digest)}"
+        rows = measure(work, main_uri, targets, (uri(eps[0], "single"), digest, url), size)
         title = (
             f"{args.servers} S3 servers, each capped at {args.rate_mbit:g} mbit (tc tbf, own netns); "
             f"{size / 2**20:.0f} MiB torch.save checkpoint, {args.servers} stripes"
         )
-        out += table(title, rows, size, "single stream")
+        out += table(title, rows, size, "single stream (curl, one GET)")
         if not args.skip_uncapped:
             eps2 = [start_server(work / f"lo{i}" / "data", "127.0.0.1", _free_port(), None) for i in range(4)]
             main2, targets2 = uri(eps2[0], "main"), [uri(e, "stripes") for e in eps2]
