@@ -4,6 +4,7 @@ store that `bootseer prewarm` filled, and the start then restores from that cach
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -115,14 +116,13 @@ def test_slurm_prolog_fills_the_node_cache(prewarmed: Prewarmed, tmp_path: Path)
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "trainer", "SLURM_JOB_UID": str(os.getuid())}
     site = tmp_path / "prolog.env"
     site.write_text(f"BOOTSEER_STORE={prewarmed.store_dir.as_uri()}\nBOOTSEER_NODE_CACHE={node_cache}\n")
-    r = _prolog(
-        slurm
-        | {
-            "BOOTSEER_PROLOG_ENV": str(site),
-            "BOOTSEER_CONFIG": str(prewarmed.job / "bootseer.toml"),
-            "BOOTSEER_IMAGE": prewarmed.out["image"]["pinned"],
-        }
-    )
+    # The prolog sees no job environment: the job's bootseer.toml pins the image, as the docs say.
+    job = tmp_path / "job"
+    shutil.copytree(prewarmed.job, job)
+    text = (job / "bootseer.toml").read_text()
+    pinned = prewarmed.out["image"]["pinned"]
+    (job / "bootseer.toml").write_text(text.replace("[image]\n", f'[image]\nref = "{pinned}"\n'))
+    r = _prolog(slurm | {"BOOTSEER_PROLOG_ENV": str(site), "BOOTSEER_CONFIG": str(job / "bootseer.toml")})
     assert r.returncode == 0, r.stderr
     cache = BlobCache(node_cache / "trainer", 1 << 30)
     for kind in ("env", "hot"):
