@@ -155,3 +155,16 @@ def test_killed_prewarm_leaves_a_container_the_next_one_removes(
     )  # fmt: skip
     assert f"removed container {left.name} left behind by an interrupted prewarm" in r.stderr, r.stderr
     assert not docker_client.containers.list(all=True, filters={"label": f"{engine.LABEL}={owner}"})
+
+
+@pytest.mark.integration
+def test_image_without_bootseer(docker_client: Any, test_image: images.TestImage, tmp_path: Path) -> None:
+    base = images.ensure_base(docker_client)  # the test image before bootseer was installed on it
+    cfg = write_project(tmp_path, ["true"])
+    r = subprocess.run(
+        ["bootseer", "prewarm", "--image", base, "-c", str(cfg), "--store", (tmp_path / "s").as_uri()],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 127
+    assert f"bootseer is not installed in {base}" in r.stderr and "Traceback" not in r.stderr
+    assert not docker_client.containers.list(all=True, filters={"label": engine.LABEL})

@@ -372,7 +372,10 @@ def run_container(
         status = container.wait()
         code = int(status.get("StatusCode", 1))
     except docker.errors.APIError as e:
-        raise BootseerError(f"container {name}: {_api_reason(e)}") from None
+        reason = _api_reason(e)
+        if "executable file not found" in reason or "no such file or directory" in reason:
+            raise BootseerError(f"{command[0]} is not found in {image} (not on its PATH)", 127) from None
+        raise BootseerError(f"container {name}: {reason}") from None
     finally:
         try:
             container.remove(force=True)

@@ -221,7 +221,26 @@ class _Runner:
 
     def __call__(self, step: str, command: list[str], what: str) -> None:
         self.say(f"bootseer: prewarm {step}: {shlex.join(command)}")
-        res = run_container(
+        try:
+            res = self._run(step, command)
+        except BootseerError as e:
+            if e.exit_code == 127 and command[0] == "bootseer":
+                raise BootseerError(
+                    f"bootseer is not installed in {self.image.ref} (install it in the image: "
+                    "bootseer init --template Dockerfile.bootseer)",
+                    127,
+                ) from None
+            raise
+        if res.exit_code == 0:
+            return
+        raise BootseerError(
+            f"{what} failed inside a container of {self.image.ref} with exit status {res.exit_code}: "
+            f"{_tail(res.output, 3)}",
+            res.exit_code,
+        )
+
+    def _run(self, step: str, command: list[str]) -> Any:
+        return run_container(
             self.client,
             self.image.pinned,
             command,
@@ -232,17 +251,4 @@ class _Runner:
             working_dir=WORKDIR,
             name_hint=step,
             echo=lambda line: self.say(f"  {line}"),
-        )
-        if res.exit_code == 0:
-            return
-        if res.exit_code in (126, 127) and "bootseer" in res.output and "not found" in res.output.lower():
-            raise BootseerError(
-                f"bootseer is not installed in {self.image.ref} (install it in the image: "
-                "bootseer init --template Dockerfile.bootseer)",
-                res.exit_code,
-            )
-        raise BootseerError(
-            f"{what} failed inside a container of {self.image.ref} with exit status {res.exit_code}: "
-            f"{_tail(res.output, 3)}",
-            res.exit_code,
         )
