@@ -21,3 +21,16 @@ def unreachable_store(ctx: LaunchContext) -> StageResult:
 
 def fatal(ctx: LaunchContext) -> StageResult:
     raise StageFatal("setup failed with exit status 4", 4)
+
+
+CALLS: list[str] = []
+
+
+def note_env(ctx: LaunchContext) -> StageResult:
+    CALLS.append("env")
+    return StageResult(outcome="hit")
+
+
+def note_image(ctx: LaunchContext) -> StageResult:
+    CALLS.append("image")
+    return StageResult(outcome="hit")

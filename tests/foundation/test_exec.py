@@ -211,3 +211,17 @@ def test_store_error_type(tmp_path: Path) -> None:
         _ = ctx.store
     with pytest.raises(StoreError):  # remembered: a dead store is not retried by every stage
         _ = ctx.store
+
+
+def test_env_runs_before_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hot-block record covers files the env snapshot restores: restore them before replaying."""
+    from tests.foundation import stages_for_tests
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["true"]\n[image]\nrecord = "never"\n')
+    monkeypatch.setitem(launch.STAGES, "env", "tests.foundation.stages_for_tests:note_env")
+    monkeypatch.setitem(launch.STAGES, "image", "tests.foundation.stages_for_tests:note_image")
+    stages_for_tests.CALLS.clear()
+    results = launch.run_stages(launch.LaunchContext(cfg=load(), run=RunInfo.new(), command=["true"]), set())
+    assert stages_for_tests.CALLS == ["env", "image"]
+    assert [name for name, _, _ in results] == ["image", "env", "checkpoint"]
