@@ -172,3 +172,29 @@ def test_a_root_the_setup_created_is_restored(tmp_path: Path) -> None:
     (env / "a.py").unlink()
     archive.extract(blob, archive.read_meta(blob), roots)
     assert tree_state(tmp_path, skip=(str(blob),)) == want
+
+
+def test_a_bad_frame_in_a_parallel_restore_undoes_every_worker(tmp_path: Path) -> None:
+    """Many frames, extracted by several workers; one frame is broken: all the others' files go away again."""
+    root = tmp_path / "env"
+    make_base(root)
+    base = manifest.scan([root])
+    for i in range(6):
+        d = root / "lib" / f"pkg{i}"
+        d.mkdir()
+        for j in range(40):
+            (d / f"m{j}.py").write_bytes(os.urandom(40_000))
+    blob = tmp_path / "snap.tar.zst"
+    build_blob(root, base, blob)
+    meta = archive.read_meta(blob)
+    assert len(meta["chunks"]) >= 3
+    shutil.rmtree(root)
+    make_base(root)
+    before = tree_state(root)
+    data = bytearray(blob.read_bytes())
+    off = meta["chunks"][len(meta["chunks"]) // 2][0]
+    data[off : off + 4] = b"\0\0\0\0"  # that frame's magic: it no longer decompresses
+    blob.write_bytes(bytes(data))
+    with pytest.raises(archive.IntegrityError, match="put back"):
+        archive.extract(blob, meta, [str(root)], threads=4)
+    assert tree_state(root) == before
