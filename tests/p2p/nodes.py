@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+STARTED: list[subprocess.Popen[str]] = []  # killed after each test (tests/p2p/conftest.py)
 
 
 def random_file(path: Path, size: int, seed: int = 0) -> Path:
@@ -69,6 +70,7 @@ class Node:
 def start_node(env: dict[str, str], digest: str, argv_prefix: list[str] | None = None) -> Node:
     argv = [*(argv_prefix or []), sys.executable, "-m", "bootseer_cli", "p2p", "fetch", digest, "--json"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    STARTED.append(proc)
     return Node(env["BOOTSEER_NODE"], proc, time.time())
 
 

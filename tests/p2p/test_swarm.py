@@ -15,7 +15,7 @@ import pytest
 
 from bootseer_cli.p2p.publish import publish_file
 from bootseer_cli.store import Store
-from tests.p2p.nodes import REPO, node_env, port_range, random_file, sha256, start_node
+from tests.p2p.nodes import REPO, STARTED, node_env, port_range, random_file, sha256, start_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -130,6 +130,7 @@ def test_corrupt_peer_rejected_and_blob_finished_from_store(tmp_path: Path, stor
         stderr=subprocess.PIPE,
         text=True,
     )
+    STARTED.append(bad)
     try:
         assert bad.stdout is not None
         assert bad.stdout.readline().strip() == "ready", bad.stderr.read() if bad.poll() is not None else ""
@@ -173,6 +174,7 @@ def test_agent_keeps_seeding_after_the_fetch(tmp_path: Path) -> None:
     run_dir.mkdir()
     (run_dir / "run.json").write_text(json.dumps({"job": "j", "node": "early", "rank": 0, "run": "r1"}))
     launcher = subprocess.Popen(["sleep", "12"])
+    STARTED.append(launcher)
     tref = store.read_ref("torrent", digest)
     task = {"kind": "seed", "blobs": [{"digest": digest, "torrent": tref["torrent"]}], "fetches": []}
     (run_dir / "agent.json").write_text(
@@ -185,6 +187,7 @@ def test_agent_keeps_seeding_after_the_fetch(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
+    STARTED.append(agent)
     try:
         deadline = time.time() + 20
         while time.time() < deadline:
@@ -244,6 +247,7 @@ def test_ckpt_pull_through_the_swarm_makes_the_stripe_torrents(tmp_path: Path) -
         e = node_env(tmp_path, f"n{i}", store_uri, ports, deadline_s=10)
         argv = [sys.executable, "-m", "bootseer_cli", "ckpt", "pull", "ck:t1", str(tmp_path / f"out{i}")]
         procs.append(subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        STARTED.append(procs[-1])
     for p in procs:
         _out, err = p.communicate(timeout=150)
         assert p.returncode == 0, err
@@ -279,6 +283,7 @@ def test_exec_hands_the_swarm_blobs_to_the_agent(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+    STARTED.append(exe)
     runs = tmp_path / "node" / "bootseer" / "runs"
     deadline = time.time() + 60
     seeding = None
