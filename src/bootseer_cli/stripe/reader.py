@@ -109,7 +109,7 @@ class MissingStripe(StoreError):
 @dataclass
 class ReaderOptions:
     memory: int = 512 << 20  # global bound for buffered cells (cached + in flight)
-    readahead: int = 0  # per-stream maximum window in bytes; 0: 16 rows of cells, within memory/2
+    readahead: int = 0  # per-stream maximum window in bytes; 0: 32 rows of cells, within memory/2
     threads: int = 0  # fetch threads; 0: 16 per stripe, 16 to 64
     retries: int = 3  # re-tries of a failed ranged read (so 4 attempts)
     backoff_s: float = 0.2  # first retry delay, doubled each time
@@ -131,7 +131,7 @@ class Reader:
         k, cell = manifest.k, manifest.cell_size
         self.threads = self.opts.threads or min(64, max(16, 16 * k))
         memory_cells = max(2, self.opts.memory // cell)
-        window = self.opts.readahead // cell if self.opts.readahead else 16 * k
+        window = self.opts.readahead // cell if self.opts.readahead else 32 * k
         self.max_window = max(1, min(window, memory_cells // 2))
         self.run_cells = max(1, self.opts.run_bytes // cell)
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ckpt-read")
