@@ -105,9 +105,15 @@ class Seed:
         return self.copy_to(tmp_path / f"store-{uuid.uuid4().hex[:6]}").as_uri()
 
     def s3_store(self, server: S3Server) -> str:
-        prefix = f"seed-{uuid.uuid4().hex[:6]}"
-        self.copy_to(server.root / server.bucket / prefix)
-        return server.uri(prefix)
+        """A copy of the seed store uploaded to `server` (under a prefix of its own)."""
+        from bootseer_cli.store import open_store
+
+        uri = server.uri(f"seed-{uuid.uuid4().hex[:6]}")
+        store = open_store(uri)
+        for path in sorted(self.store_dir.rglob("*")):
+            if path.is_file():
+                store.put_bytes(path.relative_to(self.store_dir).as_posix(), path.read_bytes())
+        return uri
 
 
 @pytest.fixture(scope="session")

@@ -55,10 +55,13 @@ def test_store_killed_during_restore(cluster, seed, s3_factory, monkeypatch):
     cluster.image = seed.image
     monkeypatch.setenv("RCLONE_BWLIMIT", "100k")  # a restore that takes seconds: long enough to be cut
     server = s3_factory()
-    node = cluster.node("n1", seed.s3_store(server), BOOTSEER_EXEC_SKIP="image,checkpoint")
-    started = node.start(command=DEPS_COMMAND)
-    wait_for(lambda: partial_files(node.cache), 90, "the snapshot download to start")
-    server.stop()
+    try:
+        node = cluster.node("n1", seed.s3_store(server), BOOTSEER_EXEC_SKIP="image,checkpoint")
+        started = node.start(command=DEPS_COMMAND)
+        wait_for(lambda: partial_files(node.cache) or started.proc.poll() is not None, 300, "the snapshot download")
+        assert started.proc.poll() is None, started.output()[-4000:]  # still downloading: now cut it
+    finally:
+        server.stop()
     run = started.wait()
     assert_started_slow_path(run, seed)
     assert not partial_files(node.cache)
