@@ -143,6 +143,8 @@ def main() -> int:
         sh([*bs, "hot", "record", "--root", str(mnt), "--ready", "quiet", "--", *prog_lazy], env=env_lazy, cwd=WORK)
         show = json.loads(sh([*bs, "hot", "show", "--json", "-c", str(cfg_fg)], env=env_lazy, cwd=WORK).stdout)
         record_fetches = len(lazy.fetches())
+        if not show.get("record"):  # e.g. another process dropped the page cache before the scan
+            raise SystemExit("the recording start left nothing resident to record; run the benchmark again")
         if not args.skip_local:
             drop_caches()
             sh(
