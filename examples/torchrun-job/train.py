@@ -182,14 +182,17 @@ def main() -> None:
         if args.sleep_per_step:
             time.sleep(args.sleep_per_step)
 
+    # Leave the process group together before rank 0's checkpoint I/O: no rank sits in a collective
+    # while another writes and uploads, and gloo's connections close while every peer is still there.
+    dist.barrier()
+    del model  # DDP's reducer holds gloo work: free it before the group goes
+    dist.destroy_process_group()
     if rank == 0:
         path = save(net, optim, step, args.save_dir)
         say(rank, "saved", step=step, weights=weights_digest(net), dir=path)
         if not args.no_push:
             push(path, args.ckpt_name, path.name, rank)
         print(tabulate.tabulate([[start, step, world]], headers=["resumed at", "ended at", "ranks"]), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
