@@ -31,7 +31,7 @@ def tree_state(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple]:
         dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) not in skip]
         for name in dirnames + filenames:
             p = os.path.join(dirpath, name)
-            if p in skip or name == ".bootseer-env.json":
+            if p in skip or name in (".bootseer-env.json", ".bootseer-env.paths"):
                 continue
             st = os.lstat(p)
             if os.path.islink(p):

@@ -203,3 +203,41 @@ def test_changes_outside_the_roots_are_listed(tmp_path: Path) -> None:
         assert "published" in r.stderr
     finally:
         shutil.rmtree(outside, ignore_errors=True)
+
+
+def test_switching_envs_removes_the_old_envs_files(tmp_path: Path) -> None:
+    """A node carrying env A restores env B: A's files B does not have go (undoably), B's come."""
+    root = project(tmp_path, (tmp_path / "store").as_uri())  # env A: setup.sh (pkg_a → pkg_b)
+    s = root / SITE
+    (tmp_path / "setupB.sh").write_text(
+        f"set -e\nrm -r {s}/pkg_a {s}/pkg_a-1.0.dist-info\nmkdir -p {s}/pkg_c\necho 'C = 3' > {s}/pkg_c/__init__.py\n"
+    )
+    (tmp_path / "setupC.sh").write_text(f"set -e\nmkdir -p {s}/pkg_d\necho 'D = 4' > {s}/pkg_d/__init__.py\n")
+    cfg_a = (tmp_path / "bootseer.toml").read_text()
+
+    def use(script: str) -> None:
+        (tmp_path / "bootseer.toml").write_text(cfg_a.replace('"sh setup.sh"', f'"sh {script}"'))
+
+    for script in ("setupB.sh", "setupC.sh"):  # build B and C on fresh nodes
+        use(script)
+        make_base(root)
+        assert "published" in cli(tmp_path, "exec", "--", "true", node=f"build-{script}").stderr
+    use("setupB.sh")
+    make_base(root)
+    cli(tmp_path, "exec", "--", "true", node="b")
+    want_b = tree_state(root)
+
+    use("setup.sh")  # the node carries A …
+    make_base(root)
+    r = cli(tmp_path, "exec", "--", "true", node="n")
+    assert "published" in r.stderr or "restored" in r.stderr, r.stderr
+    assert (s / "pkg_b").exists()
+    use("setupB.sh")  # … and restarts with B
+    r = cli(tmp_path, "exec", "--", "true", node="n")
+    assert r.returncode == 0 and "restored" in r.stderr, r.stderr
+    assert tree_state(root) == want_b, "env A's files were left behind"
+
+    use("setupC.sh")  # B deleted pkg_a of the image, which C keeps: no restore can bring it back
+    r = cli(tmp_path, "exec", "--", "true", node="n")
+    assert r.returncode == 0 and "cannot bring back" in r.stderr, r.stderr
+    assert not (s / "pkg_c").exists() and (s / "pkg_d" / "__init__.py").exists(), "B stripped, C set up"

@@ -53,6 +53,8 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None) -> None:
     roots = snapshot.resolve_roots(cfg)
     from ..keys import compute
 
+    snapshot.remove_stamp(roots)
+    snapshot.strip_carried(roots, lambda m: typer.echo(f"bootseer: {m}", err=True))
     m = manifest.scan(roots, snapshot.excluded_paths(cfg))
     path = snapshot.baseline_path(roots)
     # The key as of before the setup: a setup into the base prefix changes the image fingerprint, and
@@ -81,7 +83,7 @@ def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt =
     t0 = time.monotonic()
     cap = snapshot.capture(cfg, roots, base, key, cache_from_config(cfg), _warn, since=path.stat().st_mtime)
     snapshot.publish(cfg, st, cap, key, roots)
-    snapshot.write_stamp(roots, [key, now], cap.digest, cap.entries)
+    snapshot.write_stamp(roots, [key, now], cap.digest, cap.entries, cap.deletion_paths)
     took = time.monotonic() - t0
     if json_:
         doc = {"env_key": key, "blob": cap.digest, "size": cap.size, "files": cap.files, "deletions": cap.deletions}

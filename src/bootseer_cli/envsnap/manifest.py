@@ -23,6 +23,7 @@ FILE, DIR, SYMLINK, OTHER = "f", "d", "l", "o"
 
 # Names bootseer keeps at the top of a root; never part of a snapshot.
 STAMP_NAME = ".bootseer-env.json"
+CARRIED_NAME = ".bootseer-env.paths"
 UNDO_PREFIX = ".bootseer-undo-"
 
 
@@ -96,7 +97,8 @@ def scan(roots: Iterable[str | os.PathLike[str]], exclude: Iterable[str] = ()) -
             with it:
                 for e in it:
                     p = e.path
-                    if (top and (e.name == STAMP_NAME or e.name.startswith(UNDO_PREFIX))) or p in skip:
+                    ours = e.name in (STAMP_NAME, CARRIED_NAME) or e.name.startswith(UNDO_PREFIX)
+                    if (top and ours) or p in skip:
                         continue
                     try:
                         st = e.stat(follow_symlinks=False)

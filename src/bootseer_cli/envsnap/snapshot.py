@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BootseerError, IntegrityError
-from .manifest import DIR, FILE, STAMP_NAME, Manifest
+from .manifest import CARRIED_NAME, DIR, FILE, STAMP_NAME, Manifest
 
 REF_KIND = "env"
 FORMAT = 1
@@ -265,6 +265,7 @@ class Captured:
     raw_bytes: int
     deletions: int
     entries: list[list[Any]]
+    deletion_paths: list[str]
 
 
 def capture(
@@ -324,7 +325,9 @@ def capture(
     except BaseException:
         w.abort()
         raise
-    return Captured(tmp, written.digest, written.size, written.files, written.raw_bytes, len(d.deleted), w.entries)
+    return Captured(
+        tmp, written.digest, written.size, written.files, written.raw_bytes, len(d.deleted), w.entries, d.deleted
+    )
 
 
 def publish(cfg: Any, store: Any, cap: Captured, env_key: str, roots: list[str], progress: bool | None = None) -> Path:
@@ -433,11 +436,13 @@ def restore(
             f"the snapshot was captured for roots {', '.join(meta['roots'])}, which this node's roots "
             f"({', '.join(roots)}) do not contain; nothing restored"
         )
+    switch = _switch_deletions(roots, meta, digest)
     remove_stamp(roots)
+    plan_meta = dict(meta, deletions=[*meta["deletions"], *switch]) if switch else meta
     with byte_bar(int(ref.get("bytes") or 0) or None, "restore", enabled=progress) as advance:
-        ex = extract(Path(fetched.path), meta, roots, progress=advance)
+        ex = extract(Path(fetched.path), plan_meta, roots, progress=advance)
     t2 = time.monotonic()
-    write_stamp(roots, [env_key, *extra_keys], digest, meta["entries"])
+    write_stamp(roots, [env_key, *extra_keys], digest, meta["entries"], meta["deletions"])
     return Restored(
         digest,
         ex.files,
@@ -498,8 +503,80 @@ def _sentinels(entries: list[list[Any]]) -> list[str]:
     return picks
 
 
-def write_stamp(roots: list[str], keys: list[str], digest: str | None, entries: list[list[Any]]) -> None:
-    """Say, last of all, that this tree carries the env for `keys` (temporary name, then rename)."""
+def carried_path(roots: list[str]) -> Path:
+    return Path(roots[0]) / CARRIED_NAME
+
+
+def read_carried(roots: list[str]) -> dict[str, Any] | None:
+    """What bootseer put into this tree beyond the image: {"blob", "paths", "deletions"}, or None."""
+    try:
+        doc = json.loads(carried_path(roots).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("paths"), list):
+        return None
+    return doc
+
+
+def strip_carried(roots: list[str], info: Callable[[str], None]) -> None:
+    """Before a setup on a tree that carries another env: remove what that env added (so the new
+    baseline is the image again, and the new snapshot does not lean on the old env's files)."""
+    import shutil
+
+    doc = read_carried(roots)
+    if doc is None:
+        return
+    paths = [p for p in doc["paths"] if isinstance(p, str) and _under(p, roots) and p not in roots]
+    removed = 0
+    for p in sorted(paths, key=lambda q: q.count("/")):
+        if not os.path.lexists(p):
+            continue
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        removed += 1
+    carried_path(roots).unlink(missing_ok=True)
+    if removed:
+        info(f"env: removed {removed} path(s) of the env this tree carried before")
+
+
+def _switch_deletions(roots: list[str], meta: dict[str, Any], digest: str) -> list[str]:
+    """Paths of the env the tree carries now that the snapshot being restored does not have.
+
+    Raises IntegrityError when the old env deleted files of the image that the new one keeps: they
+    cannot be brought back from a snapshot (the setup must run instead).
+    """
+    doc = read_carried(roots)
+    if doc is None or doc.get("blob") == digest:
+        return []
+    new_paths = {e[0] for e in meta["entries"]}
+    new_deleted = set(meta["deletions"])
+    lost = [p for p in doc.get("deletions") or [] if p not in new_deleted and p not in new_paths]
+    lost = [p for p in lost if not any(p == d or p.startswith(d + "/") for d in new_deleted)]
+    if lost:
+        raise IntegrityError(
+            f"this tree carries another env that deleted {len(lost)} file(s) of the image (e.g. {lost[0]}), "
+            "which the snapshot cannot bring back"
+        )
+    return sorted(p for p in doc["paths"] if isinstance(p, str) and p not in new_paths)
+
+
+def write_stamp(
+    roots: list[str], keys: list[str], digest: str | None, entries: list[list[Any]], deletions: list[str] | None = None
+) -> None:
+    """Say, last of all, that this tree carries the env for `keys` (temporary name, then rename).
+
+    Beside the stamp, `.bootseer-env.paths` lists what the env added and deleted, so that a later
+    switch to another env can remove this one's files first.
+    """
+    carried = {"blob": digest, "paths": [e[0] for e in entries], "deletions": list(deletions or [])}
+    cpath = carried_path(roots)
+    if cpath.parent.is_dir():
+        ctmp = cpath.with_name(f"{cpath.name}.tmp-{os.getpid()}")
+        ctmp.write_text(json.dumps(carried))
+        os.replace(ctmp, cpath)
     sentinels: dict[str, list[int]] = {}
     for p in _sentinels(entries):
         with contextlib.suppress(OSError):

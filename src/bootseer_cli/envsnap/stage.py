@@ -142,6 +142,7 @@ def _build(
             if result is not None:
                 return result
         snap.remove_stamp(roots)
+        snap.strip_carried(roots, ctx.info)
         baseline = scan(roots, snap.excluded_paths(cfg))
         t0 = time.time()
         ran["setup"] = True
@@ -160,9 +161,9 @@ def _build(
         except BootseerError as e:
             ctx.warn(f"env: setup done and captured, but not published: {e}")
             cap.blob.unlink(missing_ok=True)
-            snap.write_stamp(roots, [key], cap.digest, cap.entries)
+            snap.write_stamp(roots, [key], cap.digest, cap.entries, cap.deletion_paths)
             return StageResult("setup", summary=f"setup {setup_s:.1f} s (not published)", cache="miss", reason=str(e))
-        snap.write_stamp(roots, _keys_now(ctx, key), cap.digest, cap.entries)
+        snap.write_stamp(roots, _keys_now(ctx, key), cap.digest, cap.entries, cap.deletion_paths)
     summary = f"setup {setup_s:.1f} s, published {cap.files} files ({_mb(cap.size)})"
     return StageResult(
         outcome="built",
@@ -190,7 +191,8 @@ def _stamp_after_setup(cfg: Any, roots: list[str], key: str, baseline: Any) -> N
     from .manifest import diff, scan
 
     after = scan(roots, snap.excluded_paths(cfg))
-    snap.write_stamp(roots, [key], None, snap.entries_of(after, diff(baseline, after).changed))
+    d = diff(baseline, after)
+    snap.write_stamp(roots, [key], None, snap.entries_of(after, d.changed), d.deleted)
 
 
 def _local_setup(ctx: LaunchContext, roots: list[str], key: str, reason: str) -> StageResult:
@@ -199,6 +201,7 @@ def _local_setup(ctx: LaunchContext, roots: list[str], key: str, reason: str) ->
     from .manifest import scan
 
     snap.remove_stamp(roots)
+    snap.strip_carried(roots, ctx.info)
     baseline = scan(roots, snap.excluded_paths(ctx.cfg))
     t0 = time.time()
     snap.run_setup(ctx.cfg, ctx.info)
