@@ -76,26 +76,70 @@ def env_key_doc(
     }
 
 
+_INSTALLERS = re.compile(r"^(pip[0-9.]*|uv|conda|mamba|micromamba|pdm|poetry)$")
+_SHELLS = re.compile(r"^(sh|bash|dash|zsh)$")
+
+
+def _simple_commands(command: str) -> list[list[str]]:
+    """Split a shell command line at `&&`, `||`, `;` and `|` into the words of each simple command."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    out: list[list[str]] = [[]]
+    try:
+        for tok in lexer:
+            if tok and set(tok) <= set(";&|"):
+                out.append([])
+            else:
+                out[-1].append(tok)
+    except ValueError as e:
+        raise ConfigError(f"[env] setup: cannot parse {command!r}: {e}") from None
+    return [words for words in out if words]
+
+
+def _installer_args(words: list[str]) -> list[str] | None:
+    """The arguments of an installer invocation (`pip …`, `uv pip …`, `python -m pip …`), else None."""
+    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+        words = words[1:]  # leading VAR=value assignments
+    if not words:
+        return None
+    prog = os.path.basename(words[0])
+    if _INSTALLERS.match(prog):
+        return words[1:]
+    if _INTERPRETER.match(prog) and len(words) > 2 and words[1] == "-m" and _INSTALLERS.match(words[2]):
+        return words[3:]
+    return None
+
+
 def files_named_by(setup: list[str]) -> list[str]:
-    """Requirement, constraint and lock files that the setup commands read (`-r FILE`, `-c=FILE`, …)."""
+    """Requirement, constraint and lock files that the setup's installer commands read.
+
+    Only installer invocations are parsed (`pip`, `uv`, `python -m pip`, conda…, also inside
+    `sh -c '…'`), so `rm -rf build` or `python -c CODE` are never mistaken for `-r`/`-c` files.
+    """
     found: list[str] = []
+
+    def scan(command: str) -> None:
+        for words in _simple_commands(command):
+            prog = os.path.basename(words[0])
+            if _SHELLS.match(prog) and "-c" in words[1:-1]:
+                scan(words[words.index("-c") + 1])
+                continue
+            args = _installer_args(words)
+            if args is None:
+                continue
+            for i, tok in enumerate(args):
+                name = None
+                if tok in _FILE_OPTIONS and i + 1 < len(args):
+                    name = args[i + 1]
+                elif "=" in tok and tok.split("=", 1)[0] in _FILE_OPTIONS:
+                    name = tok.split("=", 1)[1]
+                elif tok.startswith(("-r", "-c")) and len(tok) > 2 and not tok.startswith("--"):
+                    name = tok[2:]
+                if name and not name.startswith(("http://", "https://")) and name not in found:
+                    found.append(name)
+
     for command in setup:
-        try:
-            tokens = shlex.split(command)
-        except ValueError as e:
-            raise ConfigError(f"[env] setup: cannot parse {command!r}: {e}") from None
-        for i, tok in enumerate(tokens):
-            name = None
-            if tok == "-c" and i > 0 and _INTERPRETER.match(os.path.basename(tokens[i - 1])):
-                continue  # `sh -c SCRIPT`, `python3 -c CODE`: a script, not a constraints file
-            if tok in _FILE_OPTIONS and i + 1 < len(tokens):
-                name = tokens[i + 1]
-            elif "=" in tok and tok.split("=", 1)[0] in _FILE_OPTIONS:
-                name = tok.split("=", 1)[1]
-            elif tok.startswith("-r") and len(tok) > 2 and not tok.startswith("--"):
-                name = tok[2:]
-            if name and not name.startswith(("http://", "https://")) and name not in found:
-                found.append(name)
+        scan(command)
     return found
 
 

@@ -68,10 +68,29 @@ def test_files_named_by_setup() -> None:
     setup = [
         "pip install -r requirements.txt -c constraints.txt",
         "uv pip install --requirement=extra.txt --no-deps x",
-        "pip install -rdev.txt",
+        "python3 -m pip install -rdev.txt",
         "pip install -r https://example.invalid/r.txt",
+        "rm -rf build && PIP_NO_CACHE_DIR=1 pip3 install -r lock.txt; python -c 'print(1)'",
+        "sh -c 'cd sub && pip install -r nested.txt'",
+        "conda install --file env.txt",
+        "make -C src -r",
     ]
-    assert keys.files_named_by(setup) == ["requirements.txt", "constraints.txt", "extra.txt", "dev.txt"]
+    assert keys.files_named_by(setup) == [
+        "requirements.txt",
+        "constraints.txt",
+        "extra.txt",
+        "dev.txt",
+        "lock.txt",
+        "nested.txt",
+        "env.txt",
+    ]
+
+
+def test_setup_without_installer_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rm -rf build` once disabled the env stage (read as `-r f`): it names no file."""
+    (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["rm -rf build", "python -c pass"]\n')
+    monkeypatch.chdir(tmp_path)
+    assert keys.compute(load()).env.doc["files"] == {}
 
 
 def test_compute_reads_files_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
