@@ -86,6 +86,21 @@ def baseline_path(roots: list[str]) -> Path:
 # ---- the setup -------------------------------------------------------------------------------------
 
 
+def setup_environ() -> dict[str, str]:
+    """The setup's environment: the running interpreter's environment comes first.
+
+    The snapshot captures the interpreter's prefix, so `python -m pip …` or `uv pip install …` in
+    the setup must install there even when bootseer was started as `/opt/venv/bin/bootseer` from a
+    shell that never activated the venv.
+    """
+    env = dict(os.environ)
+    bindir = os.path.dirname(sys.executable)
+    env["PATH"] = os.pathsep.join([bindir, *[p for p in env.get("PATH", "").split(os.pathsep) if p != bindir]])
+    if sys.prefix != sys.base_prefix:
+        env["VIRTUAL_ENV"] = sys.prefix
+    return env
+
+
 def run_setup(cfg: Any, info: Callable[[str], None]) -> None:
     """Run each `[env] setup` command through the shell in the config file's directory.
 
@@ -94,10 +109,13 @@ def run_setup(cfg: Any, info: Callable[[str], None]) -> None:
     """
     from ..launch import StageFatal
 
+    env = setup_environ()
     for cmd in cfg.get("env", "setup"):
         info(f"env setup: {cmd}")
         sys.stderr.flush()
-        rc = subprocess.run(cmd, shell=True, cwd=cfg.base_dir, stdout=sys.stderr.fileno(), check=False).returncode
+        rc = subprocess.run(
+            cmd, shell=True, cwd=cfg.base_dir, stdout=sys.stderr.fileno(), check=False, env=env
+        ).returncode
         if rc != 0:
             code = 128 - rc if rc < 0 else rc
             raise StageFatal(f"[env] setup command failed (exit {code}): {cmd}", code)
@@ -369,6 +387,7 @@ class Restored:
     bytes_from_peers: int
     seconds_fetch: float
     seconds_extract: float
+    fetch_note: str = ""  # why the swarm was not used, when it was enabled
 
 
 def _sha256_file(path: Path) -> str:
@@ -452,6 +471,7 @@ def restore(
         fetched.bytes_from_peers,
         t1 - t0,
         t2 - t1,
+        fetched.note,
     )
 
 

@@ -34,6 +34,7 @@ def _restored_result(r: Any, note: str = "") -> StageResult:
         bytes=r.bytes_from_store + r.bytes_from_peers,
         bytes_from_store=r.bytes_from_store,
         bytes_from_peers=r.bytes_from_peers,
+        reason=getattr(r, "fetch_note", ""),
         extra={"files": r.files, "fetch_s": round(r.seconds_fetch, 3), "extract_s": round(r.seconds_extract, 3)},
     )
 
