@@ -1,9 +1,5 @@
-"""A node that carries one env restarts with another requirements file: it must get the new env whole.
-
-Not collected yet (the name does not start with test_): it fails today, because the restore of the
-new snapshot leaves the old env's files in place (see docs/e2e.md, "Known problems"). Rename it to
-test_env_switch.py when the envsnap restore removes what the old stamp lists first.
-"""
+"""A node that carries one env restarts with another requirements file: it must get the new env whole,
+never a mix that imports the old env's version (the old env's files are removed first)."""
 
 from __future__ import annotations
 
@@ -30,5 +26,8 @@ def test_node_carrying_old_env_gets_new_env_whole(cluster, seed, tmp_path):
     (old.work / "requirements.txt").write_text(changed)
     again = old.start(command=DEPS_COMMAND).wait()
     assert again.rc == 0, again.output[-4000:]
+    assert env_kind(again) == "restored"
+    assert not (old.site_packages / "tabulate-0.10.0.dist-info").exists()
+    assert not (old.site_packages / "tabulate").exists()  # the old version's package directory
     assert again.versions()["tabulate"] == "0.8.10"  # not the old env's tabulate package
     assert old.pip_freeze() == fresh.pip_freeze()
