@@ -41,7 +41,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "roots": ("list[str]", None),
         "record": (str, "auto"),
         "ready": ("str|float", "quiet"),
-        "prefetch_threads": (int, 16),
+        "prefetch_threads": (int, 64),
         "prefetch_mbps": (float, 0.0),
         "foreground_s": (float, 10.0),
     },

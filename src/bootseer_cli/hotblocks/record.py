@@ -193,6 +193,9 @@ class Staleness:
         return self.stale_bytes / total if total else 0.0
 
 
+_NS = 1_000_000_000
+
+
 def check(rec: Record) -> tuple[Staleness, set[str]]:
     """Which of the record's files still have the size and mtime they had; returns (counts, fresh paths)."""
     st = Staleness()
@@ -202,7 +205,9 @@ def check(rec: Record) -> tuple[Staleness, set[str]]:
         n = by_file.get(path, 0)
         try:
             s = os.stat(path)
-            ok = stat.S_ISREG(s.st_mode) and s.st_size == size and s.st_mtime_ns == mtime_ns
+            # Whole seconds: an env snapshot (a tar stream) restores mtimes to the second, so the
+            # same file on the node that ran the setup and on a node that restored it must agree.
+            ok = stat.S_ISREG(s.st_mode) and s.st_size == size and s.st_mtime_ns // _NS == mtime_ns // _NS
         except OSError:
             ok = False
         if ok:

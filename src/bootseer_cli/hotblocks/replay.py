@@ -25,7 +25,7 @@ from .record import Record, Staleness, check
 
 # Reads are cut at 1 MiB boundaries of the file: large enough to be cheap per byte, aligned with the
 # chunks lazily loaded images fetch (stargz, SOCI and our test filesystem use 1 MiB or more), and
-# small enough that 16 threads' buffers cost 16 MiB.
+# small enough that 64 threads' buffers cost 64 MiB.
 READ_MAX = 1 << 20
 
 Extent = tuple[str, int, int]
