@@ -8,14 +8,13 @@ the function body, so building the app stays cheap.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from . import __version__
-from .errors import BootseerError
+from .errors import run_guarded
 
 app = typer.Typer(
     name="bootseer",
@@ -24,7 +23,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    # Wide enough that `bootseer --help` shows each verb's whole line, also in a log or a pipe.
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 140, "terminal_width": 140},
 )
 
 ConfigOpt = Annotated[
@@ -77,7 +77,7 @@ def exec_(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary line ($BOOTSEER_QUIET=1).")] = False,
 ) -> None:
-    """Run the configured stages, then exec COMMAND in place (same pid, exit code and signals)."""
+    """Run the configured stages, then exec COMMAND in place (same pid, exit status, signals)."""
     from .launch import execute
 
     cfg = load_config(config, store, exec__quiet=True if quiet else None)
@@ -128,7 +128,7 @@ def config_(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt = F
 
 @app.command()
 def keys(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt = False) -> None:
-    """Print the cache keys and the documents they hash, to see why a cache hit or missed."""
+    """Print the cache keys and the documents they hash (why a cache hit or missed)."""
     from .keys import compute
 
     k = compute(load_config(config, store))
@@ -147,7 +147,7 @@ def keys(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt = Fals
 
 @app.command()
 def doctor(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt = False) -> None:
-    """Check that the store, FUSE, the local cache, the Docker engine and the P2P port work here."""
+    """Check the store, FUSE, the local cache, the Docker engine and the P2P port."""
     from .doctor import run_checks
 
     checks = run_checks(load_config(config, store))
@@ -184,11 +184,4 @@ COMMAND_MODULES: tuple[str, ...] = ("hot", "report", "p2p", "prewarm", "ckpt", "
 
 def main() -> None:
     _register_capabilities()
-    try:
-        app()
-    except BootseerError as e:
-        print(f"bootseer: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        print("bootseer: interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_guarded(app)

@@ -61,33 +61,24 @@ def main() -> None:
 def _fast_restore(opts: dict[str, str | bool]) -> None:
     from .config import load
     from .envsnap.snapshot import restore_verb
-    from .errors import BootseerError
+    from .errors import run_guarded
 
-    try:
+    def body() -> int:
         cfg = load(opts.get("config"), {("store", "uri"): opts.get("store")})  # type: ignore[arg-type]
-        code = restore_verb(cfg, print, lambda m: print(m, file=sys.stderr))
-    except BootseerError as e:
-        print(f"bootseer: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        print("bootseer: interrupted", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(code)
+        return restore_verb(cfg, print, lambda m: print(m, file=sys.stderr))
+
+    sys.exit(run_guarded(body))
 
 
 def _fast_exec(opts: dict[str, str | bool], command: list[str]) -> None:
     from .config import load
-    from .errors import BootseerError
+    from .errors import run_guarded
     from .launch import execute
 
-    try:
+    def body() -> None:
         overrides = {("store", "uri"): opts.get("store"), ("exec", "quiet"): True if opts.get("quiet") else None}
         cfg = load(opts.get("config"), overrides)  # type: ignore[arg-type]
         skip = {s.strip() for s in str(opts.get("skip") or "").split(",") if s.strip()}
         execute(cfg, command, skip)
-    except BootseerError as e:
-        print(f"bootseer: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        print("bootseer: interrupted", file=sys.stderr)
-        sys.exit(130)
+
+    run_guarded(body)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from typing import Any
+
 
 class BootseerError(Exception):
     """A user-facing failure: the message is printed as is and the process exits with `exit_code`."""
@@ -28,3 +32,15 @@ class StoreError(BootseerError):
 
 class IntegrityError(StoreError):
     """Data did not match its digest: never use it."""
+
+
+def run_guarded(fn: Callable[[], Any]) -> Any:
+    """Run a CLI body: a BootseerError becomes one line on stderr and its exit code, never a traceback."""
+    try:
+        return fn()
+    except BootseerError as e:
+        print(f"bootseer: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("bootseer: interrupted", file=sys.stderr)
+        sys.exit(130)
