@@ -38,7 +38,6 @@ COLUMNS: dict[str, str] = {
     "detail": "string",
     "extra": "string",
 }
-OUTCOMES = ("hit", "miss", "built", "restored", "skipped", "failed", "fallback", "done", "ok")
 
 
 def _first_env(*names: str) -> str | None:

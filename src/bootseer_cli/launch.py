@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .config import Config
@@ -297,8 +296,3 @@ def _exec(command: list[str], env: Any) -> None:
         raise BootseerError(f"{command[0]}: Permission denied", 126) from None
     except OSError as e:
         raise BootseerError(f"{command[0]}: {e.strerror}", 126) from None
-
-
-def run_dir_from_env() -> Path | None:
-    d = os.environ.get("BOOTSEER_RUN_DIR")
-    return Path(d) if d else None
