@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import BootseerError, ConfigError, StoreError
+from ..errors import BootseerError, ConfigError, IntegrityError, StoreError
 from ..store import Store
 from .catalog import public_uri, write_latest
 from .layout import (
@@ -40,6 +40,7 @@ from .layout import (
 )
 
 READ_CHUNK = 8 << 20
+UPLOAD_TRIES = 3
 
 
 def default_tag() -> str:
@@ -179,8 +180,19 @@ def push(
         return h.hexdigest()
 
     def upload(s: int, digest: str, advance: Callable[[int], None]) -> None:
-        chunks = (source.read(lo, n) for _, lo, n in _stripe_cells(total, cell_size, k, s))
-        targets[s % len(targets)].put_blob_stream(digest, chunks, stripe_size(total, cell_size, k, s), advance)
+        # A transient server error (seen on loopback S3 servers under concurrent multipart uploads)
+        # costs a retry of this stripe, not the whole push; corrupt data is never retried.
+        for attempt in range(UPLOAD_TRIES):
+            chunks = (source.read(lo, n) for _, lo, n in _stripe_cells(total, cell_size, k, s))
+            try:
+                targets[s % len(targets)].put_blob_stream(digest, chunks, stripe_size(total, cell_size, k, s), advance)
+                return
+            except IntegrityError:
+                raise
+            except StoreError:
+                if attempt == UPLOAD_TRIES - 1:
+                    raise
+                time.sleep(0.5 * 2**attempt)
 
     noop: Callable[[int], None] = lambda _n: None  # noqa: E731
     try:
