@@ -47,6 +47,17 @@ def _store(cfg: Any) -> Any:
     return store_from_config(cfg)
 
 
+def _open(ref: str, config: Path | None, store: str | None) -> tuple[Any, Any, Any]:
+    """(config, store, manifest) for a NAME[:TAG|latest] reference: what pull, mount and rm start from."""
+    from ..stripe.catalog import load_manifest
+    from ..stripe.layout import parse_ref
+
+    name, tag = parse_ref(ref)
+    cfg = load_config(config, store)
+    st = _store(cfg)
+    return cfg, st, load_manifest(st, name, tag)
+
+
 @app.command()
 def push(
     directory: Annotated[Path, typer.Argument(help="The checkpoint directory.")],
@@ -138,17 +149,13 @@ def rm(
 ) -> None:
     """Remove NAME:TAG (its manifest, then the stripes no other checkpoint uses)."""
     from ..errors import ConfigError
-    from ..stripe.catalog import load_manifest, remove
-    from ..stripe.layout import parse_ref
+    from ..stripe.catalog import remove
 
-    name, tag = parse_ref(ref)
     if ":" not in ref:
         raise ConfigError(f"rm {ref}: give NAME:TAG (or NAME:latest)")
-    cfg = load_config(config, store)
-    st = _store(cfg)
-    m = load_manifest(st, name, tag)
-    n = remove(st, name, m.tag, list(cfg.get("checkpoint", "targets") or []))
-    typer.echo(f"removed {name}:{m.tag} ({n} stripe objects deleted)")
+    cfg, st, m = _open(ref, config, store)
+    n = remove(st, m.name, m.tag, list(cfg.get("checkpoint", "targets") or []))
+    typer.echo(f"removed {m.name}:{m.tag} ({n} stripe objects deleted)")
 
 
 def _options(memory_mib: int | None, threads: int | None) -> dict[str, Any]:
@@ -180,15 +187,11 @@ def pull(
 ) -> None:
     """Copy a checkpoint to local disk, in parallel from all stripes, verified."""
     from ..progress import byte_bar
-    from ..stripe.catalog import Targets, load_manifest
-    from ..stripe.layout import parse_ref
+    from ..stripe.catalog import Targets
     from ..stripe.pull import pull as do_pull
     from ..stripe.reader import ReaderOptions
 
-    name, tag = parse_ref(ref)
-    cfg = load_config(config, store)
-    st = _store(cfg)
-    m = load_manifest(st, name, tag)
+    cfg, st, m = _open(ref, config, store)
     t0 = time.time()
     with byte_bar(m.total_size, f"pull {m.name}:{m.tag}") as advance:
         r = do_pull(
@@ -220,14 +223,9 @@ def mount(
     store: StoreOpt = None,
 ) -> None:
     """Mount a checkpoint read-only (FUSE); detached unless --foreground. Undo with `ckpt umount`."""
-    from ..stripe.catalog import load_manifest
-    from ..stripe.layout import parse_ref
     from ..stripe.mount import mount_detached, serve
 
-    name, tag = parse_ref(ref)
-    cfg = load_config(config, store)
-    st = _store(cfg)
-    m = load_manifest(st, name, tag)
+    cfg, st, m = _open(ref, config, store)
     targets = list(cfg.get("checkpoint", "targets") or [])
     mp = str(mountpoint.expanduser().absolute())
     if foreground:
