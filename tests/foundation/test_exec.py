@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -11,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli import events, launch
+from bootseer_cli import events, launch, stage
 from bootseer_cli.config import load
 from bootseer_cli.errors import StoreError
 from bootseer_cli.events import RunInfo
+from bootseer_cli.settings import Settings
+from bootseer_cli.stage import StageContext
 
 BOOTSEER = [sys.executable, "-m", "bootseer_cli"]
 
@@ -107,19 +110,25 @@ def test_exec_overhead_is_small(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> launch.LaunchContext:
+def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StageContext:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bootseer.toml").write_text(f'[checkpoint]\nname = "m"\n[store]\nuri = "{(tmp_path / "s").as_uri()}"\n')
     monkeypatch.setenv("BOOTSEER_NODE", "node-a")
     monkeypatch.setenv("BOOTSEER_JOB_ID", "job-1")
-    return launch.LaunchContext(cfg=load(), run=RunInfo.new(), command=["true"])
+    cfg = load()
+    return StageContext(settings=Settings.from_config(cfg), run=RunInfo.new(), command=["true"], cfg=cfg)
 
 
 def use_stage(monkeypatch: pytest.MonkeyPatch, func: str) -> None:
-    monkeypatch.setitem(launch.STAGES, "checkpoint", f"tests.foundation.stages_for_tests:{func}")
+    """Replace the checkpoint stage's function in the one table of stages."""
+    table = tuple(
+        dataclasses.replace(s, target=f"tests.foundation.stages_for_tests:{func}") if s.name == "checkpoint" else s
+        for s in stage.STAGES
+    )
+    monkeypatch.setattr(stage, "STAGES", table)
 
 
-def test_stage_result_is_recorded(ctx: launch.LaunchContext, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stage_result_is_recorded(ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
     use_stage(monkeypatch, "ok")
     results = launch.run_stages(ctx, set())
     assert [(n, r.outcome if r else None) for n, r, _ in results] == [
@@ -137,7 +146,7 @@ def test_stage_result_is_recorded(ctx: launch.LaunchContext, monkeypatch: pytest
 
 
 def test_failing_stage_warns_and_continues(
-    ctx: launch.LaunchContext, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ctx: StageContext, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     use_stage(monkeypatch, "boom")
     results = launch.run_stages(ctx, set())
@@ -148,7 +157,7 @@ def test_failing_stage_warns_and_continues(
 
 
 def test_unreachable_store_falls_back(
-    ctx: launch.LaunchContext, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], s3_env: dict
+    ctx: StageContext, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], s3_env: dict
 ) -> None:
     from tests.support.s3server import free_port
 
@@ -156,6 +165,7 @@ def test_unreachable_store_falls_back(
         "BOOTSEER_STORE", f"s3://b/x?endpoint_override=127.0.0.1:{free_port()}&scheme=http&connect_timeout=1"
     )
     ctx.cfg = load()
+    ctx.settings = Settings.from_config(ctx.cfg)
     use_stage(monkeypatch, "unreachable_store")
     results = launch.run_stages(ctx, set())
     assert results[-1][1] is not None and results[-1][1].outcome == "failed"
@@ -163,14 +173,14 @@ def test_unreachable_store_falls_back(
     assert "warning: checkpoint stage failed" in err and "127.0.0.1" in err
 
 
-def test_fatal_stage_stops(ctx: launch.LaunchContext, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fatal_stage_stops(ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
     use_stage(monkeypatch, "fatal")
     with pytest.raises(launch.StageFatal) as err:
         launch.run_stages(ctx, set())
     assert err.value.exit_code == 4
 
 
-def test_skip(ctx: launch.LaunchContext, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_skip(ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
     use_stage(monkeypatch, "boom")
     results = launch.run_stages(ctx, {"checkpoint"})
     assert all(r is None for _, r, _ in results)
@@ -206,7 +216,8 @@ def test_torn_jsonl_line_is_ignored(tmp_path: Path) -> None:
 
 
 def test_store_error_type(tmp_path: Path) -> None:
-    ctx = launch.LaunchContext(cfg=load(overrides={("store", "uri"): "nope://x"}), run=RunInfo.new(), command=["true"])
+    cfg = load(overrides={("store", "uri"): "nope://x"})
+    ctx = StageContext(settings=Settings.from_config(cfg), run=RunInfo.new(), command=["true"])
     with pytest.raises(StoreError):
         _ = ctx.store
     with pytest.raises(StoreError):  # remembered: a dead store is not retried by every stage
@@ -219,9 +230,15 @@ def test_env_runs_before_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["true"]\n[image]\nrecord = "never"\n')
-    monkeypatch.setitem(launch.STAGES, "env", "tests.foundation.stages_for_tests:note_env")
-    monkeypatch.setitem(launch.STAGES, "image", "tests.foundation.stages_for_tests:note_image")
+    swap = {"env": "note_env", "image": "note_image"}
+    table = tuple(
+        dataclasses.replace(s, target=f"tests.foundation.stages_for_tests:{swap[s.name]}") if s.name in swap else s
+        for s in stage.STAGES
+    )
+    monkeypatch.setattr(stage, "STAGES", table)
     stages_for_tests.CALLS.clear()
-    results = launch.run_stages(launch.LaunchContext(cfg=load(), run=RunInfo.new(), command=["true"]), set())
+    cfg = load()
+    ctx = StageContext(settings=Settings.from_config(cfg), run=RunInfo.new(), command=["true"], cfg=cfg)
+    results = launch.run_stages(ctx, set())
     assert stages_for_tests.CALLS == ["env", "image"]
     assert [name for name, _, _ in results] == ["image", "env", "checkpoint"]

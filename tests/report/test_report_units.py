@@ -8,8 +8,8 @@ import statistics
 import pytest
 
 from bootseer_cli.errors import ConfigError
+from bootseer_cli.launcher import gpus_hint
 from bootseer_cli.report import analysis
-from bootseer_cli.report.gpus import gpus_hint
 from bootseer_cli.report.load import parse_since
 
 
@@ -172,7 +172,7 @@ def test_stages_behind_the_launcher_are_not_blamed() -> None:
 
 
 def test_node_rank_from_the_command_line() -> None:
-    from bootseer_cli.report.gpus import node_rank_hint
+    from bootseer_cli.launcher import node_rank_hint
 
     assert node_rank_hint(["torchrun", "--nnodes=2", "--node-rank", "1", "t.py"]) == 1
     assert node_rank_hint(["torchrun", "--node_rank=3", "t.py"]) == 3

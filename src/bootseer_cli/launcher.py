@@ -1,5 +1,7 @@
-"""How many GPUs a node's launcher will use, guessed at `exec` time from its command line and environment.
+"""The launcher's command line: the executable it resolves to, and what it says about this node.
 
+`resolve_command` finds the executable as a shell would (127 not found, 126 not runnable).
+`gpus_hint` and `node_rank_hint` read how many GPUs the launcher will use, and the node's rank.
 `bootseer exec` runs before torchrun sets LOCAL_WORLD_SIZE for its workers, so the count is read from
 what the launcher is about to be told: `--nproc-per-node N` (torchrun), `--num_gpus N` (deepspeed),
 `--num_processes N` (accelerate, per machine when `--num_machines` is given), then the scheduler's
@@ -9,7 +11,11 @@ it runs on the `exec` fast path.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Mapping, Sequence
+
+from .errors import BootseerError
 
 # command-line options whose value is the number of processes (one per GPU) on this node
 _PER_NODE_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
@@ -65,3 +71,20 @@ def gpus_hint(command: Sequence[str], environ: Mapping[str, str]) -> tuple[int, 
         if devices and devices.lower() not in ("none", "void", "all", "-1"):
             return len([d for d in devices.split(",") if d.strip()]), f"${name}"
     return None
+
+
+def resolve_command(command: Sequence[str]) -> str:
+    """The executable the launcher resolves to, or a shell-like error (127 not found, 126 not runnable)."""
+    if not command:
+        raise BootseerError("no command given: bootseer exec [OPTIONS] -- COMMAND [ARGS]…", 2)
+    exe = command[0]
+    if os.sep in exe:
+        if not os.path.exists(exe):
+            raise BootseerError(f"{exe}: No such file or directory", 127)
+        if not os.access(exe, os.X_OK) or os.path.isdir(exe):
+            raise BootseerError(f"{exe}: Permission denied", 126)
+        return exe
+    found = shutil.which(exe)
+    if found is None:
+        raise BootseerError(f"{exe}: command not found", 127)
+    return found

@@ -1,0 +1,131 @@
+"""The stage contract: what `bootseer exec` hands a stage, what a stage hands back, and the table of stages.
+
+A stage lives in its capability's package (`envsnap/stage.py`, …) and depends on this module only,
+never on the pipeline that drives it (`launch.py`). Adding a stage is one `Stage` entry in `STAGES`
+plus its package: the summary line, `--skip`, the run order and the report follow from the table.
+Stages are named here by "module:function" and imported only when wanted, so `bootseer exec` with
+nothing to do imports neither pyarrow nor libtorrent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import BootseerError
+from .events import RunInfo
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .cache import BlobCache
+    from .config import Config
+    from .keys import Keys
+    from .store import Store
+
+
+@dataclass
+class StageResult:
+    """What a stage did. `summary` is the few words shown in the summary line."""
+
+    outcome: str
+    summary: str = ""
+    cache: str = ""
+    bytes: int = 0
+    bytes_from_store: int = 0
+    bytes_from_peers: int = 0
+    reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class StageFatal(BootseerError):
+    """A stage failure that must stop the start (the user's own setup command failed)."""
+
+
+@dataclass
+class StageContext:
+    """What stages share: the settings, this run, lazily the keys and the store, and what to hand on."""
+
+    settings: Settings
+    run: RunInfo
+    command: list[str]
+    quiet: bool = False
+    exports: dict[str, str] = field(default_factory=dict)  # environment added for the launcher
+    agent_tasks: list[dict[str, Any]] = field(default_factory=list)
+    cfg: Config | None = None  # TRANSITIONAL: removed once every stage reads `settings`
+    _keys: Keys | None = None
+    _store: Store | None = None
+    _store_error: Exception | None = None
+
+    @property
+    def keys(self) -> Keys:
+        if self._keys is None:
+            from .keys import compute
+
+            self._keys = compute(self.cfg)  # TRANSITIONAL: keys.compute takes settings after the renovation
+        return self._keys
+
+    @property
+    def store(self) -> Store:
+        """The store; raises the error it failed with (remembered) when it cannot be opened."""
+        if self._store_error is not None:
+            raise self._store_error
+        if self._store is None:
+            from .store import open_store
+
+            try:
+                self._store = open_store(self.settings.store.uri)
+            except Exception as e:  # remembered as it is: the next stage sees the same failure
+                self._store_error = e
+                raise
+        return self._store
+
+    @property
+    def cache(self) -> BlobCache:
+        from .cache import cache_from_config  # TRANSITIONAL: BlobCache.from_settings(self.settings.store)
+
+        return cache_from_config(self.cfg)
+
+    def warn(self, msg: str) -> None:
+        """Warnings are loud even under --quiet: a fallback is something a user must see."""
+        print(f"bootseer: warning: {msg}", file=sys.stderr, flush=True)
+
+    def info(self, msg: str) -> None:
+        if not self.quiet:
+            print(f"bootseer: {msg}", file=sys.stderr, flush=True)
+
+    def add_agent_task(self, kind: str, **params: Any) -> None:
+        self.agent_tasks.append({"kind": kind, **params})
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of `exec`: where it shows (`display`), when it runs (`order`), whether it has work."""
+
+    name: str
+    display: int  # position in the summary line and the report
+    order: int  # position in the run
+    wanted: Callable[[Settings], bool]  # cheap and import-free
+    target: str  # "module:function" taking a StageContext, returning a StageResult
+
+    def run(self, ctx: StageContext) -> StageResult:
+        module, func = self.target.split(":")
+        return getattr(importlib.import_module(module), func)(ctx)
+
+
+# The env stage runs first: a hot-block record taken on a warm node (or by `prewarm`) includes the
+# files the env snapshot restores, so the image stage must look at them after they are restored, or
+# a fresh node would find the record mostly stale and re-record instead of replaying.
+STAGES: tuple[Stage, ...] = (
+    Stage("image", 0, 1, lambda s: s.image.enabled, "bootseer_cli.hotblocks.stage:run_stage"),
+    Stage("env", 1, 0, lambda s: bool(s.env.setup), "bootseer_cli.envsnap.stage:run_stage"),
+    Stage("checkpoint", 2, 2, lambda s: bool(s.checkpoint.name), "bootseer_cli.stripe.stage:run_stage"),
+)
+
+STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in sorted(STAGES, key=lambda s: s.display))
+
+
+def run_order() -> list[Stage]:
+    return sorted(STAGES, key=lambda s: s.order)
