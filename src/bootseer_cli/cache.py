@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .settings import StoreSettings
 from .store import Store, blob_path
 
 
@@ -88,6 +89,13 @@ class BlobCache:
                 total -= size
                 freed += size
         return freed
+
+
+def cache_for(settings: StoreSettings) -> BlobCache:
+    """The node cache the store settings name (default: under the platformdirs user cache)."""
+    from .paths import blob_cache_dir
+
+    return BlobCache(settings.cache_dir or blob_cache_dir(), settings.cache_max_bytes)
 
 
 def cache_from_config(cfg) -> BlobCache:  # type: ignore[no-untyped-def]

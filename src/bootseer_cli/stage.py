@@ -84,9 +84,9 @@ class StageContext:
 
     @property
     def cache(self) -> BlobCache:
-        from .cache import cache_from_config  # TRANSITIONAL: BlobCache.from_settings(self.settings.store)
+        from .cache import cache_for
 
-        return cache_from_config(self.cfg)
+        return cache_for(self.settings.store)
 
     def warn(self, msg: str) -> None:
         """Warnings are loud even under --quiet: a fallback is something a user must see."""

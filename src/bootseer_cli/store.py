@@ -83,6 +83,15 @@ class Lease:
         self.store._write_lease_doc(self.key, self.owner, self.expires)
 
 
+@dataclass(frozen=True)
+class StoredFile:
+    """A file in the store: its path relative to the store's root, size and modification time."""
+
+    rel: str
+    size: int
+    mtime: float
+
+
 class Store:
     """A bootseer store at a pyarrow.fs URI (`file:///…`, `s3://bucket/prefix?endpoint_override=…`)."""
 
@@ -228,6 +237,31 @@ class Store:
             for i in infos
             if i.type == pafs.FileType.File and ".tmp-" not in i.path and i.base_name != KEEP_NAME
         )
+
+    def list_info(self, prefix: str) -> list[StoredFile]:
+        """The files under `prefix`, recursively, with size and modification time (temporaries left out)."""
+        import pyarrow.fs as pafs
+
+        sel = pafs.FileSelector(self.path(prefix), allow_not_found=True, recursive=True)
+        try:
+            infos = self.fs.get_file_info(sel)
+        except OSError as e:
+            raise StoreError(f"store {self.uri}: cannot list {prefix}: {e}") from None
+        cut = len(self.root) + 1 if self.root else 0
+        return sorted(
+            (
+                StoredFile(i.path[cut:], i.size or 0, i.mtime.timestamp() if i.mtime is not None else 0.0)
+                for i in infos
+                if i.type == pafs.FileType.File and ".tmp-" not in i.path and i.base_name != KEEP_NAME
+            ),
+            key=lambda f: f.rel,
+        )
+
+    def parquet_dataset(self, rels: list[str], schema: Any = None) -> Any:
+        """One pyarrow dataset over the Parquet files `rels` (pyarrow reads them on its own threads)."""
+        import pyarrow.dataset as ds
+
+        return ds.dataset([self.path(r) for r in rels], format="parquet", filesystem=self.fs, schema=schema)
 
     def list_dirs(self, prefix: str) -> list[str]:
         import pyarrow.fs as pafs
