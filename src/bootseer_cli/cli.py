@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from . import __version__
+from .commands.options import ConfigOpt, JsonOpt, StoreOpt, load_config
 from .errors import run_guarded
 
 app = typer.Typer(
@@ -26,27 +27,6 @@ app = typer.Typer(
     # Wide enough that `bootseer --help` shows each verb's whole line, also in a log or a pipe.
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 140, "terminal_width": 140},
 )
-
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="bootseer.toml to use (default: ./bootseer.toml or $BOOTSEER_CONFIG)."),
-]
-StoreOpt = Annotated[
-    str | None,
-    typer.Option("--store", help="Store URI (file://…, s3://…, hdfs://…); overrides [store] uri and $BOOTSEER_STORE."),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-
-
-def load_config(config: Path | None = None, store: str | None = None, **flags: Any) -> Any:
-    """The effective config with flags applied. `flags` are {"section__key": value}."""
-    from .config import load
-
-    overrides: dict[tuple[str, str], Any] = {("store", "uri"): store}
-    for name, value in flags.items():
-        section, key = name.split("__", 1)
-        overrides[(section, key)] = value
-    return load(config, overrides)
 
 
 def _version(value: bool) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..cli import ConfigOpt, JsonOpt, StoreOpt, load_config
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
 
 app = typer.Typer(
     name="ckpt",

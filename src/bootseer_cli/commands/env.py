@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ..cli import ConfigOpt, JsonOpt, StoreOpt, load_config
 from ..errors import BootseerError
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
 
 
 def _age(ts: float) -> str:

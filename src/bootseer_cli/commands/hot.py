@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..cli import ConfigOpt, JsonOpt, StoreOpt, load_config
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
 
 hot = typer.Typer(help="Hot-block record and replay of this image's start.", no_args_is_help=True)
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from ..cli import ConfigOpt, JsonOpt, StoreOpt, load_config
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
 
 p2p = typer.Typer(help="Peer-to-peer delivery of blobs between the job's nodes (libtorrent).", no_args_is_help=True)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..cli import ConfigOpt, JsonOpt, StoreOpt, load_config
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
 
 
 def _write(path: Path, text: str) -> None:

@@ -1,0 +1,41 @@
+"""Options shared by the verbs, and the one way a verb turns them into settings.
+
+Below both `cli.py` (which only registers verbs) and each `commands/<area>.py`, so no command module
+imports the app back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..config import Config
+from ..settings import Settings
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="bootseer.toml to use (default: ./bootseer.toml or $BOOTSEER_CONFIG)."),
+]
+StoreOpt = Annotated[
+    str | None,
+    typer.Option("--store", help="Store URI (file://…, s3://…, hdfs://…); overrides [store] uri and $BOOTSEER_STORE."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def load_config(config: Path | None = None, store: str | None = None, **flags: Any) -> Config:
+    """The effective config with flags applied. `flags` are {"section__key": value}."""
+    from ..config import load
+
+    overrides: dict[tuple[str, str], Any] = {("store", "uri"): store}
+    for name, value in flags.items():
+        section, key = name.split("__", 1)
+        overrides[(section, key)] = value
+    return load(config, overrides)
+
+
+def load_settings(config: Path | None = None, store: str | None = None, **flags: Any) -> Settings:
+    """The settings of the effective config with flags applied."""
+    return Settings.from_config(load_config(config, store, **flags))
