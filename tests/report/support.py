@@ -15,9 +15,12 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bootseer_cli import events
+
+if TYPE_CHECKING:
+    from bootseer_cli.store import Store
 
 
 def node_events(
@@ -59,7 +62,7 @@ def node_events(
     return out
 
 
-def write_run(store: Any, tmp: Path, job: str, node: str, rank: int, run: str, evs: list) -> list[dict[str, Any]]:
+def write_run(store: Store, tmp: Path, job: str, node: str, rank: int, run: str, evs: list) -> list[dict[str, Any]]:
     """Record the events of one (node, run) to a JSONL file and upload them, as exec/agent do."""
     run_dir = tmp / "runs" / f"{node}-{run}"
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -11,10 +11,15 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import BootseerError, ConfigError
+from ..errors import BootseerError, ConfigError, StoreError
 from ..events import COLUMNS
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ..store import Store
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -34,33 +39,25 @@ class EventFile:
     mtime: float
 
 
-def list_event_files(store: Any, job: str | None = None) -> list[EventFile]:
-    """The Parquet event files of one job (or all jobs), with their modification times."""
-    import pyarrow.fs as pafs
+def list_event_files(store: Store, job: str | None = None) -> list[EventFile]:
+    """The Parquet event files of one job (or all jobs), with their modification times.
 
+    Only `events/<job>/<file>.parquet` counts: anything else under `events/` (a foreign file, a
+    deeper directory) is not an event file of a job.
+    """
     if job is not None and (not job or "/" in job or job.startswith(".")):
         raise ConfigError(f"--job {job!r}: not a job name")
     prefix = f"events/{job}" if job else "events"
-    sel = pafs.FileSelector(store.path(prefix), allow_not_found=True, recursive=True)
-    try:
-        infos = store.fs.get_file_info(sel)
-    except OSError as e:
-        raise BootseerError(f"store {store.uri}: cannot list {prefix}: {e}") from None
-    cut = len(store.root) + 1 if store.root else 0
     out = []
-    for info in infos:
-        if info.type != pafs.FileType.File or not info.path.endswith(".parquet") or ".tmp-" in info.path:
+    for info in store.list_info(prefix):  # StoreError (a BootseerError) names the store and the prefix
+        parts = info.rel.split("/")
+        if not info.rel.endswith(".parquet") or len(parts) != 3:
             continue
-        rel = info.path[cut:]
-        parts = rel.split("/")
-        if len(parts) != 3:
-            continue
-        mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
-        out.append(EventFile(job=parts[1], rel=rel, mtime=mtime))
+        out.append(EventFile(job=parts[1], rel=info.rel, mtime=info.mtime))
     return out
 
 
-def read_events(store: Any, files: list[EventFile], since: float | None = None) -> list[dict[str, Any]]:
+def read_events(store: Store, files: list[EventFile], since: float | None = None) -> list[dict[str, Any]]:
     """The events in `files` as row dicts (all columns), optionally only those that ended after `since`.
 
     One pyarrow dataset over the files (pyarrow reads them on its own thread pool). When that fails
@@ -71,12 +68,10 @@ def read_events(store: Any, files: list[EventFile], since: float | None = None) 
         return []
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
 
     schema = _schema()
     try:
-        table = ds.dataset([store.path(f.rel) for f in files], format="parquet", filesystem=store.fs, schema=schema)
-        table = table.to_table()
+        table = store.parquet_dataset([f.rel for f in files], schema=schema).to_table()
     except (OSError, pa.ArrowException):
         table = _read_one_by_one(store, files, schema)
     if since is not None:
@@ -84,23 +79,16 @@ def read_events(store: Any, files: list[EventFile], since: float | None = None) 
     return table.to_pylist()
 
 
-def _read_one_by_one(store: Any, files: list[EventFile], schema: Any) -> Any:
+def _read_one_by_one(store: Store, files: list[EventFile], schema: pa.Schema) -> pa.Table:
+    """Each file on its own (eight at a time), the unreadable ones skipped with a warning."""
     from concurrent.futures import ThreadPoolExecutor
 
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    def read(rel: str) -> Any:
+    def read(rel: str) -> pa.Table | None:
         try:
-            with store.fs.open_input_file(store.path(rel)) as f:
-                table = pq.ParquetFile(f).read()
-            names = [n for n in schema.names if n in table.column_names]
-            table = table.select(names).cast(pa.schema([schema.field(n) for n in names]))
-            for i, field in enumerate(schema):  # columns an older writer did not have
-                if field.name not in names:
-                    table = table.add_column(i, field, pa.nulls(table.num_rows, field.type))
-            return table
-        except (OSError, pa.ArrowException, KeyError, ValueError) as e:
+            return _read_file(store, rel, schema)
+        except (StoreError, OSError, pa.ArrowException, KeyError, ValueError) as e:
             print(f"bootseer: warning: skipping unreadable event file {rel}: {e}", file=sys.stderr)
             return None
 
@@ -109,21 +97,37 @@ def _read_one_by_one(store: Any, files: list[EventFile], schema: Any) -> Any:
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
-def _schema() -> Any:
+def _read_file(store: Store, rel: str, schema: pa.Schema) -> pa.Table:
+    """One event file in `schema`: columns an older writer did not have are added as nulls."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with store.open_input(rel) as f:
+        table = pq.ParquetFile(f).read()
+    names = [n for n in schema.names if n in table.column_names]
+    table = table.select(names).cast(pa.schema([schema.field(n) for n in names]))
+    for i, field in enumerate(schema):
+        if field.name not in names:
+            table = table.add_column(i, field, pa.nulls(table.num_rows, field.type))
+    return table
+
+
+def _schema() -> pa.Schema:
     import pyarrow as pa
 
     types = {"string": pa.string(), "float64": pa.float64(), "int64": pa.int64()}
     return pa.schema([(n, types[t]) for n, t in COLUMNS.items()])
 
 
-def load_job(store: Any, job: str) -> list[dict[str, Any]]:
+def load_job(store: Store, job: str) -> list[dict[str, Any]]:
+    """Every event of `job`; a job with no events names a few that exist, for a mistyped name."""
     files = list_event_files(store, job)
     if not files:
         raise BootseerError(f"no events for job {job!r} in {store.uri} (jobs: {_some_jobs(store)})")
     return read_events(store, files)
 
 
-def last_job(store: Any) -> str:
+def last_job(store: Store) -> str:
     """The job with the most recent event.
 
     Files are shortlisted by upload time (one listing, no reads); the few newest jobs are then read
@@ -146,28 +150,28 @@ def last_job(store: Any) -> str:
     return best
 
 
-def _latest_end(store: Any, files: list[EventFile]) -> float:
+def _latest_end(store: Store, files: list[EventFile]) -> float:
     """The latest `end` among the events in `files`, reading only that column."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
 
     try:
-        data = ds.dataset([store.path(f.rel) for f in files], format="parquet", filesystem=store.fs, schema=_schema())
+        data = store.parquet_dataset([f.rel for f in files], schema=_schema())
         value = pc.max(data.to_table(columns=["end"])["end"]).as_py()
     except (OSError, pa.ArrowException):
         value = max((float(r["end"] or 0.0) for r in read_events(store, files)), default=None)
     return float(value) if value is not None else -1.0
 
 
-def load_since(store: Any, seconds: float, now: float | None = None) -> list[dict[str, Any]]:
+def load_since(store: Store, seconds: float, now: float | None = None) -> list[dict[str, Any]]:
     """Every job's events that ended within the last `seconds`."""
     since = (now if now is not None else time.time()) - seconds
     files = [f for f in list_event_files(store) if f.mtime == 0.0 or f.mtime >= since]
     return read_events(store, files, since=since)
 
 
-def _some_jobs(store: Any) -> str:
+def _some_jobs(store: Store) -> str:
+    """Up to five job names in the store, for an error message."""
     jobs = sorted({f.job for f in list_event_files(store)})
     if not jobs:
         return "none"
