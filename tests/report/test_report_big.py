@@ -14,6 +14,7 @@ import pytest
 
 from bootseer_cli.report import analysis, load, render
 from bootseer_cli.store import Store
+from bootseer_cli.units import fmt_seconds
 from tests.report.conftest import BIG_NODES, RESTARTED, STRAGGLER, BigJob
 from tests.report.recompute import assert_matches, expected
 from tests.report.support import chromium_screenshot, colour_stats, in_process
@@ -94,7 +95,7 @@ def test_text_report(big_job: BigJob, capsys: pytest.CaptureFixture[str]) -> Non
     assert out.returncode == 0, out.stderr
     text = out.stdout
     exp = expected(big_job.rows, gpus=4)
-    assert f"startup {render.fmt_s(exp['startup_s'])} to the slowest node's ready ({STRAGGLER})" in text
+    assert f"startup {fmt_seconds(exp['startup_s'])} to the slowest node's ready ({STRAGGLER})" in text
     assert "4 GPUs [--gpus-per-node]" in text
     assert f"{exp['gpu_hours_wasted']:.2f} GPU-hours" in text
     for stage in ("image", "env", "checkpoint", "bootseer (exec total)", "launcher → ready()"):

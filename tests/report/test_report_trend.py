@@ -25,6 +25,11 @@ def _job(store: Store, tmp: Path, job: str, t: float, nodes: int, env_miss: bool
     return rows
 
 
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "bootseer_cli", "report", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
 def _startup(rows: list[dict[str, Any]]) -> float:
     nodes = latest_runs(rows)
     t0 = min(e["start"] for evs in nodes.values() for e in evs if e["stage"] == "bootseer")
@@ -42,24 +47,7 @@ def test_since_across_jobs(tmp_path: Path) -> None:
     starts = [a1, a2, b]
 
     html = tmp_path / "trend.html"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bootseer_cli",
-            "report",
-            "--store",
-            store.uri,
-            "--since",
-            "7d",
-            "--json",
-            "--html",
-            str(html),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = _cli("--store", store.uri, "--since", "7d", "--json", "--html", str(html))
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["jobs"] == 2 and doc["starts"] == 3 and doc["node_starts"] == 10
@@ -85,12 +73,7 @@ def test_since_across_jobs(tmp_path: Path) -> None:
     page = html.read_text()
     assert "<svg" in page and "job-b" in page and "ancient" not in page
 
-    text = subprocess.run(
-        [sys.executable, "-m", "bootseer_cli", "report", "--store", store.uri, "--since", "2d"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    text = _cli("--store", store.uri, "--since", "2d")
     assert text.returncode == 0, text.stderr
     assert "1 job(s), 1 start(s), 4 node start(s)" in text.stdout
 

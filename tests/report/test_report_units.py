@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import statistics
 
 import pytest
@@ -179,3 +180,52 @@ def test_node_rank_from_the_command_line() -> None:
     assert node_rank_hint(["python", "t.py"]) is None
     evs = [_ev("n1", "a", "bootseer", 0.0, 1.0, extra='{"node_rank": 1}'), _ev("n0", "a", "bootseer", 0.0, 1.0)]
     assert {r.node: r.rank for r in analysis.analyze_job(evs, "j").rows} == {"n0": 0, "n1": 1}
+
+
+def test_findings_are_tagged_and_the_verdict_picks_by_tag() -> None:
+    """The verdict ranks tagged findings; a straggler finding names its node and stage as data, not prose."""
+    evs = []
+    for k in range(4):
+        env = 40.0 if k == 2 else 3.0
+        evs += [
+            _ev(f"n{k}", "a", "env", 0.0, env, cache="miss" if k == 2 else "hit"),
+            _ev(f"n{k}", "a", "bootseer", 0.0, env + 0.5),
+        ]
+    r = analysis.analyze_job(evs, "j")
+    found = analysis.findings(r)
+    assert {f.kind for f in found} == {"stage", "straggler"}
+    straggler = next(f for f in found if f.kind == "straggler")
+    assert (straggler.stage, straggler.node) == ("env", "n2")
+    assert straggler.seconds == pytest.approx(37.0)
+    assert r.verdict == f"Fix first: {straggler.text}."
+    # a slow tail that no single stage explains becomes a finding of its own, ranked the same way
+    tail = []
+    for k in range(6):
+        env = 30.0 if k == 1 else 3.0
+        ckpt = 25.0 if k == 4 else 4.0
+        tail += [
+            _ev(f"n{k}", "a", "env", 0.0, env),
+            _ev(f"n{k}", "a", "checkpoint", env, env + ckpt),
+            _ev(f"n{k}", "a", "bootseer", 0.0, env + ckpt),
+        ]
+    r = analysis.analyze_job(tail, "j")
+    best = max(analysis.findings(r), key=lambda f: f.seconds)
+    assert best.kind == "stragglers" and r.verdict == f"Fix first: {best.text}."
+
+
+def test_stage_rows_are_built_once_for_text_and_html() -> None:
+    from bootseer_cli.report import render
+
+    evs = [
+        _ev("n0", "a", "env", 0.0, 3.0, cache="hit", bytes=3_000_000, bytes_from_store=2_500_000),
+        _ev("n0", "a", "bootseer", 0.0, 3.5),
+        _ev("n1", "a", "env", 0.0, 150.0, cache="hit", bytes_from_peers=1_500),
+        _ev("n1", "a", "bootseer", 0.0, 150.5),
+    ]
+    r = analysis.analyze_job(evs, "j")
+    env = render.stage_cells(next(s for s in r.stages if s.stage == "env"))
+    assert (env.from_store, env.from_peers, env.max) == ("2.5 MB", "1.5 kB", "150 s")  # decimal SI, units.py
+    text_line = next(line for line in render.job_text(r).splitlines() if line.startswith("env"))
+    assert re.split(r"\s{2,}", text_line) == [*env[:10], f"{env.straggler} (+{env.cost})"]
+    page = render.job_html(r)
+    assert "".join(f"<td>{c}</td>" for c in env[1:]) in page

@@ -20,6 +20,10 @@ Definitions (the tests recompute each of them from the raw events):
 - *Hits/misses* come from the `cache` column ("hit…"/"miss…"), else from the outcome
   (hit/restored vs miss/built). *Bytes saved* are the bytes delivered on hits that did not come
   from the store (node cache or peers).
+- The *verdict* is the `Finding` whose fix would save the most: a stage slow on every node, a
+  stage's straggler, the slow tail as a whole, or bootseer's own overhead. Findings are tagged
+  records (`kind`, `stage`, `node`, `seconds`), so the verdict picks among them by tag, never by
+  matching the sentences written for people.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ import json
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from ..units import fmt_seconds
 
 EXEC_STAGES = ("image", "env", "checkpoint")
 TOTAL_STAGE = "bootseer"
@@ -483,10 +489,6 @@ def analyze_job(
     return report
 
 
-def _s(x: float) -> str:
-    return f"{x:.1f} s" if x >= 0.1 else f"{x * 1000:.0f} ms"
-
-
 _ADVICE_MISS = {
     "image": "no hot-block record for this image yet (one is recorded on a first start; call "
     "bootseer_cli.ready() after the first step so it ends at the right moment)",
@@ -502,73 +504,130 @@ _ADVICE_SLOW = {
 }
 
 
+FindingKind = Literal["launcher", "stage", "straggler", "stragglers", "overhead"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing that delayed the job's start, and how much earlier the job would start without it.
+
+    `kind` tags what the finding is about, so the verdict chooses among findings by tag and never by
+    reading back its own sentences; `text` is only for people.
+    """
+
+    kind: FindingKind
+    seconds: float  # what fixing it would save (the verdict's ranking)
+    text: str
+    stage: str = ""
+    node: str = ""
+
+
 def verdict(r: JobReport) -> str:
     """One line: the single change that would bring the job's start forward the most."""
     if r.startup_s < 1.0:
-        return f"Startup is already fast ({_s(r.startup_s)} to the slowest node's ready): nothing to fix."
-    candidates: list[tuple[float, str]] = []
-    by_name = {s.stage: s for s in r.stages}
+        return f"Startup is already fast ({fmt_seconds(r.startup_s)} to the slowest node's ready): nothing to fix."
+    found = findings(r)
+    if not found:
+        return f"{fmt_seconds(r.startup_s)} to the slowest node's ready; no stage events explain it."
+    best = max(found, key=lambda f: f.seconds)  # the first of equals, in the order below
+    return f"Fix first: {best.text}."
+
+
+def findings(r: JobReport) -> list[Finding]:
+    """Every candidate for the verdict, in a fixed order: per stage (the stage itself, then its
+    straggler), then the slow tail as a whole, then bootseer's own overhead."""
+    found: list[Finding] = []
     for s in r.stages:
         if s.stage == TOTAL_STAGE or s.behind:
             continue
-        if s.stage == READY_STAGE:
-            candidates.append(
-                (
-                    s.p50_s,
-                    f"the launcher's own startup (imports, rendezvous, first step) takes {_s(s.p50_s)} p50 of the "
-                    f"job's {_s(r.startup_s)}: that is outside bootseer's stages; profile the training script's start",
-                )
-            )
-        else:
-            if s.failed:
-                why = f" ({s.reasons[0]})" if s.reasons else ""
-                advice = f"it failed or fell back on {s.failed} of {s.nodes} nodes{why}: fix that first"
-            elif s.misses:
-                advice = _ADVICE_MISS.get(s.stage, f"{s.misses} cache misses")
-            else:
-                advice = _ADVICE_SLOW.get(s.stage, "look at what this stage does on every node")
-            candidates.append((s.p50_s, f"{s.stage} takes {_s(s.p50_s)} p50 on every node: {advice}"))
-        if s.straggler_cost_s > 0 and r.nodes > 1 and s.stage != TOTAL_STAGE:
-            if s.straggler_cache == "miss" and s.hits:
-                why = f"{s.stage} missed the cache there while {s.hits} hit elsewhere: " + _ADVICE_MISS.get(
-                    s.stage, "see why its cache key differs (`bootseer keys` on that node)"
-                )
-            elif s.straggler_cache == "failed":
-                why = f"{s.stage} failed there and fell back to the slow path: see that node's warnings"
-            else:
-                why = "check that node's disk, network and load"
-            candidates.append(
-                (
-                    s.straggler_cost_s,
-                    f"{s.straggler} is the straggler in {s.label} ({_s(s.max_s)} vs {_s(s.p50_s)} p50), which cost "
-                    f"the job {_s(s.straggler_cost_s)}: {why}",
-                )
-            )
-    single = max((c for c, t in candidates if " is the straggler in " in t), default=0.0)
-    if r.nodes > 2 and r.straggler_wait_s > 1.0 and r.straggler_wait_s > 1.25 * single:
-        slow = ", ".join(why_slow(r, row) for row in slowest(r))
-        candidates.append(
-            (
-                r.straggler_wait_s,
-                f"stragglers: the median node was ready at {_s(r.median_ready_s)} but the job started at "
-                f"{_s(r.startup_s)}; the slowest: {slow}",
-            )
+        found.append(_launcher_finding(r, s) if s.stage == READY_STAGE else _stage_finding(s))
+        straggler = _straggler_finding(r, s)
+        if straggler is not None:
+            found.append(straggler)
+    single = max((f.seconds for f in found if f.kind == "straggler"), default=0.0)
+    tail = _tail_finding(r, single)
+    if tail is not None:
+        found.append(tail)
+    overhead = _overhead_finding(r)
+    if overhead is not None:
+        found.append(overhead)
+    return found
+
+
+def _launcher_finding(r: JobReport, s: StageStats) -> Finding:
+    """The launcher's own time to ready(): outside bootseer, but often the largest part."""
+    return Finding(
+        "launcher",
+        s.p50_s,
+        f"the launcher's own startup (imports, rendezvous, first step) takes {fmt_seconds(s.p50_s)} p50 of the "
+        f"job's {fmt_seconds(r.startup_s)}: that is outside bootseer's stages; profile the training script's start",
+        stage=s.stage,
+    )
+
+
+def _stage_finding(s: StageStats) -> Finding:
+    """A stage slow on every node (its median), with the advice for why: failures, misses, or plain speed."""
+    if s.failed:
+        why = f" ({s.reasons[0]})" if s.reasons else ""
+        advice = f"it failed or fell back on {s.failed} of {s.nodes} nodes{why}: fix that first"
+    elif s.misses:
+        advice = _ADVICE_MISS.get(s.stage, f"{s.misses} cache misses")
+    else:
+        advice = _ADVICE_SLOW.get(s.stage, "look at what this stage does on every node")
+    return Finding("stage", s.p50_s, f"{s.stage} takes {fmt_seconds(s.p50_s)} p50 on every node: {advice}", s.stage)
+
+
+def _straggler_finding(r: JobReport, s: StageStats) -> Finding | None:
+    """The node where this stage took longest, when bringing it to the median would start the job earlier."""
+    if s.straggler_cost_s <= 0 or r.nodes <= 1:
+        return None
+    if s.straggler_cache == "miss" and s.hits:
+        why = f"{s.stage} missed the cache there while {s.hits} hit elsewhere: " + _ADVICE_MISS.get(
+            s.stage, "see why its cache key differs (`bootseer keys` on that node)"
         )
+    elif s.straggler_cache == "failed":
+        why = f"{s.stage} failed there and fell back to the slow path: see that node's warnings"
+    else:
+        why = "check that node's disk, network and load"
+    return Finding(
+        "straggler",
+        s.straggler_cost_s,
+        f"{s.straggler} is the straggler in {s.label} ({fmt_seconds(s.max_s)} vs {fmt_seconds(s.p50_s)} p50), "
+        f"which cost the job {fmt_seconds(s.straggler_cost_s)}: {why}",
+        stage=s.stage,
+        node=s.straggler,
+    )
+
+
+def _tail_finding(r: JobReport, single: float) -> Finding | None:
+    """The slow tail as a whole, when no single stage's straggler (saving `single`) explains the wait."""
+    if not (r.nodes > 2 and r.straggler_wait_s > 1.0 and r.straggler_wait_s > 1.25 * single):
+        return None
+    slow = ", ".join(why_slow(r, row) for row in slowest(r))
+    return Finding(
+        "stragglers",
+        r.straggler_wait_s,
+        f"stragglers: the median node was ready at {fmt_seconds(r.median_ready_s)} but the job started at "
+        f"{fmt_seconds(r.startup_s)}; the slowest: {slow}",
+    )
+
+
+def _overhead_finding(r: JobReport) -> Finding | None:
+    """Exec's time outside its stages (the total's median minus the stages' medians), when over a second."""
+    by_name = {s.stage: s for s in r.stages}
     total = by_name.get(TOTAL_STAGE)
-    if total:
-        inside = [n for n, st in by_name.items() if n not in (TOTAL_STAGE, READY_STAGE) and not st.behind]
-        own = total.p50_s - sum(by_name[n].p50_s for n in inside)
-        if own > 1.0:
-            candidates.append(
-                (
-                    own,
-                    f"bootseer's own overhead outside the stages is {_s(own)} p50: look at the keys and the store",
-                )
-            )
-    if not candidates:
-        return f"{_s(r.startup_s)} to the slowest node's ready; no stage events explain it."
-    _saving, text = max(candidates, key=lambda c: c[0])
-    return f"Fix first: {text}."
+    if total is None:
+        return None
+    inside = [n for n, st in by_name.items() if n not in (TOTAL_STAGE, READY_STAGE) and not st.behind]
+    own = total.p50_s - sum(by_name[n].p50_s for n in inside)
+    if own <= 1.0:
+        return None
+    return Finding(
+        "overhead",
+        own,
+        f"bootseer's own overhead outside the stages is {fmt_seconds(own)} p50: look at the keys and the store",
+        stage=TOTAL_STAGE,
+    )
 
 
 def slowest(r: JobReport, limit: int = 3) -> list[NodeRow]:
@@ -590,7 +649,7 @@ def why_slow(r: JobReport, row: NodeRow) -> str:
             note = " failed" if seg.outcome in FAILED_OUTCOMES else " miss" if seg.cache == "miss" else ""
     if not worst:
         return row.node
-    return f"{row.node} ({STAGE_LABELS.get(worst, worst)}{note} {_s(took)} vs {_s(p50[worst])} p50)"
+    return f"{row.node} ({STAGE_LABELS.get(worst, worst)}{note} {fmt_seconds(took)} vs {fmt_seconds(p50[worst])} p50)"
 
 
 # ---- across jobs ---------------------------------------------------------------------------
@@ -649,34 +708,7 @@ def analyze_trend(
     for job, evs in by_job.items():
         every = node_starts(evs)
         node_count += len(every)
-        for a in sorted({s.attempt for s in every}):
-            group = [s for s in every if s.attempt == a]
-            first = min(s.start for s in group)
-            startup = max(s.done for s in group) - first
-            gpus = gpu_count(group, gpus_flag, gpus_configured).per_node
-            hits = misses = saved = 0
-            for s in group:
-                for e in s.events:
-                    cls = cache_class(e)
-                    hits += cls == "hit"
-                    misses += cls == "miss"
-                    if cls == "hit":
-                        saved += max(0, int(e.get("bytes") or 0) - int(e.get("bytes_from_store") or 0))
-            rows.append(
-                StartRow(
-                    job=job,
-                    attempt=a,
-                    started=first,
-                    nodes=len(group),
-                    startup_s=startup,
-                    hits=hits,
-                    misses=misses,
-                    bytes_from_store=sum(sp.bytes_from_store for s in group for sp in s.spans.values()),
-                    bytes_from_peers=sum(sp.bytes_from_peers for s in group for sp in s.spans.values()),
-                    bytes_saved=saved,
-                    gpu_hours_wasted=len(group) * gpus * startup / 3600.0,
-                )
-            )
+        rows += _start_rows(job, every, gpus_flag, gpus_configured)
     rows.sort(key=lambda r: (r.started, r.job, r.attempt))
     durations = [r.startup_s for r in rows]
     half = len(rows) // 2
@@ -705,11 +737,51 @@ def analyze_trend(
     )
 
 
+def _start_rows(job: str, every: list[NodeStart], gpus_flag: int | None, gpus_configured: int | None) -> list[StartRow]:
+    """One row per job-wide start of `job`, each with its own GPU count (a restart may use fewer)."""
+    rows = []
+    for a in sorted({s.attempt for s in every}):
+        group = [s for s in every if s.attempt == a]
+        first = min(s.start for s in group)
+        startup = max(s.done for s in group) - first
+        gpus = gpu_count(group, gpus_flag, gpus_configured).per_node
+        hits, misses, saved = _cache_tally(group)
+        rows.append(
+            StartRow(
+                job=job,
+                attempt=a,
+                started=first,
+                nodes=len(group),
+                startup_s=startup,
+                hits=hits,
+                misses=misses,
+                bytes_from_store=sum(sp.bytes_from_store for s in group for sp in s.spans.values()),
+                bytes_from_peers=sum(sp.bytes_from_peers for s in group for sp in s.spans.values()),
+                bytes_saved=saved,
+                gpu_hours_wasted=len(group) * gpus * startup / 3600.0,
+            )
+        )
+    return rows
+
+
+def _cache_tally(group: list[NodeStart]) -> tuple[int, int, int]:
+    """(hits, misses, bytes saved) over the events of one start: saved = bytes a hit did not read from the store."""
+    hits = misses = saved = 0
+    for s in group:
+        for e in s.events:
+            cls = cache_class(e)
+            hits += cls == "hit"
+            misses += cls == "miss"
+            if cls == "hit":
+                saved += max(0, int(e.get("bytes") or 0) - int(e.get("bytes_from_store") or 0))
+    return hits, misses, saved
+
+
 def _trend_word(first: float, second: float, n: int) -> str:
     if n < 2 or first <= 0:
         return "not enough starts for a trend"
     change = (second - first) / first
     if abs(change) < 0.1:
-        return f"steady ({_s(first)} → {_s(second)} per start)"
+        return f"steady ({fmt_seconds(first)} → {fmt_seconds(second)} per start)"
     word = "better" if change < 0 else "worse"
-    return f"{word}: {_s(first)} → {_s(second)} per start ({change:+.0%}), older half vs newer half"
+    return f"{word}: {fmt_seconds(first)} → {fmt_seconds(second)} per start ({change:+.0%}), older half vs newer half"

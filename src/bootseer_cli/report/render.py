@@ -14,9 +14,22 @@ import html
 import json
 import math
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import NamedTuple
 
-from .analysis import READY_STAGE, TOTAL_STAGE, JobReport, NodeRow, TrendReport, percentile, slowest, why_slow
+from ..units import fmt_bytes, fmt_seconds, fmt_time
+from .analysis import (
+    READY_STAGE,
+    TOTAL_STAGE,
+    JobReport,
+    NodeRow,
+    StageStats,
+    StartRow,
+    TrendReport,
+    percentile,
+    slowest,
+    why_slow,
+)
 
 MAX_NODE_ROWS = 64
 GROUP_ROWS = 32
@@ -42,24 +55,79 @@ def color(stage: str, others: list[str]) -> str:
     return OTHER_COLORS[others.index(stage) % len(OTHER_COLORS)] if stage in others else OTHER_COLORS[0]
 
 
-def fmt_s(x: float) -> str:
-    if x >= 100:
-        return f"{x:.0f} s"
-    return f"{x:.1f} s" if x >= 0.1 else f"{x * 1000:.0f} ms"
+# ---- rows: built once, drawn as text and as HTML ----------------------------------------------
 
 
-def fmt_bytes(n: float) -> str:
-    if n < 1024:
-        return f"{int(n)} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024.0
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}"
-    return f"{n:.1f} TiB"  # pragma: no cover
+class StageCells(NamedTuple):
+    """One stage's row of the stage table, each figure formatted once for both renderers.
+
+    The cells are plain text: the text table joins the straggler and its cost in one column, the page
+    escapes them and gives each its own column.
+    """
+
+    label: str
+    nodes: str
+    p50: str
+    p90: str
+    max: str
+    hits: str
+    misses: str
+    failed: str
+    from_store: str
+    from_peers: str
+    straggler: str
+    cost: str
 
 
-def fmt_time(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+def stage_cells(s: StageStats) -> StageCells:
+    """The row of stage `s` in the stage table."""
+    return StageCells(
+        label=s.label,
+        nodes=str(s.nodes),
+        p50=fmt_seconds(s.p50_s),
+        p90=fmt_seconds(s.p90_s),
+        max=fmt_seconds(s.max_s),
+        hits=str(s.hits),
+        misses=str(s.misses),
+        failed=str(s.failed),
+        from_store=fmt_bytes(s.bytes_from_store),
+        from_peers=fmt_bytes(s.bytes_from_peers),
+        straggler=s.straggler,
+        cost=fmt_seconds(s.straggler_cost_s),
+    )
+
+
+class StartCells(NamedTuple):
+    """One start's row of the trend table (plain text, see `StageCells`)."""
+
+    started: str
+    job: str
+    attempt: str
+    nodes: str
+    startup: str
+    hits: str
+    misses: str
+    from_store: str
+    from_peers: str
+    saved: str
+    gpu_hours: str
+
+
+def start_cells(s: StartRow) -> StartCells:
+    """The row of start `s` in the trend table."""
+    return StartCells(
+        started=fmt_time(s.started),
+        job=s.job,
+        attempt=str(s.attempt),
+        nodes=str(s.nodes),
+        startup=fmt_seconds(s.startup_s),
+        hits=str(s.hits),
+        misses=str(s.misses),
+        from_store=fmt_bytes(s.bytes_from_store),
+        from_peers=fmt_bytes(s.bytes_from_peers),
+        saved=fmt_bytes(s.bytes_saved),
+        gpu_hours=f"{s.gpu_hours_wasted:.2f}",
+    )
 
 
 # ---- text ------------------------------------------------------------------------------------
@@ -84,42 +152,27 @@ def job_text(r: JobReport) -> str:
     lines = [
         f"job {r.job} · {r.nodes} node(s) · {which} · {len(r.attempts)} start(s) in all · "
         f"first start {fmt_time(r.started)}",
-        f"startup {fmt_s(r.startup_s)} to the slowest node's ready ({r.slowest_node}); median node ready at "
-        f"{fmt_s(r.median_ready_s)}, so it waited {fmt_s(r.straggler_wait_s)} for the slowest",
+        f"startup {fmt_seconds(r.startup_s)} to the slowest node's ready ({r.slowest_node}); median node ready at "
+        f"{fmt_seconds(r.median_ready_s)}, so it waited {fmt_seconds(r.straggler_wait_s)} for the slowest",
         f"GPU time wasted {r.gpu_hours_wasted:.2f} GPU-hours ({r.nodes} nodes × {r.gpus_per_node} GPUs "
-        f"[{r.gpus_source}] × {fmt_s(r.startup_s)})",
+        f"[{r.gpus_source}] × {fmt_seconds(r.startup_s)})",
     ]
     if r.ready_called < r.nodes:
         lines.append(
             f"note: {r.nodes - r.ready_called} node(s) never called bootseer_cli.ready(); for those, ready = "
             "when exec handed over to the launcher"
         )
-    rows = [
-        [
-            s.label,
-            str(s.nodes),
-            fmt_s(s.p50_s),
-            fmt_s(s.p90_s),
-            fmt_s(s.max_s),
-            str(s.hits),
-            str(s.misses),
-            str(s.failed),
-            fmt_bytes(s.bytes_from_store),
-            fmt_bytes(s.bytes_from_peers),
-            f"{s.straggler} (+{fmt_s(s.straggler_cost_s)})",
-        ]
-        for s in r.stages
-    ]
+    rows = [[*c[:10], f"{c.straggler} (+{c.cost})"] for c in map(stage_cells, r.stages)]
     header = ["stage", "nodes", "p50", "p90", "max", "hits", "miss", "fail", "from store", "from peers"]
     lines += ["", *_table([*header, "straggler (cost to job)"], rows, left=1, last_left=True)]
     tail = slowest(r, 5) if r.nodes > 1 and r.straggler_wait_s >= max(1.0, 0.05 * r.startup_s) else []
     if tail:
         lines += ["", "slowest nodes (ready at, and the stage each lost the most in):"]
-        lines += [f"  {fmt_s(row.ready):>8}  {why_slow(r, row)}" for row in tail]
+        lines += [f"  {fmt_seconds(row.ready):>8}  {why_slow(r, row)}" for row in tail]
     if len(r.attempts) > 1:
         lines += ["", "starts in this job:"]
         for a in r.attempts:
-            lines.append(f"  start {a.attempt}: {a.nodes} node(s), {fmt_s(a.startup_s)} ({fmt_time(a.started)})")
+            lines.append(f"  start {a.attempt}: {a.nodes} node(s), {fmt_seconds(a.startup_s)} ({fmt_time(a.started)})")
     lines += ["", r.verdict]
     return "\n".join(lines)
 
@@ -129,27 +182,14 @@ def trend_text(t: TrendReport) -> str:
     hit = f"{t.hit_rate:.0%} hit rate" if t.hit_rate is not None else "no cache events"
     lines = [
         f"last {days:g} day(s): {t.jobs} job(s), {t.starts} start(s), {t.node_starts} node start(s)",
-        f"startup per start: mean {fmt_s(t.mean_startup_s)}, median {fmt_s(t.median_startup_s)}; trend: {t.trend}",
+        f"startup per start: mean {fmt_seconds(t.mean_startup_s)}, median {fmt_seconds(t.median_startup_s)}; "
+        f"trend: {t.trend}",
         f"cache: {t.hits} hits, {t.misses} misses ({hit}); {fmt_bytes(t.bytes_saved)} saved (hits not read from the "
         f"store); {fmt_bytes(t.bytes_from_store)} from the store, {fmt_bytes(t.bytes_from_peers)} from peers",
         f"GPU time wasted in startup: {t.gpu_hours_wasted:.2f} GPU-hours",
         "",
     ]
-    rows = [
-        [
-            fmt_time(s.started),
-            s.job,
-            str(s.attempt),
-            str(s.nodes),
-            fmt_s(s.startup_s),
-            f"{s.hits}/{s.misses}",
-            fmt_bytes(s.bytes_from_store),
-            fmt_bytes(s.bytes_from_peers),
-            fmt_bytes(s.bytes_saved),
-            f"{s.gpu_hours_wasted:.2f}",
-        ]
-        for s in t.rows
-    ]
+    rows = [[*c[:5], f"{c.hits}/{c.misses}", *c[7:]] for c in map(start_cells, t.rows)]
     header = ["started", "job", "start", "nodes", "startup", "hit/miss", "from store", "from peers", "saved", "GPU-h"]
     lines += _table(header, rows, left=2)
     return "\n".join(lines)
@@ -171,7 +211,8 @@ def _nice_step(span: float, ticks: int = 8) -> float:
     return 10 * mag  # pragma: no cover
 
 
-def _e(text: Any) -> str:
+def _e(text: object) -> str:
+    """`text` as HTML/SVG text: events come from the store and are not trusted."""
     return html.escape(str(text), quote=True)
 
 
@@ -202,6 +243,43 @@ def _group_bar(rows: list[NodeRow], stage: str) -> tuple[float, float, float, fl
     return percentile(starts, 10), percentile(starts, 50), percentile(ends, 50), percentile(ends, 90)
 
 
+class _Layout(NamedTuple):
+    """The timeline's rows: (label, the nodes drawn in the row, is it the straggler's row)."""
+
+    rows: list[tuple[str, list[NodeRow], bool]]
+    row_h: int
+    first_single: int  # aggregated: the index of the first one-node row after the groups; else -1
+    note: str  # what the title adds about the grouping
+
+
+def _timeline_layout(r: JobReport) -> _Layout:
+    """One row per node up to `MAX_NODE_ROWS`; past that, groups by ready time, then the slowest one by one."""
+    if len(r.rows) <= MAX_NODE_ROWS:
+        rows = [
+            (f"{'★ ' if row.node == r.slowest_node else ''}{row.node} · r{row.rank}", [row], row.node == r.slowest_node)
+            for row in r.rows
+        ]
+        return _Layout(rows, 22 if len(rows) <= 16 else 16, -1, "")
+    ordered = sorted(r.rows, key=lambda row: (row.ready, row.node))
+    bulk, tail = ordered[:-SLOWEST_ROWS], ordered[-SLOWEST_ROWS:]
+    size = math.ceil(len(bulk) / GROUP_ROWS)
+    groups = [bulk[i : i + size] for i in range(0, len(bulk), size)]
+    rows = [
+        (
+            f"#{i * size + 1}–{i * size + len(g)} · ready {fmt_seconds(g[0].ready)}–{fmt_seconds(g[-1].ready)}",
+            g,
+            False,
+        )
+        for i, g in enumerate(groups)
+    ]
+    first_single = len(rows)
+    for i, row in enumerate(tail):
+        slow = row.node == r.slowest_node
+        rows.append((f"{'★ ' if slow else ''}#{len(bulk) + i + 1} {row.node}", [row], slow))
+    note = f" (sorted by ready time: {len(groups)} groups of ≤{size} nodes, then the {SLOWEST_ROWS} slowest)"
+    return _Layout(rows, 18, first_single, note)
+
+
 def timeline_svg(r: JobReport, width: int = 1200) -> str:
     """The timeline as a standalone SVG document."""
     label_w, right, top, bottom_pad = 230, 40, 46, 64
@@ -216,50 +294,43 @@ def timeline_svg(r: JobReport, width: int = 1200) -> str:
     def x(t: float) -> float:
         return label_w + max(0.0, t) / axis_max * plot_w
 
-    # rows: (label, nodes in the row, is_straggler_row)
-    first_single = -1
-    if aggregated:
-        ordered = sorted(r.rows, key=lambda row: (row.ready, row.node))
-        bulk, tail = ordered[:-SLOWEST_ROWS], ordered[-SLOWEST_ROWS:]
-        size = math.ceil(len(bulk) / GROUP_ROWS)
-        groups = [bulk[i : i + size] for i in range(0, len(bulk), size)]
-        layout = [
-            (f"#{i * size + 1}–{i * size + len(g)} · ready {fmt_s(g[0].ready)}–{fmt_s(g[-1].ready)}", g, False)
-            for i, g in enumerate(groups)
-        ]
-        first_single = len(layout)
-        for i, row in enumerate(tail):
-            slow = row.node == r.slowest_node
-            label = f"{'★ ' if slow else ''}#{len(bulk) + i + 1} {row.node}"
-            layout.append((label, [row], slow))
-        row_h = 18
-    else:
-        layout = [
-            (f"{'★ ' if row.node == r.slowest_node else ''}{row.node} · r{row.rank}", [row], row.node == r.slowest_node)
-            for row in r.rows
-        ]
-        row_h = 22 if len(layout) <= 16 else 16
-    height = top + row_h * len(layout) + (18 if aggregated else 0) + bottom_pad
+    layout = _timeline_layout(r)
+    height = top + layout.row_h * len(layout.rows) + (18 if aggregated else 0) + bottom_pad
     svg = _Svg()
     svg.add(
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         'font-family="system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif" font-size="12">'
     )
     svg.rect(0, 0, width, height, "#ffffff")
-    title = f"job {r.job}: {r.nodes} node(s), startup {fmt_s(r.startup_s)} to the slowest node's ready"
-    if aggregated:
-        title += f" (sorted by ready time: {len(groups)} groups of ≤{size} nodes, then the {SLOWEST_ROWS} slowest)"
-    svg.text(10, 18, title, ' font-size="14" font-weight="600" fill="#222"')
-    # axis and grid
-    t = 0.0
+    title = f"job {r.job}: {r.nodes} node(s), startup {fmt_seconds(r.startup_s)} to the slowest node's ready"
+    svg.text(10, 18, title + layout.note, ' font-size="14" font-weight="600" fill="#222"')
+    t = 0.0  # the axis and its grid
     while t <= axis_max + 1e-9:
         gx = x(t)
         svg.add(f'<line x1="{gx:.1f}" y1="{top - 6}" x2="{gx:.1f}" y2="{height - bottom_pad + 4}" stroke="#ececf0"/>')
-        svg.text(gx, top - 10, fmt_s(t) if t else "0", ' text-anchor="middle" fill="#666" font-size="11"')
+        svg.text(gx, top - 10, fmt_seconds(t) if t else "0", ' text-anchor="middle" fill="#666" font-size="11"')
         t += step
+    y = _timeline_rows(svg, layout, x, top, width, exec_stages, others)
+    _job_start_line(svg, r, x(r.startup_s), top, y, width)
+    _legend(svg, r, y + 40, exec_stages, others, aggregated)
+    svg.add("</svg>")
+    return "\n".join(svg.parts)
+
+
+def _timeline_rows(
+    svg: _Svg,
+    layout: _Layout,
+    x: Callable[[float], float],
+    top: float,
+    width: int,
+    stages: list[str],
+    others: list[str],
+) -> float:
+    """Draw the rows (banded, the straggler's outlined); returns the y below the last one."""
+    row_h = layout.row_h
     y = top
-    for i, (label, rows, is_slow) in enumerate(layout):
-        if aggregated and i == first_single:
+    for i, (label, rows, is_slow) in enumerate(layout.rows):
+        if i == layout.first_single:
             svg.text(8, y + 13, f"the {SLOWEST_ROWS} slowest nodes, one row each:", ' fill="#666" font-size="11"')
             y += 18
         if i % 2 == 0:
@@ -272,15 +343,18 @@ def timeline_svg(r: JobReport, width: int = 1200) -> str:
         if len(rows) == 1:
             _node_bars(svg, rows[0], x, y, row_h, bar_h, others)
         else:
-            _group_bars(svg, rows, x, y, row_h, bar_h, exec_stages, others)
+            _group_bars(svg, rows, x, y, row_h, bar_h, stages, others)
         y += row_h
-    # the job starts when the slowest node is ready
-    jx = x(r.startup_s)
+    return y
+
+
+def _job_start_line(svg: _Svg, r: JobReport, jx: float, top: float, y: float, width: int) -> None:
+    """The dashed line where the job starts (the slowest node ready), its words kept inside the picture."""
     svg.add(
         f'<line x1="{jx:.1f}" y1="{top - 4}" x2="{jx:.1f}" y2="{y + 2}" stroke="{STRAGGLER}" stroke-width="1.5" '
         'stroke-dasharray="5,3"/>'
     )
-    words = f"job starts: {fmt_s(r.startup_s)} (slowest node {r.slowest_node} ready)"
+    words = f"job starts: {fmt_seconds(r.startup_s)} (slowest node {r.slowest_node} ready)"
     anchor = "end" if jx + 6.5 * len(words) > width - 10 else "start"
     dx = -4 if anchor == "end" else 4
     svg.text(
@@ -289,15 +363,17 @@ def timeline_svg(r: JobReport, width: int = 1200) -> str:
         words,
         f' text-anchor="{anchor}" fill="{STRAGGLER}" font-size="11" font-weight="600"',
     )
-    _legend(svg, r, y + 40, exec_stages, others, aggregated)
-    svg.add("</svg>")
-    return "\n".join(svg.parts)
 
 
-def _node_bars(svg: _Svg, row: NodeRow, x: Any, y: float, row_h: float, bar_h: float, others: list[str]) -> None:
+def _node_bars(
+    svg: _Svg, row: NodeRow, x: Callable[[float], float], y: float, row_h: float, bar_h: float, others: list[str]
+) -> None:
+    """One node's row: exec's total behind, a bar per stage (failures outlined, named when there is room),
+    stages behind the launcher as a thin line, and a dot where the node was ready."""
     for seg in sorted(row.segments, key=lambda s: s.stage != TOTAL_STAGE):
         tip = (
-            f"{row.node} {seg.stage}: {fmt_s(seg.end - seg.start)} ({seg.outcome}), {fmt_s(seg.start)}–{fmt_s(seg.end)}"
+            f"{row.node} {seg.stage}: {fmt_seconds(seg.end - seg.start)} ({seg.outcome}), "
+            f"{fmt_seconds(seg.start)}–{fmt_seconds(seg.end)}"
         )
         fill = color(seg.stage, others)
         if seg.stage == TOTAL_STAGE:
@@ -309,18 +385,26 @@ def _node_bars(svg: _Svg, row: NodeRow, x: Any, y: float, row_h: float, bar_h: f
             svg.rect(x(seg.start), y + 3, x(seg.end) - x(seg.start), bar_h, fill, tip, stroke)
             note = "failed" if stroke else seg.cache if seg.cache == "miss" else ""
             name = "launcher" if seg.stage == READY_STAGE else seg.stage
-            words = f"{name} {note} {fmt_s(seg.end - seg.start)}".replace("  ", " ")
+            words = f"{name} {note} {fmt_seconds(seg.end - seg.start)}".replace("  ", " ")
             if bar_h >= 12 and x(seg.end) - x(seg.start) > 7 * len(words) + 8:
                 svg.text(x(seg.start) + 4, y + 3 + bar_h - 4, words, ' fill="#fff" font-size="10" font-weight="600"')
     svg.add(
         f'<circle cx="{x(row.ready):.1f}" cy="{y + row_h / 2:.1f}" r="2.5" fill="#333">'
-        f"<title>{_e(row.node)} ready at {fmt_s(row.ready)}</title></circle>"
+        f"<title>{_e(row.node)} ready at {fmt_seconds(row.ready)}</title></circle>"
     )
 
 
 def _group_bars(
-    svg: _Svg, rows: list[NodeRow], x: Any, y: float, row_h: float, bar_h: float, stages: list[str], others: list[str]
+    svg: _Svg,
+    rows: list[NodeRow],
+    x: Callable[[float], float],
+    y: float,
+    row_h: float,
+    bar_h: float,
+    stages: list[str],
+    others: list[str],
 ) -> None:
+    """A group's row: per stage a solid median bar over a pale p10–p90 band, and the spread of ready times."""
     for stage in [TOTAL_STAGE, *stages, READY_STAGE, *others]:
         bar = _group_bar(rows, stage)
         if bar is None:
@@ -328,8 +412,8 @@ def _group_bars(
         lo, mid_start, mid_end, hi = bar
         fill = color(stage, others)
         tip = (
-            f"{stage} over {len(rows)} nodes: median {fmt_s(mid_start)}–{fmt_s(mid_end)}, "
-            f"p10 start {fmt_s(lo)}, p90 end {fmt_s(hi)}"
+            f"{stage} over {len(rows)} nodes: median {fmt_seconds(mid_start)}–{fmt_seconds(mid_end)}, "
+            f"p10 start {fmt_seconds(lo)}, p90 end {fmt_seconds(hi)}"
         )
         if stage == TOTAL_STAGE:
             svg.rect(x(mid_start), y + 2, x(mid_end) - x(mid_start), row_h - 4, fill, tip)
@@ -340,11 +424,11 @@ def _group_bars(
         svg.rect(x(lo), y + 3, x(hi) - x(lo), bar_h, fill, tip, ' fill-opacity="0.35"')
         svg.rect(x(mid_start), y + 5, x(mid_end) - x(mid_start), bar_h - 4, fill, tip)
     readies = [row.ready for row in rows]
-    lo, hi = min(readies), max(readies)
+    lo, hi, mid = min(readies), max(readies), percentile(readies, 50)
     svg.add(
         f'<line x1="{x(lo):.1f}" y1="{y + row_h / 2:.1f}" x2="{x(hi):.1f}" y2="{y + row_h / 2:.1f}" stroke="#333" '
-        f'stroke-width="1"/><circle cx="{x(percentile(readies, 50)):.1f}" cy="{y + row_h / 2:.1f}" r="2.5" '
-        f'fill="#333"><title>ready {fmt_s(lo)}–{fmt_s(hi)}, median {fmt_s(percentile(readies, 50))}</title></circle>'
+        f'stroke-width="1"/><circle cx="{x(mid):.1f}" cy="{y + row_h / 2:.1f}" r="2.5" '
+        f'fill="#333"><title>ready {fmt_seconds(lo)}–{fmt_seconds(hi)}, median {fmt_seconds(mid)}</title></circle>'
     )
 
 
@@ -400,7 +484,7 @@ def ready_histogram_svg(r: JobReport, width: int = 1200, height: int = 180) -> s
             bw - 2,
             h,
             STRAGGLER if last else COLORS[READY_STAGE],
-            f"{c} node(s) ready at {fmt_s(i * hi / bins)}–{fmt_s((i + 1) * hi / bins)}",
+            f"{c} node(s) ready at {fmt_seconds(i * hi / bins)}–{fmt_seconds((i + 1) * hi / bins)}",
         )
     svg.add(f'<line x1="{left}" y1="{top + plot_h}" x2="{width - right}" y2="{top + plot_h}" stroke="#999"/>')
     for q in (50, 90):
@@ -409,9 +493,9 @@ def ready_histogram_svg(r: JobReport, width: int = 1200, height: int = 180) -> s
         svg.add(
             f'<line x1="{qx:.1f}" y1="{top}" x2="{qx:.1f}" y2="{top + plot_h}" stroke="#333" stroke-dasharray="3,3"/>'
         )
-        svg.text(qx + 3, top + 10, f"p{q} {fmt_s(v)}", ' fill="#333"')
+        svg.text(qx + 3, top + 10, f"p{q} {fmt_seconds(v)}", ' fill="#333"')
     svg.text(left, height - 8, "0", ' fill="#666"')
-    svg.text(width - right, height - 8, f"{fmt_s(hi)} (slowest)", ' fill="#666" text-anchor="end"')
+    svg.text(width - right, height - 8, f"{fmt_seconds(hi)} (slowest)", ' fill="#666" text-anchor="end"')
     svg.text(left - 6, top + 10, str(peak), ' fill="#666" text-anchor="end"')
     svg.text(
         width / 2,
@@ -470,89 +554,75 @@ def _html_table(header: list[str], rows: list[list[str]], classes: list[str] | N
 
 def job_html(r: JobReport) -> str:
     """A self-contained page: figures, verdict, timeline, stage table, ready histogram, slowest nodes."""
-    others = sorted({seg.stage for row in r.rows for seg in row.segments} - set(COLORS))
     which = f"start {r.attempt}" if r.attempt else "latest start of each node"
     body = [
         f"<h1>bootseer report · job {_e(r.job)}</h1>",
         f'<div class="sub">{r.nodes} node(s) · {which} · {len(r.attempts)} start(s) in this job · first start '
         f"{_e(fmt_time(r.started))} · generated {_e(fmt_time(time.time()))}</div>",
-        _cards(
-            [
-                (fmt_s(r.startup_s), "startup: job's first start → slowest node ready", True),
-                (r.slowest_node, "slowest node (the straggler)", True),
-                (fmt_s(r.median_ready_s), "median node ready", False),
-                (fmt_s(r.straggler_wait_s), "median node's wait for the slowest", False),
-                (
-                    f"{r.gpu_hours_wasted:.2f} GPU-h",
-                    f"GPU time wasted: {r.nodes} × {r.gpus_per_node} GPUs ({r.gpus_source}) × {fmt_s(r.startup_s)}",
-                    False,
-                ),
-                (f"{r.ready_called}/{r.nodes}", "nodes that called bootseer_cli.ready()", r.ready_called < r.nodes),
-            ]
-        ),
+        _job_cards(r),
         f'<p class="verdict">{_e(r.verdict)}</p>',
         "<h2>Timeline</h2>",
         f'<div class="scroll">{timeline_svg(r)}</div>',
         "<h2>Stages</h2>",
+        _stage_table_html(r),
     ]
-    rows, classes = [], []
-    for s in r.stages:
-        sw = f'<span class="sw" style="background:{color(s.stage, others)}"></span>'
-        rows.append(
-            [
-                sw + _e(s.label),
-                str(s.nodes),
-                fmt_s(s.p50_s),
-                fmt_s(s.p90_s),
-                fmt_s(s.max_s),
-                str(s.hits),
-                str(s.misses),
-                str(s.failed),
-                fmt_bytes(s.bytes_from_store),
-                fmt_bytes(s.bytes_from_peers),
-                _e(s.straggler),
-                fmt_s(s.straggler_cost_s),
-            ]
-        )
-        classes.append("")
-    body.append(
-        _html_table(
-            STAGE_HEADER,
-            rows,
-            classes,
-        )
-    )
     if r.nodes > 8:
         body += ["<h2>Time to ready across nodes</h2>", f'<div class="scroll">{ready_histogram_svg(r)}</div>']
-    stage_names = [s.stage for s in r.stages if s.stage not in (TOTAL_STAGE, READY_STAGE)]
-    listed = r.rows if r.nodes <= MAX_NODE_ROWS else sorted(r.rows, key=lambda row: -row.ready)[:15]
     body.append("<h2>Nodes</h2>" if r.nodes <= MAX_NODE_ROWS else "<h2>The 15 slowest nodes</h2>")
-    node_rows, node_classes = [], []
-    for row in listed:
-        by = {seg.stage: seg.end - seg.start for seg in row.segments}
-        node_rows.append(
-            [_e(("★ " if row.node == r.slowest_node else "") + row.node), str(row.rank), _e(row.run)]
-            + [fmt_s(by[n]) if n in by else "–" for n in [*stage_names, TOTAL_STAGE, READY_STAGE]]
-            + [fmt_s(row.ready), fmt_s(row.wait_s)]
-        )
-        node_classes.append("slow" if row.node == r.slowest_node else "")
-    body.append(
-        _html_table(
-            ["node", "rank", "run", *stage_names, "bootseer", "launcher", "ready at", "waited"],
-            node_rows,
-            node_classes,
-        )
-    )
+    body.append(_node_table_html(r))
     if len(r.attempts) > 1:
         body.append("<h2>Starts in this job</h2>")
         body.append(
             _html_table(
                 ["start", "nodes", "first start", "startup"],
-                [[str(a.attempt), str(a.nodes), _e(fmt_time(a.started)), fmt_s(a.startup_s)] for a in r.attempts],
+                [[str(a.attempt), str(a.nodes), _e(fmt_time(a.started)), fmt_seconds(a.startup_s)] for a in r.attempts],
             )
         )
     body.append("<footer>bootseer report · times are seconds after the job's first start</footer>")
     return _page(f"bootseer report · {r.job}", body)
+
+
+def _job_cards(r: JobReport) -> str:
+    """The headline figures of a job, the ones that call for action marked."""
+    gpu_words = f"GPU time wasted: {r.nodes} × {r.gpus_per_node} GPUs ({r.gpus_source}) × {fmt_seconds(r.startup_s)}"
+    return _cards(
+        [
+            (fmt_seconds(r.startup_s), "startup: job's first start → slowest node ready", True),
+            (r.slowest_node, "slowest node (the straggler)", True),
+            (fmt_seconds(r.median_ready_s), "median node ready", False),
+            (fmt_seconds(r.straggler_wait_s), "median node's wait for the slowest", False),
+            (f"{r.gpu_hours_wasted:.2f} GPU-h", gpu_words, False),
+            (f"{r.ready_called}/{r.nodes}", "nodes that called bootseer_cli.ready()", r.ready_called < r.nodes),
+        ]
+    )
+
+
+def _stage_table_html(r: JobReport) -> str:
+    """The stage table of the page: the rows of `stage_cells`, escaped, with the stage's colour swatch."""
+    others = sorted({seg.stage for row in r.rows for seg in row.segments} - set(COLORS))
+    rows = []
+    for s, cells in zip(r.stages, map(stage_cells, r.stages), strict=True):
+        sw = f'<span class="sw" style="background:{color(s.stage, others)}"></span>'
+        rows.append([sw + _e(cells.label), *(_e(c) for c in cells[1:])])
+    return _html_table(STAGE_HEADER, rows)
+
+
+def _node_table_html(r: JobReport) -> str:
+    """Every node's stage durations (or, past `MAX_NODE_ROWS`, the 15 slowest), the straggler marked."""
+    stage_names = [s.stage for s in r.stages if s.stage not in (TOTAL_STAGE, READY_STAGE)]
+    listed = r.rows if r.nodes <= MAX_NODE_ROWS else sorted(r.rows, key=lambda row: -row.ready)[:15]
+    rows, classes = [], []
+    for row in listed:
+        by = {seg.stage: seg.end - seg.start for seg in row.segments}
+        rows.append(
+            [_e(("★ " if row.node == r.slowest_node else "") + row.node), str(row.rank), _e(row.run)]
+            + [fmt_seconds(by[n]) if n in by else "–" for n in [*stage_names, TOTAL_STAGE, READY_STAGE]]
+            + [fmt_seconds(row.ready), fmt_seconds(row.wait_s)]
+        )
+        classes.append("slow" if row.node == r.slowest_node else "")
+    return _html_table(
+        ["node", "rank", "run", *stage_names, "bootseer", "launcher", "ready at", "waited"], rows, classes
+    )
 
 
 def trend_svg(t: TrendReport, width: int = 1200, height: int = 260) -> str:
@@ -573,7 +643,7 @@ def trend_svg(t: TrendReport, width: int = 1200, height: int = 260) -> str:
     while v <= ymax + 1e-9:
         gy = top + plot_h - v / ymax * plot_h
         svg.add(f'<line x1="{left}" y1="{gy:.1f}" x2="{width - right}" y2="{gy:.1f}" stroke="#ececf0"/>')
-        svg.text(left - 6, gy + 4, fmt_s(v) if v else "0", ' text-anchor="end" fill="#666"')
+        svg.text(left - 6, gy + 4, fmt_seconds(v) if v else "0", ' text-anchor="end" fill="#666"')
         v += step
     n = len(rows)
     pts = []
@@ -587,7 +657,7 @@ def trend_svg(t: TrendReport, width: int = 1200, height: int = 260) -> str:
     for px, py, r in pts:
         svg.add(
             f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3.5" fill="{COLORS["image"]}"><title>{_e(r.job)} start '
-            f"{r.attempt}: {fmt_s(r.startup_s)}, {r.nodes} nodes, {_e(fmt_time(r.started))}</title></circle>"
+            f"{r.attempt}: {fmt_seconds(r.startup_s)}, {r.nodes} nodes, {_e(fmt_time(r.started))}</title></circle>"
         )
     if rows:
         svg.text(left, height - 10, fmt_time(rows[0].started), ' fill="#666"')
@@ -610,8 +680,8 @@ def trend_html(t: TrendReport) -> str:
         f"{_e(fmt_time(time.time()))}</div>",
         _cards(
             [
-                (fmt_s(t.median_startup_s), "median startup per start", False),
-                (fmt_s(t.mean_startup_s), "mean startup per start", False),
+                (fmt_seconds(t.median_startup_s), "median startup per start", False),
+                (fmt_seconds(t.mean_startup_s), "mean startup per start", False),
                 (hit, f"cache hit rate ({t.hits} hits, {t.misses} misses)", False),
                 (fmt_bytes(t.bytes_saved), "bytes saved (hits not read from the store)", False),
                 (f"{t.gpu_hours_wasted:.2f} GPU-h", "GPU time wasted in startup", False),
@@ -621,24 +691,6 @@ def trend_html(t: TrendReport) -> str:
         "<h2>Startup per start</h2>",
         f'<div class="scroll">{trend_svg(t)}</div>',
         "<h2>Starts</h2>",
-        _html_table(
-            TREND_HEADER,
-            [
-                [
-                    _e(fmt_time(s.started)),
-                    _e(s.job),
-                    str(s.attempt),
-                    str(s.nodes),
-                    fmt_s(s.startup_s),
-                    str(s.hits),
-                    str(s.misses),
-                    fmt_bytes(s.bytes_from_store),
-                    fmt_bytes(s.bytes_from_peers),
-                    fmt_bytes(s.bytes_saved),
-                    f"{s.gpu_hours_wasted:.2f}",
-                ]
-                for s in t.rows
-            ],
-        ),
+        _html_table(TREND_HEADER, [[_e(v) for v in c] for c in map(start_cells, t.rows)]),
     ]
     return _page("bootseer report · trend", body)
