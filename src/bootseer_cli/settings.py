@@ -86,7 +86,8 @@ class P2PSettings:
 
 @dataclass(frozen=True)
 class ReportSettings:
-    gpus_per_node: int = 8
+    # None when the config does not set it: the report then uses what the launcher said, else 8
+    gpus_per_node: int | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,10 @@ class Settings:
                 deadline_s=float(g("p2p", "deadline_s")),
                 host=g("p2p", "host"),
             ),
-            report=ReportSettings(gpus_per_node=int(g("report", "gpus_per_node"))),
+            report=ReportSettings(
+                gpus_per_node=int(g("report", "gpus_per_node"))
+                if cfg.source("report", "gpus_per_node") != "default"
+                else None
+            ),
             config_path=cfg.path,
         )

@@ -86,3 +86,16 @@ def test_hostile_names_are_escaped(tmp_path: Path) -> None:
     assert "<script>" not in html.read_text()
     labels = [el.text or "" for el in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}text")]
     assert any(evil in t for t in labels)  # shown as text, exactly
+
+
+def test_gpus_per_node_from_the_config(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """[report] gpus_per_node counts only when set: unset, the launcher's own count (8 here) is used."""
+    plain = in_process(capsys, "--store", store.uri, "--job", "job-a")
+    assert plain.returncode == 0 and "8 GPUs [launcher (command line)]" in plain.stdout
+    toml = tmp_path / "bootseer.toml"
+    toml.write_text("[report]\ngpus_per_node = 3\n")
+    configured = in_process(capsys, "--store", store.uri, "--job", "job-a", "--config", str(toml))
+    assert configured.returncode == 0, configured.stderr
+    assert "3 GPUs [[report] gpus_per_node]" in configured.stdout
+    flag = in_process(capsys, "--store", store.uri, "--job", "job-a", "--config", str(toml), "--gpus-per-node", "2")
+    assert "2 GPUs [--gpus-per-node]" in flag.stdout

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
 
 
 def _write(path: Path, text: str) -> None:
@@ -46,7 +46,7 @@ def report(
     """Where the startup time of a job went: per-stage p50/p90/max, hits, stragglers, GPU time wasted."""
     from ..errors import ConfigError
     from ..report import analysis, load, render
-    from ..store import store_from_config
+    from ..store import open_store
 
     if job and last:
         raise ConfigError("--job and --last: give one of them")
@@ -54,9 +54,9 @@ def report(
         raise ConfigError("--since reports across jobs: it does not take --job, --last or --start")
     if since and svg:
         raise ConfigError("--svg draws one job's timeline: use it without --since")
-    cfg = load_config(config, store)
-    configured = cfg.get("report", "gpus_per_node") if cfg.source("report", "gpus_per_node") != "default" else None
-    st = store_from_config(cfg)
+    settings = load_settings(config, store)
+    configured = settings.report.gpus_per_node  # None unless set: then the launcher's own count wins
+    st = open_store(settings.store.uri)
     if since:
         seconds = load.parse_since(since)
         trend = analysis.analyze_trend(load.load_since(st, seconds), seconds, gpus_per_node, configured)
