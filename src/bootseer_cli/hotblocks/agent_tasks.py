@@ -1,18 +1,27 @@
 """The hot-block agent tasks: "hot-record" (scan when the start is over, publish) and
-"hot-prefetch" (finish a replay that the foreground deadline cut short, behind the program)."""
+"hot-prefetch" (finish a replay that the foreground deadline cut short, behind the program).
+
+The image stage (stage.py) hands these to the agent (agent.py), which runs each in a thread and
+names them by "module:function" in its `TASKS` table.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..events import record as record_event
+from ..units import fmt_seconds
 from .ready import parse_mode, wait_ready
 
+if TYPE_CHECKING:
+    from ..agent import Agent
 
-def record_task(task: dict[str, Any], agent: Any) -> None:
+
+def record_task(task: dict[str, Any], agent: Agent) -> None:
+    """Wait until the launcher's start is over (`ready`), then scan the roots and publish the record."""
     from .record import publish, scan
 
     mode = parse_mode(task.get("ready", "quiet"))
@@ -39,13 +48,16 @@ def record_task(task: dict[str, Any], agent: Any) -> None:
     )
 
 
-def prefetch_task(task: dict[str, Any], agent: Any) -> None:
+def prefetch_task(task: dict[str, Any], agent: Agent) -> None:
+    """Read the extents the stage's deadline left (a JSON file in the run directory) until done or stopped."""
     from .replay import run
 
     path = Path(task["file"])
     work = [(str(p), int(o), int(n)) for p, o, n in json.loads(path.read_text())]
     t0 = time.time()
     res = run(work, threads=int(task.get("threads", 16)), mbps=float(task.get("mbps", 0.0)), stop=agent.stopping.is_set)
-    agent.log(f"hot-prefetch: {res.bytes_read} bytes in {res.seconds:.1f} s, {len(res.remaining)} extents not read")
+    agent.log(
+        f"hot-prefetch: {res.bytes_read} bytes in {fmt_seconds(res.seconds)}, {len(res.remaining)} extents not read"
+    )
     record_event(agent.run, "hot-prefetch", t0, time.time(), "done", bytes=res.bytes_read)
     path.unlink(missing_ok=True)
