@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 import json
-import time
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ..units import fmt_bytes, fmt_seconds, fmt_time
 from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..settings import Settings
 
 hot = typer.Typer(help="Hot-block record and replay of this image's start.", no_args_is_help=True)
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
+def _settings(config: Path | None, store: str | None) -> tuple[Settings, Config]:
+    """The settings the hot-block actions read, and the config this image's key is computed from."""
+    from ..settings import Settings
+
+    cfg = load_config(config, store)
+    return Settings.from_config(cfg), cfg
+
+
+def _image_key(cfg: Config) -> str:
+    """This image's key. TRANSITIONAL: built from the config until keys.compute takes settings."""
+    from ..keys import compute
+
+    return compute(cfg).image.digest
 
 
 @hot.command(
@@ -32,11 +48,12 @@ def record(
 ) -> None:
     """Evict the roots, run COMMAND, record what its start read, publish it; exits with COMMAND's code."""
     from ..errors import BootseerError
-    from ..hotblocks.ops import record_command
+    from ..hotblocks.actions import record_command
 
     if not command:
         raise BootseerError("no command given: bootseer hot record [OPTIONS] -- COMMAND [ARGS]…", 2)
-    out = record_command(load_config(config, store), list(command), roots, ready)
+    settings, cfg = _settings(config, store)
+    out = record_command(settings, lambda: _image_key(cfg), list(command), roots, ready)
     if out.doc is None:
         typer.echo(
             f"bootseer: nothing resident under the roots at the end of the start ({out.why}); nothing recorded",
@@ -45,8 +62,8 @@ def record(
     else:
         d = out.doc
         typer.echo(
-            f"bootseer: recorded {d['files']} files, {d['extents']} extents, {_mb(d['bytes'])} "
-            f"of {_mb(d['roots_bytes'])} under the roots ({out.why}); record {d['blob'][:12]}",
+            f"bootseer: recorded {d['files']} files, {d['extents']} extents, {fmt_bytes(d['bytes'])} "
+            f"of {fmt_bytes(d['roots_bytes'])} under the roots ({out.why}); record {d['blob'][:12]}",
             err=True,
         )
     raise typer.Exit(out.exit_code)
@@ -63,9 +80,10 @@ def replay(
     json_: JsonOpt = False,
 ) -> None:
     """Read this image's recorded hot blocks now, into the page cache."""
-    from ..hotblocks.ops import replay_now
+    from ..hotblocks.actions import replay_now
 
-    res, doc = replay_now(load_config(config, store), threads, mbps)
+    settings, cfg = _settings(config, store)
+    res, doc = replay_now(settings, _image_key(cfg), threads, mbps)
     out = {
         "record": doc.get("blob"),
         "bytes_read": res.bytes_read,
@@ -80,7 +98,7 @@ def replay(
         typer.echo(json.dumps(out, indent=2))
         return
     typer.echo(
-        f"replayed {_mb(res.bytes_read)} from {res.files} files in {res.seconds:.2f} s; "
+        f"replayed {fmt_bytes(res.bytes_read)} from {res.files} files in {fmt_seconds(res.seconds)}; "
         f"{out['stale_files']} stale file(s) skipped" + (f", {res.errors} read error(s)" if res.errors else "")
     )
 
@@ -88,25 +106,34 @@ def replay(
 @hot.command("show")
 def show(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt = False) -> None:
     """Describe this image's record: files, bytes, share of the roots, staleness."""
-    from ..hotblocks.ops import describe
+    from ..hotblocks.actions import describe
 
-    d = describe(load_config(config, store))
+    settings, cfg = _settings(config, store)
+    d = describe(settings, _image_key(cfg))
     if json_:
         typer.echo(json.dumps(d, indent=2))
         return
     if d["record"] is None:
         typer.echo(f"no hot-block record for image {d['image_key'][:16]}")
         raise typer.Exit(1)
-    created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["created"]))
-    typer.echo(f"image {d['image_key'][:16]}  record {d['record'][:12]}  taken {created} on {d['creator']}")
+    _print_record(d)
+
+
+def _print_record(d: dict[str, Any]) -> None:
+    """The text form of `hot show` for an existing record."""
+    typer.echo(
+        f"image {d['image_key'][:16]}  record {d['record'][:12]}  taken {fmt_time(d['created'])} on {d['creator']}"
+    )
     typer.echo(f"roots: {', '.join(d['roots'])}")
     typer.echo(
-        f"{d['files']} files, {d['extents']} extents, {_mb(d['bytes'])} "
-        f"= {d['share_of_roots']:.1%} of {_mb(d['roots_bytes'])} under the roots ({d['roots_files']} files)"
+        f"{d['files']} files, {d['extents']} extents, {fmt_bytes(d['bytes'])} "
+        f"= {d['share_of_roots']:.1%} of {fmt_bytes(d['roots_bytes'])} under the roots ({d['roots_files']} files)"
     )
-    typer.echo(f"stale now: {d['stale_files']} file(s), {_mb(d['stale_bytes'])} ({d['stale_share']:.0%} of the record)")
+    typer.echo(
+        f"stale now: {d['stale_files']} file(s), {fmt_bytes(d['stale_bytes'])} ({d['stale_share']:.0%} of the record)"
+    )
     for f in d["top_files"]:
-        typer.echo(f"  {_mb(f['bytes']):>10}  {f['path']}")
+        typer.echo(f"  {fmt_bytes(f['bytes']):>10}  {f['path']}")
 
 
 def register(app: typer.Typer) -> None:

@@ -16,10 +16,15 @@ import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError
 from .pagecache import PAGE_SIZE, FileInfo, parallel_map, resident_runs, walk_files
+
+if TYPE_CHECKING:
+    from ..cache import BlobCache
+    from ..settings import P2PSettings
+    from ..store import Store
 
 FORMAT = 1
 META_KEY = b"bootseer.hot"
@@ -144,7 +149,7 @@ def from_parquet(data: bytes) -> Record:
     return rec
 
 
-def publish(store: Any, rec: Record) -> dict[str, Any]:
+def publish(store: Store, rec: Record) -> dict[str, Any]:
     """Store the record as a blob, then its ref (last, so a reader never sees a ref without its blob)."""
     data = to_parquet(rec)
     digest = store.put_blob_bytes(data)
@@ -164,8 +169,8 @@ def publish(store: Any, rec: Record) -> dict[str, Any]:
     return doc
 
 
-def load(cfg: Any, store: Any, image_key: str) -> tuple[Record, dict[str, Any]] | None:
-    """The published record for `image_key` (fetched through the node cache), or None."""
+def load(p2p: P2PSettings, store: Store, cache: BlobCache, image_key: str) -> tuple[Record, dict[str, Any]] | None:
+    """The published record for `image_key` (through the node cache, and the job's swarm when `p2p` is on), or None."""
     from ..delivery import fetch_blob
 
     doc = store.read_ref(REF_KIND, image_key)
@@ -174,7 +179,7 @@ def load(cfg: Any, store: Any, image_key: str) -> tuple[Record, dict[str, Any]] 
     digest = doc.get("blob")
     if not isinstance(digest, str):
         raise IntegrityError(f"ref hot/{image_key[:16]} names no blob")
-    fetched = fetch_blob(cfg, store, digest)
+    fetched = fetch_blob(p2p, store, digest, cache=cache)
     rec = from_parquet(fetched.path.read_bytes())
     doc = dict(doc, _source=fetched.source, _bytes_from_store=fetched.bytes_from_store)
     return rec, doc

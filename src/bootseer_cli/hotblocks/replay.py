@@ -80,6 +80,87 @@ class _Throttle:
             time.sleep(start - now)
 
 
+class _Pool:
+    """The state the reader threads share: the work list and its cursor, open fds, and the tallies.
+
+    One lock guards all of it; it is held only to take the next extent or to count, never across a read.
+    """
+
+    def __init__(
+        self, work: list[Extent], mbps: float, deadline: float | None, stop: Callable[[], bool] | None
+    ) -> None:
+        self.work = work
+        self.deadline = deadline
+        self.stop = stop
+        self.throttle = _Throttle(mbps)
+        self.lock = threading.Lock()
+        self.fds: dict[str, int] = {}
+        self.bad: set[str] = set()
+        self.next_index = 0
+        self.result = ReplayResult()
+
+    def fd_for(self, path: str) -> int | None:
+        """An fd for `path`, opened once and shared; None (counted as an error once) when it cannot be read."""
+        with self.lock:
+            if path in self.bad:
+                return None
+            fd = self.fds.get(path)
+            if fd is not None:
+                return fd
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # never block on a FIFO or read a device
+                    os.close(fd)
+                    raise OSError("not a regular file")
+            except OSError:
+                self.bad.add(path)
+                self.result.errors += 1
+                return None
+            self.fds[path] = fd
+            return fd
+
+    def take(self) -> Extent | None:
+        """The next extent to read, or None when the work is done, the deadline passed or `stop()` said so."""
+        with self.lock:
+            if self.next_index >= len(self.work):
+                return None
+            if (self.deadline is not None and time.monotonic() >= self.deadline) or (
+                self.stop is not None and self.stop()
+            ):
+                return None
+            extent = self.work[self.next_index]
+            self.next_index += 1
+            return extent
+
+    def worker(self) -> None:
+        """One reader thread: take extents and read them into a reused buffer until `take` says stop."""
+        view = memoryview(bytearray(READ_MAX))
+        while (extent := self.take()) is not None:
+            path, off, n = extent
+            fd = self.fd_for(path)
+            if fd is None:
+                continue
+            self.throttle.take(n)
+            got = 0
+            try:
+                while got < n:
+                    k = os.preadv(fd, [view[: n - got]], off + got)
+                    if k <= 0:
+                        break
+                    got += k
+            except OSError:
+                with self.lock:
+                    self.result.errors += 1
+            with self.lock:
+                self.result.bytes_read += got
+                self.result.extents_done += 1
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def run(
     work: list[Extent],
     threads: int = 16,
@@ -89,74 +170,18 @@ def run(
 ) -> ReplayResult:
     """Read `work` with `threads` threads; stop taking work at `deadline` (monotonic) or when `stop()`."""
     t0 = time.monotonic()
-    result = ReplayResult()
     if not work:
-        return result
-    throttle = _Throttle(mbps)
-    lock = threading.Lock()
-    fds: dict[str, int] = {}
-    bad: set[str] = set()
-    next_index = 0
-
-    def fd_for(path: str) -> int | None:
-        with lock:
-            if path in bad:
-                return None
-            fd = fds.get(path)
-            if fd is not None:
-                return fd
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-                if not stat.S_ISREG(os.fstat(fd).st_mode):  # never block on a FIFO or read a device
-                    os.close(fd)
-                    raise OSError("not a regular file")
-            except OSError:
-                bad.add(path)
-                result.errors += 1
-                return None
-            fds[path] = fd
-            return fd
-
-    def worker() -> None:
-        nonlocal next_index
-        buf = bytearray(READ_MAX)
-        view = memoryview(buf)
-        while True:
-            with lock:
-                if next_index >= len(work):
-                    return
-                if (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop()):
-                    return
-                path, off, n = work[next_index]
-                next_index += 1
-            fd = fd_for(path)
-            if fd is None:
-                continue
-            throttle.take(n)
-            got = 0
-            try:
-                while got < n:
-                    k = os.preadv(fd, [view[: n - got]], off + got)
-                    if k <= 0:
-                        break
-                    got += k
-            except OSError:
-                with lock:
-                    result.errors += 1
-            with lock:
-                result.bytes_read += got
-                result.extents_done += 1
-
-    pool = [threading.Thread(target=worker, name=f"replay-{i}", daemon=True) for i in range(max(1, threads))]
-    for t in pool:
+        return ReplayResult()
+    pool = _Pool(work, mbps, deadline, stop)
+    readers = [threading.Thread(target=pool.worker, name=f"replay-{i}", daemon=True) for i in range(max(1, threads))]
+    for t in readers:
         t.start()
-    for t in pool:
+    for t in readers:
         t.join()
-    for fd in fds.values():
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    result.files = len(fds)
-    result.remaining = work[next_index:]
+    pool.close()
+    result = pool.result
+    result.files = len(pool.fds)
+    result.remaining = work[pool.next_index :]
     result.seconds = time.monotonic() - t0
     return result
 

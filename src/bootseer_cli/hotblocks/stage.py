@@ -15,54 +15,40 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import IntegrityError
-from ..launch import LaunchContext, StageResult
-from .pagecache import FileInfo, evict, untrusted_files, walk_files
+from ..errors import IntegrityError, StoreError
+from ..stage import StageContext, StageResult
+from ..units import fmt_bytes
+from .pagecache import evict
 from .ready import parse_mode
-from .roots import resolve_roots
+from .roots import prepare_recording, resolve_roots
+
+if TYPE_CHECKING:
+    from .record import Record
+    from .replay import Extent, ReplayResult
 
 # A record whose fresh part is less than half of its bytes describes another image: take it again.
 STALE_RERECORD = 0.5
 REMAINING_FILE = "hot-remaining.json"
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.0f} MB" if n >= 10e6 else f"{n / 1e6:.1f} MB"
-
-
-def refusal(files: list[FileInfo], untrusted: list[FileInfo]) -> str:
-    """The one-line reason an unprivileged record is refused (what mincore would do, and the fixes)."""
-    return (
-        f"not recording hot blocks as uid {os.geteuid()}: for files one neither owns nor may write, the kernel's "
-        f"mincore reports every page resident ({len(untrusted)} of {len(files)} files under the roots, e.g. "
-        f"{untrusted[0].path}); run as root, or set [image] roots to directories this user owns"
-    )
-
-
-def prepare_recording(roots: list[str]) -> tuple[list[FileInfo], str | None]:
-    """Walk the roots and check the privilege; returns (files, refusal or None)."""
-    files = list(walk_files(roots))
-    bad = untrusted_files(files)
-    return files, (refusal(files, bad) if bad else None)
-
-
-def run_stage(ctx: LaunchContext) -> StageResult:
+def run_stage(ctx: StageContext) -> StageResult:
+    """Replay the record of this image when there is a usable one, else arrange for a new one."""
     from .record import load
 
-    cfg = ctx.cfg
-    mode = cfg.get("image", "record")
-    ready = parse_mode(cfg.get("image", "ready"))
+    image = ctx.settings.image
+    mode = image.record
+    ready = parse_mode(image.ready)
     image_key = ctx.keys.image.digest
-    roots = resolve_roots(cfg)
+    roots = resolve_roots(image)
     why_record = "no record"
     try:
-        found = load(cfg, ctx.store, image_key)
+        found = load(ctx.settings.p2p, ctx.store, ctx.cache, image_key)
     except IntegrityError as e:  # a corrupt record is replaced by a new one
         ctx.warn(f"image: the hot-block record is unusable ({e}); taking a new one")
         found, why_record = None, "record unusable"
-    except Exception as e:  # unreachable store: start without replay (and without a record to publish)
+    except (StoreError, OSError) as e:  # unreachable store: start without replay (and without a record to publish)
         ctx.warn(f"image: cannot read the hot-block record ({e}); starting without replay")
         return StageResult(outcome="fallback", summary="no replay (store)", cache="miss", reason=str(e))
     if found is not None and mode != "always":
@@ -78,45 +64,54 @@ def run_stage(ctx: LaunchContext) -> StageResult:
     return _arrange_recording(ctx, image_key, roots, ready, why_record)
 
 
-def _replay(ctx: LaunchContext, rec: Any, doc: dict[str, Any]) -> StageResult | None:
+def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult | None:
     """Replay in the foreground up to the deadline; None when the record is too stale to use."""
     from .replay import plan, run
 
-    cfg = ctx.cfg
+    image = ctx.settings.image
     t0 = time.monotonic()
     work, staleness = plan(rec)
-    if staleness.stale_share > STALE_RERECORD and cfg.get("image", "record") != "never":
+    if staleness.stale_share > STALE_RERECORD and image.record != "never":
         ctx.warn(
             f"image: the hot-block record is mostly stale ({len(staleness.stale_files)} of {len(rec.files)} files "
             f"changed, {staleness.stale_share:.0%} of its bytes); taking a new one"
         )
         return None
-    threads = int(cfg.get("image", "prefetch_threads"))
-    mbps = float(cfg.get("image", "prefetch_mbps"))
-    res = run(work, threads=threads, mbps=mbps, deadline=t0 + float(cfg.get("image", "foreground_s")))
+    res = run(work, threads=image.prefetch_threads, mbps=image.prefetch_mbps, deadline=t0 + image.foreground_s)
     res.staleness = staleness
-    parts = [f"replayed {_mb(res.bytes_read)}"]
+    parts = [f"replayed {fmt_bytes(res.bytes_read)}"]
     if res.remaining:
-        if cfg.get("exec", "agent"):
-            path = ctx.run.run_dir / REMAINING_FILE
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(res.remaining))
-            os.replace(tmp, path)
-            ctx.add_agent_task("hot-prefetch", file=str(path), threads=threads, mbps=mbps)
-            parts.append(f"{_mb(sum(n for _, _, n in res.remaining))} to the agent")
-        else:
-            parts.append(f"{_mb(sum(n for _, _, n in res.remaining))} left unread (no agent)")
+        parts.append(_hand_on_remaining(ctx, res.remaining))
     if staleness.stale_files:
         parts.append(f"{len(staleness.stale_files)} stale file(s) skipped")
+    return _replayed_result(res, doc, ", ".join(parts))
+
+
+def _hand_on_remaining(ctx: StageContext, remaining: list[Extent]) -> str:
+    """Give what the deadline cut short to the agent (a "hot-prefetch" task); returns the summary part."""
+    left = fmt_bytes(sum(n for _, _, n in remaining))
+    if not ctx.settings.exec.agent:
+        return f"{left} left unread (no agent)"
+    path = ctx.run.run_dir / REMAINING_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(remaining))
+    os.replace(tmp, path)
+    image = ctx.settings.image
+    ctx.add_agent_task("hot-prefetch", file=str(path), threads=image.prefetch_threads, mbps=image.prefetch_mbps)
+    return f"{left} to the agent"
+
+
+def _replayed_result(res: ReplayResult, doc: dict[str, Any], summary: str) -> StageResult:
+    """The stage's result for a replay: bytes read, where the record came from, what was stale or left."""
     return StageResult(
         outcome="hit",
-        summary=", ".join(parts),
+        summary=summary,
         cache="hit",
         bytes=res.bytes_read,
         bytes_from_store=int(doc.get("_bytes_from_store", 0)),
         extra={
-            "stale_files": len(staleness.stale_files),
-            "stale_bytes": staleness.stale_bytes,
+            "stale_files": len(res.staleness.stale_files),
+            "stale_bytes": res.staleness.stale_bytes,
             "remaining_bytes": sum(n for _, _, n in res.remaining),
             "record": doc.get("blob", ""),
         },
@@ -124,9 +119,10 @@ def _replay(ctx: LaunchContext, rec: Any, doc: dict[str, Any]) -> StageResult | 
 
 
 def _arrange_recording(
-    ctx: LaunchContext, image_key: str, roots: list[str], ready: str | float, why: str
+    ctx: StageContext, image_key: str, roots: list[str], ready: str | float, why: str
 ) -> StageResult:
-    if not ctx.cfg.get("exec", "agent"):
+    """Evict the roots and give the agent a "hot-record" task, when there is an agent and mincore tells the truth."""
+    if not ctx.settings.exec.agent:
         ctx.warn("image: recording hot blocks needs the agent ([exec] agent = true); not recording")
         return StageResult(outcome="skipped", summary="not recorded (no agent)", cache="miss", reason="no agent")
     files, refused = prepare_recording(roots)

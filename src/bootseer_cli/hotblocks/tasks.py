@@ -1,51 +1,8 @@
-"""The hot-block agent tasks: "hot-record" (scan when the start is over, publish) and
-"hot-prefetch" (finish a replay that the foreground deadline cut short, behind the program)."""
+"""TRANSITIONAL: the agent tasks moved to agent_tasks.py; delete this module once agent.py's `TASKS`
+names "bootseer_cli.hotblocks.agent_tasks:record_task" and "…:prefetch_task"."""
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-from typing import Any
+from .agent_tasks import prefetch_task, record_task
 
-from ..events import record as record_event
-from .ready import parse_mode, wait_ready
-
-
-def record_task(task: dict[str, Any], agent: Any) -> None:
-    from .record import publish, scan
-
-    mode = parse_mode(task.get("ready", "quiet"))
-    why = wait_ready(
-        mode,
-        agent.launcher_pid,
-        agent.ready_file,
-        alive=agent.launcher_alive,
-        sleep=agent.wait,
-        started=float(task.get("started") or time.time()),
-    )
-    t0 = time.time()
-    rec = scan(str(task["image_key"]), [str(r) for r in task["roots"]])
-    if not rec.extents:
-        agent.log(f"hot-record: nothing resident under {rec.roots} ({why}); nothing published")
-        return
-    doc = publish(agent.store, rec)
-    agent.log(
-        f"hot-record ({why}): {len(rec.files)} files, {len(rec.extents)} extents, {rec.total_bytes} bytes "
-        f"of {rec.roots_bytes} under the roots; published {doc['blob'][:12]}"
-    )
-    record_event(
-        agent.run, "hot-record", t0, time.time(), "built", bytes=rec.total_bytes, reason=why, detail=doc["blob"]
-    )
-
-
-def prefetch_task(task: dict[str, Any], agent: Any) -> None:
-    from .replay import run
-
-    path = Path(task["file"])
-    work = [(str(p), int(o), int(n)) for p, o, n in json.loads(path.read_text())]
-    t0 = time.time()
-    res = run(work, threads=int(task.get("threads", 16)), mbps=float(task.get("mbps", 0.0)), stop=agent.stopping.is_set)
-    agent.log(f"hot-prefetch: {res.bytes_read} bytes in {res.seconds:.1f} s, {len(res.remaining)} extents not read")
-    record_event(agent.run, "hot-prefetch", t0, time.time(), "done", bytes=res.bytes_read)
-    path.unlink(missing_ok=True)
+__all__ = ["prefetch_task", "record_task"]

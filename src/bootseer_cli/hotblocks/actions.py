@@ -1,0 +1,154 @@
+"""What the `bootseer hot` verbs do by hand (e.g. in CI): record a command's start, replay now, describe.
+
+The stage (stage.py) and the agent tasks (agent_tasks.py) do the same work inside `bootseer exec`;
+these are the one-shot forms, which take their settings and the image key from the command layer
+(commands/hot.py) and return facts for it to print.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BootseerError
+from .ready import parse_mode, wait_ready
+from .roots import resolve_roots
+
+if TYPE_CHECKING:
+    from ..events import RunInfo
+    from ..settings import Settings
+    from ..store import Store
+    from .record import Record
+    from .replay import ReplayResult
+
+
+@dataclass
+class RecordOutcome:
+    exit_code: int
+    why: str
+    doc: dict[str, Any] | None
+
+
+def record_command(
+    settings: Settings,
+    image_key: Callable[[], str],
+    command: list[str],
+    roots: list[str] | None = None,
+    ready: str | None = None,
+) -> RecordOutcome:
+    """Evict the roots, run `command`, scan when its start is over, publish; returns its exit code.
+
+    Refuses (BootseerError) before running anything when this process cannot see the truth with
+    mincore. `image_key` is called only once the record can go ahead (it may fingerprint the root
+    filesystem). The command keeps running after the scan; its exit code is returned.
+    """
+    from ..events import RunInfo
+    from ..launcher import resolve_command
+    from ..store import open_store
+    from .pagecache import evict
+    from .roots import prepare_recording
+
+    resolve_command(command)
+    mode = parse_mode(ready if ready is not None else settings.image.ready)
+    roots = resolve_roots(settings.image, roots)
+    files, refused = prepare_recording(roots)
+    if refused:
+        raise BootseerError(refused)
+    store = open_store(settings.store.uri)
+    key = image_key()
+    run = RunInfo.new()
+    evict(files)
+    proc, started = _start(command, run)
+    try:
+        why = wait_ready(
+            mode,
+            proc.pid,
+            run.run_dir / "ready",
+            alive=lambda: proc.poll() is None,
+            sleep=lambda s: bool(time.sleep(s)),
+            started=started,
+        )
+        doc = _scan_and_publish(store, key, roots)
+        code = proc.wait()
+    except BaseException:  # not swallowed: the command must not outlive a failed or interrupted record
+        proc.kill()
+        proc.wait()
+        raise
+    return RecordOutcome(code, why, doc)
+
+
+def _start(command: list[str], run: RunInfo) -> tuple[subprocess.Popen[bytes], float]:
+    """Start `command` with the run's environment (so `bootseer_cli.ready()` finds the run directory)."""
+    started = time.time()
+    env = dict(
+        os.environ, BOOTSEER_RUN_DIR=str(run.run_dir), BOOTSEER_RUN_ID=run.run, BOOTSEER_EXEC_TIME=f"{started:.6f}"
+    )
+    return subprocess.Popen(command, env=env), started
+
+
+def _scan_and_publish(store: Store, image_key: str, roots: list[str]) -> dict[str, Any] | None:
+    """Scan the roots now and publish the record; None when nothing under them is resident."""
+    from .record import publish, scan
+
+    rec = scan(image_key, roots, None)
+    return publish(store, rec) if rec.extents else None
+
+
+def _load(settings: Settings, image_key: str) -> tuple[Record, dict[str, Any]] | None:
+    """The published record of `image_key` from the configured store, through the node cache."""
+    from ..cache import cache_for
+    from ..store import open_store
+    from .record import load
+
+    return load(settings.p2p, open_store(settings.store.uri), cache_for(settings.store), image_key)
+
+
+def replay_now(
+    settings: Settings, image_key: str, threads: int | None = None, mbps: float | None = None
+) -> tuple[ReplayResult, dict[str, Any]]:
+    """Replay the record of this image to the end; returns (ReplayResult, ref doc)."""
+    from .replay import replay
+
+    found = _load(settings, image_key)
+    if found is None:
+        raise BootseerError(f"no hot-block record for image {image_key[:16]} (record one: bootseer hot record -- CMD)")
+    rec, doc = found
+    res = replay(
+        rec,
+        threads=threads or settings.image.prefetch_threads,
+        mbps=settings.image.prefetch_mbps if mbps is None else mbps,
+    )
+    return res, doc
+
+
+def describe(settings: Settings, image_key: str) -> dict[str, Any]:
+    """The record of this image: files, bytes, share of the roots, and how much of it is stale now."""
+    from .record import check
+
+    found = _load(settings, image_key)
+    if found is None:
+        return {"image_key": image_key, "record": None}
+    rec, doc = found
+    staleness, _ = check(rec)
+    by_file = sorted(rec.bytes_by_file().items(), key=lambda kv: -kv[1])
+    return {
+        "image_key": image_key,
+        "record": doc.get("blob"),
+        "created": rec.created,
+        "creator": rec.creator,
+        "roots": rec.roots,
+        "files": len(rec.files),
+        "extents": len(rec.extents),
+        "bytes": rec.total_bytes,
+        "roots_bytes": rec.roots_bytes,
+        "roots_files": rec.roots_files,
+        "share_of_roots": rec.total_bytes / rec.roots_bytes if rec.roots_bytes else 0.0,
+        "stale_files": len(staleness.stale_files),
+        "stale_bytes": staleness.stale_bytes,
+        "stale_share": staleness.stale_share,
+        "top_files": [{"path": p, "bytes": n} for p, n in by_file[:10]],
+    }
