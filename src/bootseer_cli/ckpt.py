@@ -6,13 +6,77 @@
     # a restarted job then mounts my-model:latest ([checkpoint] name = "my-model")
 
 The store and targets come from bootseer.toml / BOOTSEER_* as for the CLI, unless given here.
+`push_checkpoint` and `phase_bars` are what `bootseer ckpt push` shares with this API, so the
+command and the library push the same way and show the same bars.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .settings import CheckpointSettings
+    from .store import Store
+    from .stripe.layout import Manifest
+
+PhaseProgress = Callable[[str, int], Callable[[int], None]]
+
+
+@contextmanager
+def phase_bars(label: str, enabled: bool | None = None) -> Iterator[PhaseProgress]:
+    """A `progress(phase, total)` for `stripe.push.push`: one byte bar per phase, `"<phase> <label>"`.
+
+    The push reports its phases one after the other ("hash", then "upload"), so the previous bar is
+    closed when the next phase starts, and the last one when the block ends (also on an error).
+    `enabled` is `progress.byte_bar`'s: None shows bars only on a terminal, False never.
+    """
+    from .progress import byte_bar
+
+    with ExitStack() as bar:
+
+        def start(phase: str, total: int) -> Callable[[int], None]:
+            bar.close()
+            return bar.enter_context(byte_bar(total, f"{phase} {label}", enabled=enabled))
+
+        yield start
+
+
+def push_checkpoint(
+    store: Store,
+    settings: CheckpointSettings,
+    directory: Path,
+    name: str,
+    tag: str | None = None,
+    *,
+    stripes: int | None = None,
+    cell_size: int | None = None,
+    targets: list[str] | None = None,
+    bars: bool | None = None,
+) -> Manifest:
+    """Push `directory` as NAME:TAG; arguments left out come from `settings` ([checkpoint]).
+
+    `targets=None` means the configured targets (none configured: the store itself). `bars` is
+    `phase_bars`' `enabled`.
+    """
+    from .store import Store
+    from .stripe.push import push as _push
+
+    uris = targets if targets is not None else list(settings.targets)
+    with phase_bars(name, enabled=bars) as progress:
+        return _push(
+            store,
+            directory,
+            name,
+            tag,
+            stripes=stripes or settings.stripes,
+            cell_size=cell_size or settings.cell_size,
+            targets=[Store(u) for u in uris] or None,
+            progress=progress,
+        )
 
 
 def push(
@@ -29,42 +93,19 @@ def push(
 ) -> str:
     """Push `directory` as checkpoint NAME:TAG; returns the tag. The manifest is published last."""
     from .config import load
-    from .progress import byte_bar
-    from .store import Store
-    from .stripe.push import push as _push
-
-    cfg = load(config, {("store", "uri"): store})
-    st = Store(cfg.get("store", "uri")) if cfg.get("store", "uri") else _default_store()
-    uris = targets if targets is not None else list(cfg.get("checkpoint", "targets") or [])
-    target_stores = [Store(u) for u in uris] or None
-    bars: list[Any] = []
-
-    def bar(phase: str, total: int) -> Any:
-        for b in bars:
-            b.__exit__(None, None, None)
-        bars.clear()
-        cm = byte_bar(total, f"{phase} {name}", enabled=None if progress else False)
-        bars.append(cm)
-        return cm.__enter__()
-
-    try:
-        m = _push(
-            st,
-            Path(directory),
-            name,
-            tag,
-            stripes=stripes or cfg.get("checkpoint", "stripes"),
-            cell_size=cell_size or cfg.get("checkpoint", "cell_size"),
-            targets=target_stores,
-            progress=bar,
-        )
-    finally:
-        for b in bars:
-            b.__exit__(None, None, None)
-    return m.tag
-
-
-def _default_store() -> Any:
+    from .settings import Settings
     from .store import open_store
 
-    return open_store(None)
+    settings = Settings.from_config(load(config, {("store", "uri"): store}))
+    m = push_checkpoint(
+        open_store(settings.store.uri),
+        settings.checkpoint,
+        Path(directory),
+        name,
+        tag,
+        stripes=stripes,
+        cell_size=cell_size,
+        targets=targets,
+        bars=None if progress else False,
+    )
+    return m.tag

@@ -168,15 +168,16 @@ def test_cli_and_api(tmp_path: Path, plain_ckpt: Path) -> None:
 
 def test_pull_of_whole_stripes_through_the_node_cache(tmp_path: Path, plain_ckpt: Path) -> None:
     """With [p2p] on, pull fetches whole stripes via delivery.fetch_blob (cache → swarm → store)."""
-    from bootseer_cli.cache import cache_from_config
+    from bootseer_cli.cache import cache_for
     from bootseer_cli.config import load
+    from bootseer_cli.settings import Settings
 
     store, m = _pushed(tmp_path, plain_ckpt)
-    cfg = load(None)
-    r = pull(m, catalog.Targets(store), tmp_path / "out", cfg=cfg, whole_stripes=True)  # type: ignore[arg-type]
+    settings = Settings.from_config(load(None))
+    cache = cache_for(settings.store)
+    r = pull(m, catalog.Targets(store), tmp_path / "out", p2p=settings.p2p, cache=cache, whole_stripes=True)  # type: ignore[arg-type]
     assert same_tree(plain_ckpt, tmp_path / "out")
     assert r.bytes_from_store == m.total_size  # type: ignore[attr-defined]
-    cache = cache_from_config(cfg)
     assert all(cache.get(s.digest) is not None for s in m.stripes)  # type: ignore[attr-defined]
-    r = pull(m, catalog.Targets(store), tmp_path / "again", cfg=cfg, whole_stripes=True)  # type: ignore[arg-type]
+    r = pull(m, catalog.Targets(store), tmp_path / "again", p2p=settings.p2p, cache=cache, whole_stripes=True)  # type: ignore[arg-type]
     assert r.bytes_from_store == 0 and same_tree(plain_ckpt, tmp_path / "again")  # served by the node cache

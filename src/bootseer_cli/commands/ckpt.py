@@ -6,11 +6,17 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
+from ..units import fmt_bytes, fmt_seconds
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+    from ..store import Store
+    from ..stripe.layout import Manifest
 
 app = typer.Typer(
     name="ckpt",
@@ -33,29 +39,16 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def _store(cfg: Any) -> Any:
-    from ..store import store_from_config
-
-    return store_from_config(cfg)
-
-
-def _open(ref: str, config: Path | None, store: str | None) -> tuple[Any, Any, Any]:
-    """(config, store, manifest) for a NAME[:TAG|latest] reference: what pull, mount and rm start from."""
+def _open(ref: str, config: Path | None, store: str | None) -> tuple[Settings, Store, Manifest]:
+    """(settings, store, manifest) for a NAME[:TAG|latest] reference: what pull, mount and rm start from."""
+    from ..store import open_store
     from ..stripe.catalog import load_manifest
     from ..stripe.layout import parse_ref
 
     name, tag = parse_ref(ref)
-    cfg = load_config(config, store)
-    st = _store(cfg)
-    return cfg, st, load_manifest(st, name, tag)
+    settings = load_settings(config, store)
+    st = open_store(settings.store.uri)
+    return settings, st, load_manifest(st, name, tag)
 
 
 @app.command()
@@ -73,43 +66,28 @@ def push(
     json_: JsonOpt = False,
 ) -> None:
     """Store DIRECTORY as NAME:TAG in the striped layout (uploads in parallel; manifest last)."""
-    from ..progress import byte_bar
-    from ..store import Store
+    from ..ckpt import push_checkpoint
+    from ..store import open_store
     from ..stripe.catalog import describe
-    from ..stripe.push import push as do_push
 
-    cfg = load_config(config, store)
-    targets = target if target else list(cfg.get("checkpoint", "targets") or [])
-    bars: list[Any] = []
-
-    def bar(phase: str, total: int) -> Any:
-        while bars:
-            bars.pop().__exit__(None, None, None)
-        cm = byte_bar(total, f"{phase} {name}")
-        bars.append(cm)
-        return cm.__enter__()
-
+    settings = load_settings(config, store)
     t0 = time.time()
-    try:
-        m = do_push(
-            _store(cfg),
-            directory,
-            name,
-            tag,
-            stripes=stripes or cfg.get("checkpoint", "stripes"),
-            cell_size=parse_size(cell_size) if cell_size else cfg.get("checkpoint", "cell_size"),
-            targets=[Store(u) for u in targets] or None,
-            progress=bar,
-        )
-    finally:
-        while bars:
-            bars.pop().__exit__(None, None, None)
+    m = push_checkpoint(
+        open_store(settings.store.uri),
+        settings.checkpoint,
+        directory,
+        name,
+        tag,
+        stripes=stripes,
+        cell_size=parse_size(cell_size) if cell_size else None,
+        targets=target or None,
+    )
     if json_:
         typer.echo(json.dumps(describe(m), indent=2))
     else:
         typer.echo(
-            f"pushed {m.name}:{m.tag}: {len(m.files)} files, {_human(m.total_size)} in {m.k} stripes "
-            f"({time.time() - t0:.1f} s)"
+            f"pushed {m.name}:{m.tag}: {len(m.files)} files, {fmt_bytes(m.total_size)} in {m.k} stripes "
+            f"({fmt_seconds(time.time() - t0)})"
         )
 
 
@@ -121,10 +99,11 @@ def ls(
     json_: JsonOpt = False,
 ) -> None:
     """List checkpoints and their tags (newest last)."""
+    from ..store import open_store
     from ..stripe.catalog import list_names, list_tags
     from ..stripe.layout import check_name
 
-    st = _store(load_config(config, store))
+    st = open_store(load_settings(config, store).store.uri)
     names = [check_name(name)] if name else list_names(st)
     rows = [e for n in names for e in list_tags(st, n)]
     if json_:
@@ -138,7 +117,7 @@ def ls(
             typer.echo(f"{e.name}:{e.tag}  (unreadable: {e.error})")
             continue
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.created))
-        typer.echo(f"{e.name}:{e.tag}  {_human(e.size):>10}  {e.files} files  {e.stripes} stripes  {when} UTC")
+        typer.echo(f"{e.name}:{e.tag}  {fmt_bytes(e.size):>10}  {e.files} files  {e.stripes} stripes  {when} UTC")
 
 
 @app.command("rm")
@@ -153,8 +132,8 @@ def rm(
 
     if ":" not in ref:
         raise ConfigError(f"rm {ref}: give NAME:TAG (or NAME:latest)")
-    cfg, st, m = _open(ref, config, store)
-    n = remove(st, m.name, m.tag, list(cfg.get("checkpoint", "targets") or []))
+    settings, st, m = _open(ref, config, store)
+    n = remove(st, m.name, m.tag, list(settings.checkpoint.targets))
     typer.echo(f"removed {m.name}:{m.tag} ({n} stripe objects deleted)")
 
 
@@ -186,30 +165,34 @@ def pull(
     store: StoreOpt = None,
 ) -> None:
     """Copy a checkpoint to local disk, in parallel from all stripes, verified."""
+    from ..cache import cache_for
     from ..progress import byte_bar
     from ..stripe.catalog import Targets
     from ..stripe.pull import pull as do_pull
     from ..stripe.reader import ReaderOptions
 
-    cfg, st, m = _open(ref, config, store)
+    settings, st, m = _open(ref, config, store)
     t0 = time.time()
     with byte_bar(m.total_size, f"pull {m.name}:{m.tag}") as advance:
         r = do_pull(
             m,
-            Targets(st, list(cfg.get("checkpoint", "targets") or [])),
+            Targets(st, list(settings.checkpoint.targets)),
             dest,
             replace=force,
             opts=ReaderOptions(**_options(memory, threads)),
-            cfg=cfg,
-            whole_stripes=bool(cfg.get("p2p", "enabled")),
+            p2p=settings.p2p,
+            cache=cache_for(settings.store),
+            whole_stripes=settings.p2p.enabled,
             advance=advance,
         )
     took = time.time() - t0
     if r.skipped:
         typer.echo(f"{r.dest} already holds {m.name}:{m.tag}")
     else:
-        rate = r.bytes / took / (1 << 20) if took > 0 else 0.0
-        typer.echo(f"pulled {m.name}:{m.tag} to {r.dest}: {_human(r.bytes)} in {took:.1f} s ({rate:.0f} MiB/s)")
+        rate = r.bytes / took / 1e6 if took > 0 else 0.0
+        typer.echo(
+            f"pulled {m.name}:{m.tag} to {r.dest}: {fmt_bytes(r.bytes)} in {fmt_seconds(took)} ({rate:.0f} MB/s)"
+        )
 
 
 @app.command()
@@ -225,8 +208,8 @@ def mount(
     """Mount a checkpoint read-only (FUSE); detached unless --foreground. Undo with `ckpt umount`."""
     from ..stripe.mount import mount_detached, serve
 
-    cfg, st, m = _open(ref, config, store)
-    targets = list(cfg.get("checkpoint", "targets") or [])
+    settings, st, m = _open(ref, config, store)
+    targets = list(settings.checkpoint.targets)
     mp = str(mountpoint.expanduser().absolute())
     if foreground:
         spec = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri, "targets": targets}

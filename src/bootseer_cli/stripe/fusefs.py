@@ -23,6 +23,7 @@ import os
 import stat
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import mfusepy
@@ -37,7 +38,7 @@ MAX_READ = 1 << 20
 class CheckpointFS(mfusepy.Operations):
     use_ns = True
 
-    def __init__(self, manifest: Manifest, reader: Reader, on_init: Any = None) -> None:
+    def __init__(self, manifest: Manifest, reader: Reader, on_init: Callable[[], None] | None = None) -> None:
         self.m = manifest
         self.reader = reader
         self.on_init = on_init

@@ -113,9 +113,6 @@ class Manifest:
             return range(0)
         return range(lo // self.cell_size, (hi - 1) // self.cell_size + 1)
 
-    def stripe_size(self, s: int) -> int:
-        return stripe_size(self.total_size, self.cell_size, self.k, s)
-
     def digest(self) -> str:
         """Identifies this exact checkpoint (a pulled copy records it to know it is current)."""
         return hashlib.sha256(self.to_json()).hexdigest()

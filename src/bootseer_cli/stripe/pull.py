@@ -24,12 +24,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError, IntegrityError
 from .catalog import Targets
 from .layout import Manifest
 from .reader import FileStripe, Reader, ReaderOptions, StripeSource, open_reader
+
+if TYPE_CHECKING:
+    from ..cache import BlobCache
+    from ..settings import P2PSettings
 
 WRITE_CHUNK = 16 << 20
 
@@ -55,14 +59,16 @@ def is_current(dest: Path, m: Manifest) -> bool:
     return isinstance(doc, dict) and doc.get("manifest") == m.digest() and dest.is_dir()
 
 
-def _whole_stripes(m: Manifest, targets: Targets, cfg: Any, advance: Callable[[int], None]) -> tuple[list, int, int]:
+def _whole_stripes(
+    m: Manifest, targets: Targets, p2p: P2PSettings, cache: BlobCache, advance: Callable[[int], None]
+) -> tuple[list[StripeSource], int, int]:
     """Fetch every stripe whole through fetch_blob (in parallel); local sources for the engine."""
     from ..delivery import fetch_blob
 
     def one(i: int) -> tuple[StripeSource, int, int]:
         ref = m.stripes[i]
         for _ in range(2):  # the cache may evict a stripe between fetch and open: fetch it again
-            got = fetch_blob(cfg, targets.get(ref.target), ref.digest, progress=advance)
+            got = fetch_blob(p2p, targets.get(ref.target), ref.digest, cache, progress=advance)
             try:
                 return FileStripe(str(got.path), i), got.bytes_from_store, got.bytes_from_peers
             except FileNotFoundError:
@@ -81,11 +87,18 @@ def pull(
     *,
     replace: bool = False,
     opts: ReaderOptions | None = None,
-    cfg: Any = None,
+    p2p: P2PSettings | None = None,
+    cache: BlobCache | None = None,
     whole_stripes: bool = False,
     advance: Callable[[int], None] | None = None,
 ) -> PullResult:
-    """Materialise checkpoint `m` at `dest`."""
+    """Materialise checkpoint `m` at `dest`.
+
+    `whole_stripes` fetches each stripe whole into the node `cache` first (through the swarm when
+    `p2p` is enabled), so the nodes of a job share the transfer; it needs `cache`.
+    """
+    if whole_stripes and cache is None:
+        raise ValueError("pull(whole_stripes=True) needs the node cache")
     dest = Path(os.path.abspath(dest))
     advance = advance or (lambda _n: None)
     if is_current(dest, m):
@@ -101,7 +114,10 @@ def pull(
         for d in m.dirs:
             (tmp / d).mkdir(parents=True, exist_ok=True)
         if whole_stripes:
-            sources, from_store, from_peers = _whole_stripes(m, targets, cfg, advance)
+            from ..settings import P2PSettings
+
+            assert cache is not None  # checked above
+            sources, from_store, from_peers = _whole_stripes(m, targets, p2p or P2PSettings(), cache, advance)
             reader = Reader(m, sources, opts)
             advance = lambda _n: None  # noqa: E731 - the bytes were counted as they arrived
         else:

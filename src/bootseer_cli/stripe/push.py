@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..digests import sha256_file
 from ..errors import BootseerError, ConfigError, IntegrityError, StoreError
 from ..store import Store
 from .catalog import public_uri, write_latest
@@ -39,7 +40,6 @@ from .layout import (
     stripe_size,
 )
 
-READ_CHUNK = 8 << 20
 UPLOAD_TRIES = 3
 
 
@@ -130,12 +130,105 @@ def _stripe_cells(total: int, cell: int, k: int, s: int) -> Iterator[tuple[int, 
         yield c, lo, min(cell, total - lo)
 
 
-def _hash_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(READ_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+Progress = Callable[[str, int], Callable[[int], None]]
+
+
+def _noop(_n: int) -> None:
+    pass
+
+
+def _phase(progress: Progress | None, name: str, total: int) -> Callable[[int], None]:
+    """The `advance` of one phase, safe to call from the pool's threads (a bar is not)."""
+    advance = (progress and progress(name, total)) or _noop
+    lock = threading.Lock()
+
+    def adv(n: int) -> None:
+        with lock:
+            advance(n)
+
+    return adv
+
+
+class _Striper:
+    """One push's logical stream dealt into `k` stripes of `cell`-byte cells over `targets`."""
+
+    def __init__(self, source: _Source, cell: int, k: int, targets: list[Store]) -> None:
+        self.source = source
+        self.cell = cell
+        self.k = k
+        self.targets = targets
+        self.cells: list[str] = [""] * cell_count(source.total, cell)  # filled in by hash_stripe
+
+    def cells_of(self, s: int) -> Iterator[tuple[int, int, int]]:
+        return _stripe_cells(self.source.total, self.cell, self.k, s)
+
+    def size_of(self, s: int) -> int:
+        return stripe_size(self.source.total, self.cell, self.k, s)
+
+    def target_of(self, s: int) -> Store:
+        return self.targets[s % len(self.targets)]
+
+    def hash_stripe(self, s: int, advance: Callable[[int], None]) -> str:
+        """The stripe's digest; each of its cells' digests lands in `cells` on the way."""
+        h = hashlib.sha256()
+        for c, lo, n in self.cells_of(s):
+            data = self.source.read(lo, n)
+            self.cells[c] = hashlib.sha256(data).hexdigest()
+            h.update(data)
+            advance(n)
+        return h.hexdigest()
+
+    def upload_stripe(self, s: int, digest: str, advance: Callable[[int], None]) -> None:
+        """Stream stripe `s` from the files to its target as blob `digest` (re-hashed on the way).
+
+        A transient server error (seen on loopback S3 servers under concurrent multipart uploads)
+        costs a retry of this stripe, not the whole push; corrupt data is never retried.
+        """
+        for attempt in range(UPLOAD_TRIES):
+            chunks = (self.source.read(lo, n) for _, lo, n in self.cells_of(s))
+            try:
+                self.target_of(s).put_blob_stream(digest, chunks, self.size_of(s), advance)
+                return
+            except IntegrityError:
+                raise
+            except StoreError:
+                if attempt == UPLOAD_TRIES - 1:
+                    raise
+                time.sleep(0.5 * 2**attempt)
+
+
+def _check_args(store: Store, name: str, tag: str | None, stripes: int, cell_size: int) -> str:
+    """The tag to push under, once the arguments are sane and the tag is free (tags are immutable)."""
+    check_name(name)
+    tag = check_name(tag, "tag") if tag else default_tag()
+    if not 1 <= stripes <= MAX_STRIPES:
+        raise ConfigError(f"--stripes {stripes}: use 1 to {MAX_STRIPES}")
+    if not MIN_CELL <= cell_size <= MAX_CELL:
+        raise ConfigError(f"--cell-size {cell_size}: use {MIN_CELL} B to 1 GiB")
+    if store.exists(manifest_rel(name, tag)):
+        raise ConfigError(f"checkpoint {name}:{tag} already exists (tags are immutable; pick another tag)")
+    return tag
+
+
+def _transfer(
+    job: _Striper, files: list[tuple[str, Path, int]], workers: int, progress: Progress | None
+) -> tuple[list[str], list[str]]:
+    """Both passes on one pool: (file digests, stripe digests) once every stripe is on its target.
+
+    The "hash" phase counts each byte twice (the files' own digests and the stripes').
+    """
+    total = job.source.total
+    with ThreadPoolExecutor(workers, thread_name_prefix="ckpt-push") as pool:
+        adv = _phase(progress, "hash", total * 2)
+        file_futs = [pool.submit(sha256_file, p) for _, p, _ in files]
+        stripe_futs = [pool.submit(job.hash_stripe, s, adv) for s in range(job.k)]
+        file_digests = [f.result() for f in file_futs]
+        adv(total)
+        digests = [f.result() for f in stripe_futs]
+        adv = _phase(progress, "upload", total)
+        for f in [pool.submit(job.upload_stripe, s, digests[s], adv) for s in range(job.k)]:
+            f.result()
+    return file_digests, digests
 
 
 def push(
@@ -148,71 +241,18 @@ def push(
     cell_size: int = 1 << 20,
     targets: list[Store] | None = None,
     threads: int = 0,
-    progress: Callable[[str, int], Callable[[int], None]] | None = None,
+    progress: Progress | None = None,
 ) -> Manifest:
     """Store `src` as NAME:TAG with `stripes` stripes dealt over `targets` (default: the store itself).
 
     `progress(phase, total)` may return an `advance(n)` callback per phase ("hash", "upload").
     """
-    check_name(name)
-    tag = check_name(tag, "tag") if tag else default_tag()
-    if not 1 <= stripes <= MAX_STRIPES:
-        raise ConfigError(f"--stripes {stripes}: use 1 to {MAX_STRIPES}")
-    if not MIN_CELL <= cell_size <= MAX_CELL:
-        raise ConfigError(f"--cell-size {cell_size}: use {MIN_CELL} B to 1 GiB")
-    if store.exists(manifest_rel(name, tag)):
-        raise ConfigError(f"checkpoint {name}:{tag} already exists (tags are immutable; pick another tag)")
-    src = src.resolve()
-    files, dirs = scan(src)
-    targets = targets or [store]
+    tag = _check_args(store, name, tag, stripes, cell_size)
+    files, dirs = scan(src.resolve())
     source = _Source(files)
-    total, k = source.total, stripes
-    workers = threads or min(32, max(4, k))
-    cells: list[str] = [""] * cell_count(total, cell_size)
-
-    def stripe_hash(s: int, advance: Callable[[int], None]) -> str:
-        h = hashlib.sha256()
-        for c, lo, n in _stripe_cells(total, cell_size, k, s):
-            data = source.read(lo, n)
-            cells[c] = hashlib.sha256(data).hexdigest()
-            h.update(data)
-            advance(n)
-        return h.hexdigest()
-
-    def upload(s: int, digest: str, advance: Callable[[int], None]) -> None:
-        # A transient server error (seen on loopback S3 servers under concurrent multipart uploads)
-        # costs a retry of this stripe, not the whole push; corrupt data is never retried.
-        for attempt in range(UPLOAD_TRIES):
-            chunks = (source.read(lo, n) for _, lo, n in _stripe_cells(total, cell_size, k, s))
-            try:
-                targets[s % len(targets)].put_blob_stream(digest, chunks, stripe_size(total, cell_size, k, s), advance)
-                return
-            except IntegrityError:
-                raise
-            except StoreError:
-                if attempt == UPLOAD_TRIES - 1:
-                    raise
-                time.sleep(0.5 * 2**attempt)
-
-    noop: Callable[[int], None] = lambda _n: None  # noqa: E731
+    job = _Striper(source, cell_size, stripes, targets or [store])
     try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="ckpt-push") as pool:
-            advance = (progress and progress("hash", total * 2)) or noop
-            lock = threading.Lock()
-
-            def adv(n: int) -> None:
-                with lock:
-                    advance(n)
-
-            file_futs = [pool.submit(_hash_file, p) for _, p, _ in files]
-            stripe_futs = [pool.submit(stripe_hash, s, adv) for s in range(k)]
-            file_digests = [f.result() for f in file_futs]
-            adv(total)
-            digests = [f.result() for f in stripe_futs]
-            advance = (progress and progress("upload", total)) or noop
-            up_futs = [pool.submit(upload, s, digests[s], adv) for s in range(k)]
-            for f in up_futs:
-                f.result()
+        file_digests, digests = _transfer(job, files, threads or min(32, max(4, stripes)), progress)
     except OSError as e:
         raise StoreError(f"push {name}:{tag}: {e}") from None
     finally:
@@ -221,14 +261,10 @@ def push(
         FileEntry(rel, off, size, d) for (rel, _, size), off, d in zip(files, source.starts, file_digests, strict=True)
     ]
     refs = [
-        StripeRef(
-            "" if targets[s % len(targets)] is store else public_uri(targets[s % len(targets)].uri),
-            digests[s],
-            stripe_size(total, cell_size, k, s),
-        )
-        for s in range(k)
+        StripeRef("" if job.target_of(s) is store else public_uri(job.target_of(s).uri), digests[s], job.size_of(s))
+        for s in range(stripes)
     ]
-    m = Manifest(name, tag, cell_size, refs, entries, cells, dirs, created=time.time())
+    m = Manifest(name, tag, cell_size, refs, entries, job.cells, dirs, created=time.time())
     store.put_bytes(manifest_rel(name, tag), m.to_json())
     write_latest(store, name, tag, m.created)
     return m

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import threading
@@ -28,11 +29,30 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import IntegrityError, StoreError
-from ..store import Store, blob_path
+from ..store import blob_path
 from .layout import FileEntry, Manifest
+
+if TYPE_CHECKING:
+    import pyarrow
+
+    from ..store import Store
+    from .catalog import Targets
+
+
+@functools.cache
+def read_errors() -> tuple[type[Exception], ...]:
+    """What a ranged read fails with when the stripe's server, disk or network does.
+
+    OS errors (local files, sockets, and pyarrow's ArrowIOError, which is one), the store's own
+    errors (a missing or short stripe), and the rest of pyarrow's ArrowException family. pyarrow is
+    imported when a read first fails, not when this module loads (the mount's `--help` stays fast).
+    """
+    from pyarrow.lib import ArrowException
+
+    return (OSError, StoreError, ArrowException)
 
 
 class StripeSource(Protocol):
@@ -50,23 +70,34 @@ class StoreStripe:
         self.store = store
         self.rel = blob_path(digest)
         self.index = index
-        self._f: Any = None
+        self._f: pyarrow.NativeFile | None = None
         self._lock = threading.Lock()
 
-    def _handle(self) -> Any:
+    def _handle(self) -> pyarrow.NativeFile:
         with self._lock:
             if self._f is None:
                 try:
-                    self._f = self.store.fs.open_input_file(self.store.path(self.rel))
-                except FileNotFoundError:
-                    raise MissingStripe(f"stripe {self.index} ({self.rel}) is missing on {self.store.uri}") from None
+                    self._f = self.store.open_input(self.rel)
+                except StoreError:
+                    if self._is_missing():  # worth naming: a removed checkpoint, not a flaky server
+                        raise MissingStripe(
+                            f"stripe {self.index} ({self.rel}) is missing on {self.store.uri}"
+                        ) from None
+                    raise
             return self._f
+
+    def _is_missing(self) -> bool:
+        """Whether the stripe object is known to be absent (an unreachable server: not known)."""
+        try:
+            return not self.store.exists(self.rel)
+        except StoreError:
+            return False
 
     def read_at(self, offset: int, n: int) -> bytes:
         f = self._handle()
         try:
             return f.read_at(n, offset)
-        except Exception:
+        except read_errors():
             with self._lock:  # the next attempt opens a fresh handle; others may still use this one
                 if self._f is f:
                     self._f = None
@@ -79,7 +110,7 @@ class StoreStripe:
         with self._lock:
             f, self._f = self._f, None
         if f is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*read_errors()):
                 f.close()
 
 
@@ -102,7 +133,11 @@ class FileStripe:
             self.fd = -1
 
 
-class MissingStripe(StoreError):
+class StripeError(StoreError):
+    """A read failure that already names its stripe (reported as it is, not wrapped)."""
+
+
+class MissingStripe(StripeError):
     """A stripe object is not on its target."""
 
 
@@ -160,11 +195,11 @@ class Reader:
             try:
                 data = src.read_at(off, n)
                 if len(data) != n:
-                    raise StoreError(f"stripe {s}: short read at {off} ({len(data)} of {n} bytes): truncated stripe")
+                    raise StripeError(f"stripe {s}: short read at {off} ({len(data)} of {n} bytes): truncated stripe")
                 return data
-            except Exception as e:  # OSError, and pyarrow's own ArrowException family
+            except read_errors() as e:
                 if self.closed or attempt >= self.opts.retries:
-                    err = e if isinstance(e, StoreError) else None
+                    err = e if isinstance(e, StripeError) else None
                     msg = str(e) if err else f"stripe {s}: read failed after {attempt + 1} attempts: {e}"
                     # Queued reads of this stripe fail at once for a moment instead of each waiting out
                     # its own retries: a reader gets its EIO in seconds, not minutes.
@@ -399,8 +434,8 @@ class Reader:
             self.cached_bytes = self.ahead_bytes = 0
 
 
-def open_reader(manifest: Manifest, targets: Any, opts: ReaderOptions | None = None) -> Reader:
-    """A reader over the stripes on their targets (`targets`: a catalog.Targets)."""
+def open_reader(manifest: Manifest, targets: Targets, opts: ReaderOptions | None = None) -> Reader:
+    """A reader over the stripes on their targets."""
     sources: list[StripeSource] = [
         StoreStripe(targets.get(ref.target), ref.digest, i) for i, ref in enumerate(manifest.stripes)
     ]

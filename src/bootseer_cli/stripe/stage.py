@@ -14,54 +14,74 @@ import contextlib
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError
-from ..launch import LaunchContext, StageResult
+from ..stage import StageContext, StageResult
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+    from .layout import Manifest
 
 
-def run_stage(ctx: LaunchContext) -> StageResult:
-    from .catalog import Targets, load_manifest
+def run_stage(ctx: StageContext) -> StageResult:
+    """Mount `[checkpoint] name:tag` (or pull it when the mode says so or the mount fails).
 
-    cfg = ctx.cfg
-    name = cfg.get("checkpoint", "name")
-    tag = cfg.get("checkpoint", "tag") or "latest"
-    mode = cfg.get("checkpoint", "mode")
-    mp = str(cfg.resolve_path(cfg.get("checkpoint", "mountpoint")))
-    configured = list(cfg.get("checkpoint", "targets") or [])
-    store = ctx.store
-    m = load_manifest(store, name, tag)
-    extra: dict[str, Any] = {"checkpoint": f"{m.name}:{m.tag}", "mode": mode}
-    if mode == "mount":
-        from .mount import mount_detached
+    Errors (no such checkpoint, an unreachable store, a failed pull) propagate: `launch.run_stages`
+    warns and starts the job without a checkpoint.
+    """
+    from .catalog import load_manifest
 
-        try:
-            pid = mount_detached(
-                m,
-                mp,
-                store.uri,
-                targets=configured,
-                owner_pid=os.getpid(),  # exec keeps this pid for the launcher
-                log_path=ctx.run.run_dir / "ckpt-mount.log",
-            )
-        except BootseerError as e:
-            ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {mp} ({e}); pulling it instead")
-        else:
-            ctx.add_agent_task("ckpt-umount", mountpoint=mp, pid=pid)
-            ctx.exports["BOOTSEER_CKPT_DIR"] = mp
-            ctx.info(f"checkpoint {m.name}:{m.tag} mounted at {mp}")
-            return StageResult("mounted", summary=f"mounted {m.name}:{m.tag}", extra=extra)
+    ck = ctx.settings.checkpoint
+    assert ck.name, "the stage table runs this stage only when [checkpoint] name is set"
+    m = load_manifest(ctx.store, ck.name, ck.tag)
+    extra: dict[str, Any] = {"checkpoint": f"{m.name}:{m.tag}", "mode": ck.mode}
+    if ck.mode == "mount":
+        result = _mount(ctx, m, extra)
+        if result is not None:
+            return result
+    return _pull(ctx, m, extra)
+
+
+def _mount(ctx: StageContext, m: Manifest, extra: dict[str, Any]) -> StageResult | None:
+    """The detached mount, owned by this pid (the launcher's after execvp); None: no mount here, pull."""
+    from .mount import mount_detached
+
+    mp = ctx.settings.checkpoint.mountpoint
+    try:
+        pid = mount_detached(
+            m,
+            mp,
+            ctx.store.uri,
+            targets=list(ctx.settings.checkpoint.targets),
+            owner_pid=os.getpid(),  # exec keeps this pid for the launcher
+            log_path=ctx.run.run_dir / "ckpt-mount.log",
+        )
+    except BootseerError as e:
+        ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {mp} ({e}); pulling it instead")
+        return None
+    ctx.add_agent_task("ckpt-umount", mountpoint=mp, pid=pid)
+    ctx.exports["BOOTSEER_CKPT_DIR"] = mp
+    ctx.info(f"checkpoint {m.name}:{m.tag} mounted at {mp}")
+    return StageResult("mounted", summary=f"mounted {m.name}:{m.tag}", extra=extra)
+
+
+def _pull(ctx: StageContext, m: Manifest, extra: dict[str, Any]) -> StageResult:
+    """Pull to the mountpoint; with [p2p] on, whole stripes through the node cache and the swarm."""
     from ..progress import byte_bar
+    from .catalog import Targets
     from .pull import pull
 
+    ck, p2p = ctx.settings.checkpoint, ctx.settings.p2p
     with byte_bar(m.total_size, f"pull {m.name}:{m.tag}", enabled=False if ctx.quiet else None) as advance:
         r = pull(
             m,
-            Targets(store, configured),
-            Path(mp),
+            Targets(ctx.store, list(ck.targets)),
+            Path(ck.mountpoint),
             replace=True,
-            cfg=cfg,
-            whole_stripes=bool(cfg.get("p2p", "enabled")),
+            p2p=p2p,
+            cache=ctx.cache,
+            whole_stripes=p2p.enabled,
             advance=advance,
         )
     ctx.exports["BOOTSEER_CKPT_DIR"] = str(r.dest)
@@ -79,7 +99,7 @@ def run_stage(ctx: LaunchContext) -> StageResult:
     )
 
 
-def agent_unmount(task: dict[str, Any], agent: Any) -> None:
+def agent_unmount(task: dict[str, Any], agent: Agent) -> None:
     """Agent task: hold the mount while the launcher runs, unmount when it ends."""
     from .mount import mount_info, umount
 
