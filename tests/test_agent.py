@@ -126,3 +126,19 @@ def test_agent_uploads_the_run_events(cfg: Path, isolated_cache: Path) -> None:
     _assert_agent_gone(run_dir)
     store = isolated_cache / "bootseer" / "store"
     assert list(store.rglob("events/*/*.parquet"))
+
+
+def test_agent_settings_come_from_its_spec(tmp_path: Path) -> None:
+    """The agent reads the settings exec ran with: the config file and the store URI of agent.json."""
+    from bootseer_cli.agent import Agent
+
+    (tmp_path / "bootseer.toml").write_text('[p2p]\nseed_s = 12.5\n[store]\nuri = "file:///from-file"\n')
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"job": "j", "node": "n", "rank": 0, "run": "r"}))
+    spec = {"launcher_pid": os.getpid(), "store_uri": "file:///from-exec", "tasks": []}
+    (run_dir / "agent.json").write_text(json.dumps({**spec, "config_file": str(tmp_path / "bootseer.toml")}))
+    settings = Agent(run_dir).settings
+    assert settings.p2p.seed_s == 12.5
+    assert settings.store.uri == "file:///from-exec"  # exec's flags and environment won over the file
+    assert settings.config_path == tmp_path / "bootseer.toml"

@@ -21,9 +21,13 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .events import RunInfo, upload
+
+if TYPE_CHECKING:
+    from .settings import Settings
+    from .store import Store
 
 # task kind -> "module:function"
 TASKS: dict[str, str] = {
@@ -37,20 +41,41 @@ STOP_GRACE_S = 30.0
 
 
 class Agent:
+    """What a task handler is given: the run, the launcher's pid, the store, the settings, a stop flag."""
+
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.run = RunInfo.load(run_dir)
         self.spec: dict[str, Any] = json.loads((run_dir / "agent.json").read_text())
         self.launcher_pid = int(self.spec["launcher_pid"])
         self.stopping = threading.Event()
-        self._store: Any = None
+        self._store: Store | None = None
+        self._settings: Settings | None = None
         self._lock = threading.Lock()
 
     def log(self, msg: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
 
     @property
-    def store(self) -> Any:
+    def settings(self) -> Settings:
+        """The settings `exec` ran with: its config file and store URI, as the spec names them.
+
+        Built on first use, so that a config that no longer loads fails the task that needs it (in
+        its thread, logged) and never the agent, which must still stop the tasks when the launcher ends.
+        """
+        with self._lock:
+            if self._settings is None:
+                from .config import load
+                from .settings import Settings
+
+                cfg_file = self.spec.get("config_file")
+                cfg = load(Path(cfg_file) if cfg_file else None, {("store", "uri"): self.spec.get("store_uri")})
+                self._settings = Settings.from_config(cfg)
+            return self._settings
+
+    @property
+    def store(self) -> Store:
+        """The store `exec` used: its URI is in the spec, so no config is read to upload the events."""
         with self._lock:
             if self._store is None:
                 from .store import open_store
@@ -94,11 +119,12 @@ class Agent:
         return self.stopping.wait(seconds)
 
     def upload_events(self) -> None:
+        """Upload the run's events; a failure is logged, never raised (see `main`: the agent must go on)."""
         try:
             rel = upload(self.store, self.run)
             if rel:
                 self.log(f"events uploaded to {rel}")
-        except Exception as e:
+        except Exception as e:  # keep-alive: an agent that died here would never stop its tasks (unmount, seed)
             self.log(f"could not upload events: {e}")
 
 
@@ -111,6 +137,7 @@ def _is_zombie(pid: int) -> bool:
 
 
 def _run_task(agent: Agent, task: dict[str, Any]) -> None:
+    """One task in its thread: whatever it raises is logged, so the other tasks and the agent go on."""
     kind = task.get("kind", "")
     target = TASKS.get(kind)
     if target is None:
@@ -119,11 +146,12 @@ def _run_task(agent: Agent, task: dict[str, Any]) -> None:
     module, func = target.split(":")
     try:
         getattr(importlib.import_module(module), func)(task, agent)
-    except Exception:
+    except Exception:  # keep-alive: a task's failure (any kind) must not end the agent or the other tasks
         agent.log(f"task {kind} failed:\n{traceback.format_exc()}")
 
 
 def main(run_dir: Path) -> int:
+    """Run the tasks of `run_dir/agent.json` until the launcher ends, then stop them and upload the events."""
     agent = Agent(run_dir)
     agent.log(f"agent for launcher pid {agent.launcher_pid}, run {agent.run.run}")
     (run_dir / "agent.pid").write_text(str(os.getpid()))

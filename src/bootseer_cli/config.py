@@ -98,7 +98,10 @@ class Setting:
 
 @dataclass
 class Config:
-    """The effective configuration: `cfg.get("env", "setup")` or `cfg.env["setup"]`."""
+    """The effective configuration with each value's source, for `bootseer config`.
+
+    Capabilities do not read it: `settings.Settings.from_config` turns it into typed settings once.
+    """
 
     settings: dict[str, dict[str, Setting]]
     path: Path | None = None
@@ -110,21 +113,10 @@ class Config:
     def source(self, section: str, key: str) -> str:
         return self.settings[section][key].source
 
-    def section(self, section: str) -> dict[str, Any]:
-        return {k: s.value for k, s in self.settings[section].items()}
-
-    def __getattr__(self, name: str) -> dict[str, Any]:
-        if name in SCHEMA:
-            return self.section(name)
-        raise AttributeError(name)
-
     def resolve_path(self, p: str) -> Path:
         """Paths in the file are relative to the file's directory, as a user reading it expects."""
         path = Path(os.path.expanduser(p))
         return path if path.is_absolute() else self.base_dir / path
-
-    def as_dict(self) -> dict[str, dict[str, Any]]:
-        return {s: self.section(s) for s in self.settings}
 
 
 def _type_name(t: Any) -> str:

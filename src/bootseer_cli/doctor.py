@@ -6,25 +6,35 @@ import os
 import shutil
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+from .errors import BootseerError
+from .units import fmt_bytes
+
+if TYPE_CHECKING:
+    from .settings import P2PSettings, Settings, StoreSettings
 
 
 @dataclass
 class Check:
+    """One line of `bootseer doctor`: what was checked, how it went, and how to fix it when it did not."""
+
     name: str
     status: str  # ok | warn | fail
     detail: str
     fix: str = ""
 
 
-def check_store(cfg: Any) -> Check:
-    from .store import store_from_config
+def check_store(settings: StoreSettings) -> Check:
+    from .store import open_store
 
-    uri = cfg.get("store", "uri") or "(local default)"
+    uri = settings.uri or "(local default)"
     try:
-        store = store_from_config(cfg)
+        store = open_store(settings.uri)
         store.check_writable()
-    except Exception as e:
+    # StoreError for what bootseer recognises; pyarrow raises OSError for I/O and ValueError
+    # (ArrowInvalid) for a URI or bucket it rejects.
+    except (BootseerError, OSError, ValueError) as e:
         return Check("store", "fail", f"{uri}: {e}", "check [store] uri, the credentials and that the server is up")
     return Check("store", "ok", f"{store.uri} is reachable and writable")
 
@@ -50,21 +60,21 @@ def check_fuse() -> Check:
 
         if ctypes.util.find_library("fuse3") is None and ctypes.util.find_library("fuse") is None:
             return Check("fuse", "warn", "libfuse is not installed", "apt-get install fuse3")
-    except Exception:
+    except OSError:  # find_library runs ldconfig/gcc; a machine without them is not a FUSE failure
         pass
     return Check("fuse", "ok", "/dev/fuse and libfuse are usable")
 
 
-def check_cache(cfg: Any) -> Check:
-    from .cache import cache_from_config
+def check_cache(settings: StoreSettings) -> Check:
+    from .cache import cache_for
 
-    cache = cache_from_config(cfg)
+    cache = cache_for(settings)
     path = cache.root
     while not path.exists() and path != path.parent:
         path = path.parent
     free = shutil.disk_usage(path).free
     need = min(cache.max_bytes, 10 << 30)
-    detail = f"{cache.root}: {free / 2**30:.1f} GiB free (limit {cache.max_bytes / 2**30:.1f} GiB)"
+    detail = f"{cache.root}: {fmt_bytes(free)} free (limit {fmt_bytes(cache.max_bytes)})"
     if free < need:
         return Check("cache", "warn", detail, "free space, or lower [store] cache_max_gb / move cache_dir")
     return Check("cache", "ok", detail)
@@ -74,22 +84,29 @@ def check_docker() -> Check:
     sock = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
         import docker
-
+        import docker.errors
+    except ImportError as e:
+        return _no_docker(sock, e)
+    try:
         client = docker.from_env(timeout=5)
         version = client.version().get("Version", "?")
         client.close()
-    except Exception as e:
-        return Check(
-            "docker",
-            "warn",
-            f"no Docker engine at {sock}: {type(e).__name__}",
-            "start dockerd (only `bootseer prewarm` needs it)",
-        )
+    except (docker.errors.DockerException, OSError) as e:  # requests' connection errors are OSErrors
+        return _no_docker(sock, e)
     return Check("docker", "ok", f"engine {version} at {sock}")
 
 
-def check_p2p(cfg: Any) -> Check:
-    spec = str(cfg.get("p2p", "port"))
+def _no_docker(sock: str, e: Exception) -> Check:
+    return Check(
+        "docker",
+        "warn",
+        f"no Docker engine at {sock}: {type(e).__name__}",
+        "start dockerd (only `bootseer prewarm` needs it)",
+    )
+
+
+def check_p2p(settings: P2PSettings) -> Check:
+    spec = settings.port
     lo, _, hi = spec.partition("-")
     try:
         ports = range(int(lo), int(hi or lo) + 1)
@@ -104,11 +121,18 @@ def check_p2p(cfg: Any) -> Check:
             return Check("p2p", "ok", f"TCP port {port} is free for the swarm")
     return Check(
         "p2p",
-        "warn" if not cfg.get("p2p", "enabled") else "fail",
+        "warn" if not settings.enabled else "fail",
         f"no free TCP port in {spec}",
         "pick another [p2p] port range",
     )
 
 
-def run_checks(cfg: Any) -> list[Check]:
-    return [check_store(cfg), check_fuse(), check_cache(cfg), check_docker(), check_p2p(cfg)]
+def run_checks(settings: Settings) -> list[Check]:
+    """Every check, in the order `bootseer doctor` prints them."""
+    return [
+        check_store(settings.store),
+        check_fuse(),
+        check_cache(settings.store),
+        check_docker(),
+        check_p2p(settings.p2p),
+    ]

@@ -41,6 +41,7 @@ def _parse_exec(args: list[str]) -> tuple[dict[str, str | bool], list[str]] | No
 
 
 def main() -> None:
+    """`bootseer …`: exec and restore by hand-parsed arguments when they are plain, else the typer app."""
     argv = sys.argv[1:]
     if argv[:1] == ["exec"]:
         parsed = _parse_exec(argv[1:])
@@ -74,11 +75,12 @@ def _fast_exec(opts: dict[str, str | bool], command: list[str]) -> None:
     from .config import load
     from .errors import run_guarded
     from .launch import execute
+    from .settings import Settings
 
     def body() -> None:
         overrides = {("store", "uri"): opts.get("store"), ("exec", "quiet"): True if opts.get("quiet") else None}
         cfg = load(opts.get("config"), overrides)  # type: ignore[arg-type]
         skip = {s.strip() for s in str(opts.get("skip") or "").split(",") if s.strip()}
-        execute(cfg, command, skip)
+        execute(Settings.from_config(cfg), command, skip, cfg=cfg)  # cfg: TRANSITIONAL, dropped at the merge
 
     run_guarded(body)

@@ -15,9 +15,14 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .paths import runs_dir
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .store import Store
 
 # The Parquet schema; anything else an event carries goes, as JSON, into `extra`.
 COLUMNS: dict[str, str] = {
@@ -158,7 +163,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def to_table(events: list[dict[str, Any]]) -> Any:
+def to_table(events: list[dict[str, Any]]) -> pa.Table:
+    """Events as a table of `COLUMNS` (a missing column is empty, not null, so reports need no cases)."""
     import pyarrow as pa
 
     types = {"string": pa.string(), "float64": pa.float64(), "int64": pa.int64()}
@@ -173,7 +179,7 @@ def to_table(events: list[dict[str, Any]]) -> Any:
     return pa.table(cols, schema=schema)
 
 
-def upload(store: Any, run: RunInfo) -> str | None:
+def upload(store: Store, run: RunInfo) -> str | None:
     """Write this run's events to the store as Parquet (replacing an earlier upload of the same run)."""
     events = read_jsonl(run.events_file)
     if not events:
@@ -191,14 +197,13 @@ def upload(store: Any, run: RunInfo) -> str | None:
     return rel
 
 
-def load_table(store: Any, job: str | None = None) -> Any:
+def load_table(store: Store, job: str | None = None) -> pa.Table:
     """All events of one job (or of every job) as one pyarrow table."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
 
     prefix = f"events/{job}" if job else "events"
-    files = [store.path(p) for p in store.list(prefix, recursive=True) if p.endswith(".parquet")]
-    if not files:
+    rels = [p for p in store.list(prefix, recursive=True) if p.endswith(".parquet")]
+    if not rels:
         return to_table([])
-    dataset = ds.dataset(files, format="parquet", filesystem=store.fs)
+    dataset = store.parquet_dataset(rels)
     return dataset.to_table().cast(to_table([]).schema) if dataset.count_rows() else pa.table({})

@@ -1,8 +1,10 @@
 """Cache keys: hex sha256 digests of canonical JSON documents.
 
 A key is only as good as a user's ability to see why it changed, so every key is kept together with
-the document it was computed from (`bootseer keys` prints both). The document builders are pure
-functions of their inputs; the few facts read from the machine are gathered in `gather_*` helpers.
+the document it was computed from (`bootseer keys` prints both). Everything here is a pure function
+of its inputs: the facts read from the machine (the image's digest from the Docker engine, the
+root-filesystem fingerprint, the bytes of the files the setup names, the environment) are gathered
+by `identity.py` and passed in, so a key can be tested, and reasoned about, without a machine.
 """
 
 from __future__ import annotations
@@ -10,16 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import re
 import shlex
-import sys
-import sysconfig
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .settings import EnvSettings
 
 FORMAT_VERSION = 1
 
@@ -31,12 +32,10 @@ _FILE_OPTIONS = {"-r", "--requirement", "-c", "--constraint", "--constraints", "
 
 @dataclass(frozen=True)
 class Key:
+    """A digest together with the document it hashes (so a user can see why it changed)."""
+
     doc: dict[str, Any]
     digest: str
-
-    @property
-    def short(self) -> str:
-        return self.digest[:16]
 
 
 def canonical(doc: Any) -> bytes:
@@ -143,56 +142,10 @@ def files_named_by(setup: list[str]) -> list[str]:
     return found
 
 
-def digest_files(names: list[str], base_dir: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name in names:
-        path = Path(name) if os.path.isabs(name) else base_dir / name
-        try:
-            out[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-        except OSError as e:
-            raise ConfigError(f"[env] setup names {name}, which cannot be read: {e.strerror}") from None
-    return out
-
-
-def _dist_names(site_dirs: list[str]) -> list[str]:
-    names: set[str] = set()
-    for d in site_dirs:
-        try:
-            entries = os.listdir(d)
-        except OSError:
-            continue
-        names.update(e for e in entries if e.endswith((".dist-info", ".egg-info")))
-    return sorted(names)
-
-
-def gather_rootfs_fingerprint() -> dict[str, Any]:
-    """What is identical on every node started from one image, and differs between images.
-
-    The distributions counted are those of the *base* interpreter (`sys.base_prefix`), so that a
-    setup installing into a virtual environment does not change the image key it is keyed on.
-    When the setup installs into the base prefix itself, pin the image (`[image] ref` or
-    BOOTSEER_IMAGE, as the templates do).
-    """
-    try:
-        os_release = Path("/etc/os-release").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        os_release = ""
-    base_paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
-    site_dirs = sorted({base_paths["purelib"], base_paths["platlib"]})
-    exe = os.path.realpath(sys.executable)
-    try:
-        exe_size = os.stat(exe).st_size
-    except OSError:
-        exe_size = -1
-    return {
-        "os_release": hashlib.sha256(os_release.encode()).hexdigest(),
-        "python": sys.version.split()[0],
-        "cache_tag": sys.implementation.cache_tag,
-        "soabi": sysconfig.get_config_var("SOABI") or "",
-        "machine": platform.machine(),
-        "executable": [exe, exe_size],
-        "base_distributions": hashlib.sha256("\n".join(_dist_names(site_dirs)).encode()).hexdigest(),
-    }
+def env_file_names(env: EnvSettings) -> list[str]:
+    """The files whose bytes the env key covers: those the setup's installers read, then `[env] files`."""
+    named = files_named_by(list(env.setup))
+    return named + [f for f in env.files if f not in named]
 
 
 def image_digest_from_ref(ref: str | None) -> str | None:
@@ -207,39 +160,35 @@ def image_digest_from_ref(ref: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class ImageIdentity:
+    """What names the image this process runs in: a digest when one is known, else a fingerprint.
+
+    Gathered by `identity.resolve_image` (which may ask the Docker engine or read the root
+    filesystem) so that `compute` stays pure; `source` says which of the two, for `bootseer keys`.
+    """
+
+    digest: str | None
+    fingerprint: dict[str, Any] | None
+    source: str
+
+
+@dataclass(frozen=True)
 class Keys:
     image: Key
     env: Key
     image_source: str
 
 
-def compute(cfg: Any) -> Keys:
-    """Both keys for a config (see config.Config)."""
-    ref = cfg.get("image", "ref")
-    digest = image_digest_from_ref(ref)
-    source = "image ref" if digest else "root filesystem fingerprint"
-    if ref and not digest:
-        # A tag may move; ask the engine for what it currently names, when an engine is reachable.
-        try:
-            from .containers.engine import resolve_local_digest
-        except ImportError:
-            resolve_local_digest = None  # type: ignore[assignment]
-        if resolve_local_digest is not None:
-            digest = resolve_local_digest(ref)
-            source = "docker engine" if digest else source
-    elif not ref:
-        # Inside a container with the engine's socket mounted, the engine knows our image.
-        try:
-            from .containers.engine import own_image_digest
-        except ImportError:
-            own_image_digest = None  # type: ignore[assignment]
-        if own_image_digest is not None:
-            digest = own_image_digest()
-            source = "docker engine (this container)" if digest else source
-    image = make_key(image_key_doc(digest, None if digest else gather_rootfs_fingerprint()))
-    setup = cfg.get("env", "setup")
-    names = files_named_by(setup) + [f for f in cfg.get("env", "files") if f not in files_named_by(setup)]
-    files = digest_files(names, cfg.base_dir)
-    key_env = {name: os.environ.get(name) for name in cfg.get("env", "key_env")}
-    env = make_key(env_key_doc(image.digest, setup, files, key_env, platform.machine()))
-    return Keys(image=image, env=env, image_source=source)
+def compute(
+    env: EnvSettings,
+    image: ImageIdentity,
+    files: dict[str, str],
+    key_env: dict[str, str | None],
+    machine: str,
+) -> Keys:
+    """Both keys, from the gathered facts: `files` maps each of `env_file_names(env)` to its sha256,
+    `key_env` each `[env] key_env` name to its value (None when unset), `machine` is the CPU
+    architecture. `identity.keys_for(settings)` gathers them on this machine."""
+    image_key = make_key(image_key_doc(image.digest, None if image.digest else image.fingerprint))
+    env_key = make_key(env_key_doc(image_key.digest, list(env.setup), files, key_env, machine))
+    return Keys(image=image_key, env=env_key, image_source=image.source)

@@ -13,9 +13,9 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from .config import Config
 from .errors import BootseerError
 from .events import RunInfo, record
 from .launcher import gpus_hint, node_rank_hint, resolve_command
@@ -23,15 +23,20 @@ from .settings import Settings
 from .stage import STAGE_NAMES, StageContext, StageFatal, StageResult, run_order
 from .units import fmt_seconds
 
+if TYPE_CHECKING:
+    from .config import Config
+
 LaunchContext = StageContext  # TRANSITIONAL: removed once no stage imports launch
 
 StageRow = tuple[str, StageResult | None, float]
 
 
-def execute(cfg: Config, command: list[str], skip: set[str] | None = None) -> None:
-    """Run the wanted stages, then replace this process with `command`. Returns only on error."""
+def execute(settings: Settings, command: list[str], skip: set[str] | None = None, *, cfg: Config | None = None) -> None:
+    """Run the wanted stages, then replace this process with `command`. Returns only on error.
+
+    `cfg` is TRANSITIONAL: handed to the stages that still read `ctx.cfg` (dropped at the merge).
+    """
     t0 = time.time()
-    settings = Settings.from_config(cfg)
     resolve_command(command)
     skip = set(skip or ()) | set(settings.exec.skip)
     unknown = skip - set(STAGE_NAMES)
@@ -39,7 +44,7 @@ def execute(cfg: Config, command: list[str], skip: set[str] | None = None) -> No
         raise BootseerError(f"--skip: unknown stage {sorted(unknown)[0]!r} (stages: {', '.join(STAGE_NAMES)})", 2)
     quiet = settings.exec.quiet
     active = [s.name for s in run_order() if s.name not in skip and s.wanted(settings)]
-    env: Any = os.environ
+    env: Mapping[str, str] = os.environ
     if active:
         run = RunInfo.new()
         ctx = StageContext(settings=settings, run=run, command=command, quiet=quiet, cfg=cfg)
@@ -166,15 +171,16 @@ def _spawn_agent(ctx: StageContext, launcher_pid: int) -> None:
 
 
 def _upload_quietly(ctx: StageContext) -> None:
+    """Without an agent, upload the events here, and never let that keep the launcher from starting."""
     try:
         from .events import upload
 
         upload(ctx.store, ctx.run)
-    except Exception as e:  # the launcher starts whatever the store says
+    except Exception as e:  # keep the job starting: the launcher starts whatever the store (or pyarrow) says
         ctx.warn(f"could not upload the stage events to {ctx.settings.store.uri or 'the local store'}: {e}")
 
 
-def _exec(command: list[str], env: Any) -> None:
+def _exec(command: list[str], env: Mapping[str, str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     try:

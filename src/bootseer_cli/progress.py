@@ -9,7 +9,10 @@ from contextlib import contextmanager
 
 @contextmanager
 def byte_bar(total: int | None, desc: str, enabled: bool | None = None) -> Iterator[Callable[[int], None]]:
-    """Yield an `advance(n_bytes)` callback; a real bar only when stderr is a terminal."""
+    """Yield an `advance(n_bytes)` callback; a real bar only when stderr is a terminal.
+
+    Sizes are decimal SI (kB, MB: powers of 1000), as everywhere in bootseer's output (units.py).
+    """
     if enabled is None:
         enabled = sys.stderr.isatty()
     if not enabled:
@@ -17,5 +20,5 @@ def byte_bar(total: int | None, desc: str, enabled: bool | None = None) -> Itera
         return
     from tqdm import tqdm
 
-    with tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False) as bar:
+    with tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1000, leave=False) as bar:
         yield bar.update

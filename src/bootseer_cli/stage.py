@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import BootseerError
+from .errors import BootseerError, StoreError
 from .events import RunInfo
 from .settings import Settings
 
@@ -61,10 +61,11 @@ class StageContext:
 
     @property
     def keys(self) -> Keys:
+        """Both cache keys, gathered once per run (asking the engine or hashing files is not free)."""
         if self._keys is None:
-            from .keys import compute
+            from .identity import keys_for
 
-            self._keys = compute(self.cfg)  # TRANSITIONAL: keys.compute takes settings after the renovation
+            self._keys = keys_for(self.settings)
         return self._keys
 
     @property
@@ -77,7 +78,7 @@ class StageContext:
 
             try:
                 self._store = open_store(self.settings.store.uri)
-            except Exception as e:  # remembered as it is: the next stage sees the same failure
+            except (StoreError, OSError) as e:  # remembered as it is: the next stage sees the same failure
                 self._store_error = e
                 raise
         return self._store

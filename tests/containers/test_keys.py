@@ -11,6 +11,7 @@ import pytest
 from bootseer_cli.config import load
 from bootseer_cli.containers import engine
 from bootseer_cli.containers.prewarm import WORKDIR, keys_for, setup_files
+from bootseer_cli.settings import Settings
 from tests.support import images
 
 from .conftest import write_project
@@ -18,12 +19,17 @@ from .conftest import write_project
 SETUP = ["pip install --no-index -r requirements.txt"]
 
 
+def settings_of(cfg_path: Path) -> Settings:
+    """The settings of a project's config file alone (the host's BOOTSEER_* variables left out)."""
+    return Settings.from_config(load(cfg_path, environ={}))
+
+
 def keys_inside(
     client: Any, image: str, cfg_path: Path, env: dict[str, str] | None = None, socket: bool = False
 ) -> dict[str, Any]:
     """`bootseer keys --json` in a fresh container of `image`, with the project copied in."""
-    cfg = load(cfg_path, environ={})
-    files = engine.tar_of([(dest, src, 0o644) for dest, src in setup_files(cfg)])
+    settings = settings_of(cfg_path)
+    files = engine.tar_of([(dest, src, 0o644) for dest, src in setup_files(settings)])
     binds = {"/var/run/docker.sock": {"bind": "/var/run/docker.sock", "mode": "rw"}} if socket else None
     res = engine.run_container(
         client,
@@ -52,7 +58,7 @@ def test_keys_agree_inside_and_outside(
     pinned = {"BOOTSEER_IMAGE": test_image.pinned}
     one = keys_inside(docker_client, test_image.pinned, cfg_a, pinned)
     two = keys_inside(docker_client, test_image.pinned, cfg_a, pinned)
-    outside = keys_for(load(cfg_a, environ={}), test_image.pinned)
+    outside = keys_for(settings_of(cfg_a), test_image.pinned)
     assert one == two
     assert one["image"]["doc"] == {"v": 1, "kind": "image", "digest": test_image.digest}
     assert one["image"]["digest"] == outside.image.digest
@@ -72,12 +78,12 @@ def test_keys_agree_inside_and_outside(
     # What must change the keys does.
     other = keys_inside(docker_client, other_image.pinned, cfg_a, {"BOOTSEER_IMAGE": other_image.pinned})
     assert other["image"]["digest"] != one["image"]["digest"] and other["env"]["digest"] != one["env"]["digest"]
-    assert other["env"]["digest"] == keys_for(load(cfg_a, environ={}), other_image.pinned).env.digest
+    assert other["env"]["digest"] == keys_for(settings_of(cfg_a), other_image.pinned).env.digest
     changed_req = keys_inside(docker_client, test_image.pinned, cfg_b, pinned)
     changed_setup = keys_inside(docker_client, test_image.pinned, cfg_c, pinned)
     assert changed_req["image"] == one["image"] and changed_setup["image"] == one["image"]
     assert len({one["env"]["digest"], changed_req["env"]["digest"], changed_setup["env"]["digest"]}) == 3
-    assert changed_req["env"]["digest"] == keys_for(load(cfg_b, environ={}), test_image.pinned).env.digest
+    assert changed_req["env"]["digest"] == keys_for(settings_of(cfg_b), test_image.pinned).env.digest
 
 
 def test_a_shell_setup_names_no_constraints_file() -> None:

@@ -104,9 +104,10 @@ def test_what_the_containers_get(tmp_path: Path) -> None:
     """Settings and credentials go in; facts of a run on this host and host paths do not."""
     from bootseer_cli.config import load
     from bootseer_cli.containers.prewarm import container_environment
+    from bootseer_cli.settings import Settings
 
     (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["true"]\nkey_env = ["TORCH_CUDA_ARCH_LIST"]\n')
-    cfg = load(tmp_path / "bootseer.toml", environ={})
+    settings = Settings.from_config(load(tmp_path / "bootseer.toml", environ={}))
     host = {
         "TORCH_CUDA_ARCH_LIST": "8.0;9.0",
         "AWS_ACCESS_KEY_ID": "k",
@@ -116,7 +117,7 @@ def test_what_the_containers_get(tmp_path: Path) -> None:
         "BOOTSEER_IMAGE": "other@sha256:00",
         "HOME": "/root",
     }
-    env = container_environment(cfg, "r/x@sha256:11", "file:///s", host)
+    env = container_environment(settings, "r/x@sha256:11", "file:///s", host)
     assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0" and env["AWS_ACCESS_KEY_ID"] == "k"
     assert env["BOOTSEER_ENV_WAIT_S"] == "30"
     assert env["BOOTSEER_IMAGE"] == "r/x@sha256:11" and env["BOOTSEER_STORE"] == "file:///s"

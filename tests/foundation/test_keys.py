@@ -4,9 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli import keys
+from bootseer_cli import identity, keys
 from bootseer_cli.config import load
 from bootseer_cli.errors import ConfigError
+from bootseer_cli.settings import EnvSettings, Settings
+
+
+def keys_here() -> keys.Keys:
+    """The keys `bootseer keys` computes for the config in the current directory."""
+    return identity.keys_for(Settings.from_config(load()))
 
 
 def env_digest(**overrides: object) -> str:
@@ -48,8 +54,8 @@ def test_each_input_changes_env_key(change: dict[str, object]) -> None:
 def test_image_key_digest_vs_fingerprint() -> None:
     by_digest = keys.make_key(keys.image_key_doc("sha256:" + "1" * 64, None))
     assert by_digest.doc["kind"] == "image"
-    fp = keys.gather_rootfs_fingerprint()
-    assert fp == keys.gather_rootfs_fingerprint()
+    fp = identity.gather_rootfs_fingerprint()
+    assert fp == identity.gather_rootfs_fingerprint()
     by_fp = keys.make_key(keys.image_key_doc(None, fp))
     assert by_fp.digest != by_digest.digest
     other = dict(fp, python="0.0.0")
@@ -90,7 +96,7 @@ def test_setup_without_installer_files(tmp_path: Path, monkeypatch: pytest.Monke
     """`rm -rf build` once disabled the env stage (read as `-r f`): it names no file."""
     (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["rm -rf build", "python -c pass"]\n')
     monkeypatch.chdir(tmp_path)
-    assert keys.compute(load()).env.doc["files"] == {}
+    assert keys_here().env.doc["files"] == {}
 
 
 def test_compute_reads_files_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,18 +105,18 @@ def test_compute_reads_files_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyP
         '[env]\nsetup = ["pip install -r requirements.txt"]\nkey_env = ["BS_TEST_ARCH"]\n'
     )
     monkeypatch.chdir(tmp_path)
-    first = keys.compute(load())
+    first = keys_here()
     assert first.env.doc["files"]["requirements.txt"]
     assert first.env.doc["image"] == first.image.digest
-    assert keys.compute(load()).env.digest == first.env.digest
+    assert keys_here().env.digest == first.env.digest
     (tmp_path / "requirements.txt").write_text("six==1.17.0\n")
-    second = keys.compute(load())
+    second = keys_here()
     assert second.env.digest != first.env.digest
     assert second.image.digest == first.image.digest
     monkeypatch.setenv("BS_TEST_ARCH", "8.0")
-    assert keys.compute(load()).env.digest != second.env.digest
+    assert keys_here().env.digest != second.env.digest
     monkeypatch.setenv("BOOTSEER_IMAGE", "reg/x@sha256:" + "3" * 64)
-    pinned = keys.compute(load())
+    pinned = keys_here()
     assert pinned.image.doc == {"v": 1, "kind": "image", "digest": "sha256:" + "3" * 64}
 
 
@@ -118,4 +124,21 @@ def test_unreadable_requirements_is_a_config_error(tmp_path: Path, monkeypatch: 
     (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["pip install -r missing.txt"]\n')
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"missing\.txt"):
-        keys.compute(load())
+        keys_here()
+
+
+def test_compute_is_pure() -> None:
+    """The keys follow from the facts passed in, nothing read from the machine (issue 12, item 5)."""
+    env = EnvSettings(setup=("pip install -r r.txt",), key_env=("ARCH",))
+    pinned = keys.ImageIdentity("sha256:" + "4" * 64, None, "image ref")
+    args = {"files": {"r.txt": "f" * 64}, "key_env": {"ARCH": "8.0"}, "machine": "x86_64"}
+    first = keys.compute(env, pinned, **args)  # type: ignore[arg-type]
+    assert first == keys.compute(env, pinned, **args)  # type: ignore[arg-type]
+    assert first.image.doc == {"v": 1, "kind": "image", "digest": "sha256:" + "4" * 64}
+    assert first.env.doc["files"] == {"r.txt": "f" * 64} and first.image_source == "image ref"
+    fingerprinted = keys.compute(env, keys.ImageIdentity(None, {"python": "3.11"}, "fp"), **args)  # type: ignore[arg-type]
+    assert fingerprinted.image.doc["kind"] == "rootfs" and fingerprinted.env.digest != first.env.digest
+    assert keys.env_file_names(EnvSettings(setup=("pip install -r r.txt",), files=("x.lock", "r.txt"))) == [
+        "r.txt",
+        "x.lock",
+    ]

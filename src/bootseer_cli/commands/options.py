@@ -22,6 +22,7 @@ StoreOpt = Annotated[
     str | None,
     typer.Option("--store", help="Store URI (file://…, s3://…, hdfs://…); overrides [store] uri and $BOOTSEER_STORE."),
 ]
+# A verb names this parameter `as_json` (`json` would shadow the module); the flag is `--json`.
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 

@@ -7,11 +7,8 @@ from typing import Annotated
 
 import typer
 
-from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
-
-
-def _size(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
+from ..units import fmt_bytes
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
 
 
 def prewarm(
@@ -22,13 +19,13 @@ def prewarm(
         str | None,
         typer.Option("--probe", help="Command whose start to record, e.g. \"python -c 'import torch'\"."),
     ] = None,
-    json_: JsonOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Run the setup in a container of IMAGE, publish its snapshot and the probe's hot blocks, print the keys."""
     from ..containers.prewarm import prewarm as run
 
-    out = run(load_config(config, store), image, probe)
-    if json_:
+    out = run(load_settings(config, store), image, probe)
+    if as_json:
         typer.echo(json.dumps(out.as_dict(), indent=2, sort_keys=True))
         return
     typer.echo(f"image      {out.image.pinned}  ({out.image.source})")
@@ -37,7 +34,7 @@ def prewarm(
         ref = out.env_ref or {}
         what = "already there" if out.env_was_there else "published"
         blob = ref.get("blob") or ref.get("digest") or "?"
-        size = f", {_size(ref['size'])}" if isinstance(ref.get("size"), int) else ""
+        size = f", {fmt_bytes(ref['size'])}" if isinstance(ref.get("size"), int) else ""
         typer.echo(f"env_key    {out.env_key}  snapshot {what}: {blob}{size}")
     if out.hot_ref is not None:
         typer.echo(f"hot record published: {out.hot_ref.get('blob', '?')} for image_key {out.image_key[:16]}")
@@ -52,17 +49,17 @@ def prefetch(
     cache_dir: Annotated[
         str | None, typer.Option("--cache-dir", help="Node cache to fill (default [store] cache_dir).")
     ] = None,
-    json_: JsonOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Fetch this job's env snapshot, hot-block record and checkpoint stripes into the node cache (hooks)."""
-    from ..containers.warm import prefetch as run
+    from ..containers.prefetch import prefetch as run
 
-    out = run(load_config(config, store, store__cache_dir=cache_dir))
-    if json_:
+    out = run(load_settings(config, store, store__cache_dir=cache_dir))
+    if as_json:
         typer.echo(json.dumps(out.as_dict(), indent=2))
     else:
         for i in out.items:
-            size = f"{i.blobs} blob(s), {_size(i.bytes)} ({_size(i.bytes_from_store)} from the store)"
+            size = f"{i.blobs} blob(s), {fmt_bytes(i.bytes)} ({fmt_bytes(i.bytes_from_store)} from the store)"
             typer.echo(f"{i.what:10} {i.status:7} {i.key[:24]:24} {size if i.blobs else i.detail}")
         typer.echo(f"node cache: {out.cache_dir}")
     if any(i.status == "failed" for i in out.items):

@@ -9,7 +9,8 @@ Why labels: a prewarm that is killed (CI timeout, Ctrl-C twice) leaves its conta
 container bootseer creates carries `LABEL` with the owner (host, pid), so the next prewarm finds and
 removes those whose owner is gone, and never touches a container of a prewarm still running.
 
-The SDK is imported inside functions only: `keys.compute` imports this module on `bootseer exec`.
+The SDK is imported inside functions only: `identity.resolve_image` imports this module on
+`bootseer exec` (to ask a mounted engine for the image's digest).
 """
 
 from __future__ import annotations
@@ -53,12 +54,13 @@ def connect(timeout: float = 60.0) -> Any:
         )
     try:
         import docker
-
-        client = docker.from_env(timeout=int(timeout))
-        client.ping()
+        import docker.errors
     except ImportError:
         raise BootseerError("the docker Python package is missing: pip install docker") from None
-    except Exception as e:
+    try:
+        client = docker.from_env(timeout=int(timeout))
+        client.ping()
+    except (docker.errors.DockerException, OSError) as e:  # requests' connection errors are OSErrors
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise BootseerError(f"cannot reach the Docker engine at {addr}: {reason}") from None
     return client
@@ -156,25 +158,35 @@ def _pull(client: Any, ref: str) -> Any:
         raise BootseerError(f"image {ref} is not on this engine and cannot be pulled: {_api_reason(e)}") from None
 
 
-def resolve_local_digest(ref: str) -> str | None:
-    """The digest the engine has for a tag `ref` now, or None (no engine, no such image).
-
-    Called by `keys.compute` for an `[image] ref` given as a tag; never pulls, never raises, and
-    does not import the SDK when no engine socket exists.
-    """
+def _engine_answer(ask: Callable[[Any], str | None]) -> str | None:
+    """`ask(client)` on a short-lived client, or None when no engine can answer: the key path must
+    never fail for want of an engine, and must not import the SDK when there is no socket."""
     sock = _socket_path()
     if sock is not None and not os.path.exists(sock):
         return None
     try:
         import docker
-
+        import docker.errors
+    except ImportError:
+        return None
+    try:
         client = docker.from_env(timeout=5)
         try:
-            return digest_of(client.images.get(ref).attrs, ref)[0]
+            return ask(client)
         finally:
             client.close()
-    except Exception:
+    # no engine, no such image or container, or an inspect without the field (an odd engine)
+    except (docker.errors.DockerException, OSError, KeyError):
         return None
+
+
+def resolve_local_digest(ref: str) -> str | None:
+    """The digest the engine has for a tag `ref` now, or None (no engine, no such image).
+
+    Called by `identity.resolve_image` for an `[image] ref` given as a tag; never pulls, never
+    raises, and does not import the SDK when no engine socket exists.
+    """
+    return _engine_answer(lambda client: digest_of(client.images.get(ref).attrs, ref)[0])
 
 
 def own_container_id() -> str | None:
@@ -210,19 +222,14 @@ def own_image_digest() -> str | None:
     cid = own_container_id()
     if cid is None:
         return None
-    try:
-        import docker
 
-        client = docker.from_env(timeout=5)
-        try:
-            container = client.containers.get(cid)
-            image_ref = container.attrs.get("Config", {}).get("Image", "")
-            image = client.images.get(container.attrs["Image"])
-            return digest_of(image.attrs, image_ref or image.id)[0]
-        finally:
-            client.close()
-    except Exception:
-        return None
+    def ask(client: Any) -> str:
+        container = client.containers.get(cid)
+        image_ref = container.attrs.get("Config", {}).get("Image", "")
+        image = client.images.get(container.attrs["Image"])
+        return digest_of(image.attrs, image_ref or image.id)[0]
+
+    return _engine_answer(ask)
 
 
 # --- labelled containers ----------------------------------------------------------------------
@@ -274,7 +281,7 @@ def remove_leftovers(client: Any, warn: Callable[[str], None] | None = None) -> 
                 break
             except docker.errors.NotFound:
                 break
-            except Exception as e:
+            except (docker.errors.APIError, OSError) as e:  # e.g. 409 while the engine still stops it
                 if attempt == 4:
                     if warn is not None:
                         warn(f"could not remove container {c.name} left by an interrupted prewarm: {e}")
@@ -312,6 +319,21 @@ def tar_of(files: Iterable[tuple[str, Path | bytes, int]]) -> bytes:
 class RunResult:
     exit_code: int
     output: str
+
+
+def _stream_logs(container: Any, chunks: list[str], echo: Callable[[str], None] | None) -> None:
+    """Collect the container's output into `chunks` and echo it line by line as it comes (CI logs)."""
+    pending = ""
+    for raw in container.logs(stream=True, follow=True):
+        text = raw.decode("utf-8", errors="replace")
+        chunks.append(text)
+        if echo is not None:
+            pending += text
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                echo(line)
+    if echo is not None and pending:
+        echo(pending)
 
 
 def run_container(
@@ -358,17 +380,7 @@ def run_container(
         if files:
             container.put_archive("/", files)
         container.start()
-        pending = ""
-        for raw in container.logs(stream=True, follow=True):
-            text = raw.decode("utf-8", errors="replace")
-            chunks.append(text)
-            if echo is not None:
-                pending += text
-                *lines, pending = pending.split("\n")
-                for line in lines:
-                    echo(line)
-        if echo is not None and pending:
-            echo(pending)
+        _stream_logs(container, chunks, echo)
         status = container.wait()
         code = int(status.get("StatusCode", 1))
     except docker.errors.APIError as e:
@@ -379,6 +391,6 @@ def run_container(
     finally:
         try:
             container.remove(force=True)
-        except Exception:
+        except (docker.errors.DockerException, OSError):  # the engine went away or refuses: say so, go on
             print(f"bootseer: warning: could not remove container {name}", file=sys.stderr)
     return RunResult(exit_code=code, output="".join(chunks))

@@ -17,18 +17,24 @@ the host's network ("host"). Containers never use the default bridge.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from ..errors import BootseerError, ConfigError
-from .engine import ResolvedImage, connect, remove_leftovers, resolve_image, run_container, tar_of
+from .engine import ResolvedImage, RunResult, connect, remove_leftovers, resolve_image, run_container, tar_of
+
+if TYPE_CHECKING:
+    from ..keys import Keys
+    from ..settings import Settings
+    from ..store import Store
 
 WORKDIR = "/bootseer/work"  # where the config and the setup's files are copied in the container
 # Host variables handed to the containers: the store's credentials and bootseer's own settings.
@@ -39,6 +45,8 @@ _NOT_PASSED_PREFIXES = ("BOOTSEER_RUN_", "BOOTSEER_CKPT_")  # facts of a run on 
 
 @dataclass
 class Published:
+    """What a prewarm resolved and published: `bootseer prewarm --json` prints `as_dict()`."""
+
     image: ResolvedImage
     image_key: str
     env_key: str | None
@@ -66,36 +74,30 @@ class Published:
         }
 
 
-def pinned_config(cfg: Any, pinned: str) -> Any:
-    """A copy of `cfg` with `[image] ref` set to the pinned reference (what BOOTSEER_IMAGE does in a job)."""
-    from ..config import Config, Setting
-
-    settings = {s: dict(keys) for s, keys in cfg.settings.items()}
-    settings["image"]["ref"] = Setting(pinned, "prewarm")
-    return Config(settings=settings, path=cfg.path, base_dir=cfg.base_dir)
+def pinned_settings(settings: Settings, pinned: str) -> Settings:
+    """These settings with `[image] ref` set to the pinned reference (what BOOTSEER_IMAGE does in a job)."""
+    return dataclasses.replace(settings, image=dataclasses.replace(settings.image, ref=pinned))
 
 
-def keys_for(cfg: Any, pinned: str) -> Any:
-    """The keys a node computes for this config inside a container of the pinned image."""
-    from ..keys import compute
+def keys_for(settings: Settings, pinned: str) -> Keys:
+    """The keys a node computes for these settings inside a container of the pinned image."""
+    from .. import identity
 
-    return compute(pinned_config(cfg, pinned))
+    return identity.keys_for(pinned_settings(settings, pinned))
 
 
-def setup_files(cfg: Any) -> list[tuple[str, Path]]:
+def setup_files(settings: Settings) -> list[tuple[str, Path]]:
     """(path in the container, path here) for the config file and every file the setup names."""
-    from ..keys import files_named_by
+    from ..keys import env_file_names
 
     out: list[tuple[str, Path]] = []
-    if cfg.path is not None:
-        out.append((f"{WORKDIR}/{cfg.path.name}", cfg.path))
-    setup = cfg.get("env", "setup")
-    names = files_named_by(setup) + [f for f in cfg.get("env", "files") if f not in files_named_by(setup)]
-    for name in names:
+    if settings.config_path is not None:
+        out.append((f"{WORKDIR}/{settings.config_path.name}", settings.config_path))
+    for name in env_file_names(settings.env):
         if os.path.isabs(name):
             dest, src = posixpath.normpath(name), Path(name)
         else:
-            dest, src = posixpath.normpath(posixpath.join(WORKDIR, name)), cfg.base_dir / name
+            dest, src = posixpath.normpath(posixpath.join(WORKDIR, name)), settings.env.base_dir / name
         if not src.is_file():
             raise ConfigError(f"[env] setup names {name}, which is not a file here ({src})")
         out.append((dest, src))
@@ -107,13 +109,17 @@ def _file_store_dir(uri: str) -> str | None:
     return unquote(parsed.path) if parsed.scheme == "file" else None
 
 
-def container_environment(cfg: Any, pinned: str, store_uri: str, environ: dict[str, str]) -> dict[str, str]:
+def container_environment(
+    settings: Settings, pinned: str, store_uri: str, environ: Mapping[str, str]
+) -> dict[str, str]:
+    """The containers' environment: the host's store credentials and bootseer settings, the key_env
+    variables, and the pinned image and store; never facts of a run on this host."""
     env = {
         k: v
         for k, v in environ.items()
         if k.startswith(_PASS_PREFIXES) and k not in _NOT_PASSED and not k.startswith(_NOT_PASSED_PREFIXES)
     }
-    for name in cfg.get("env", "key_env"):  # part of the env key: must be the same inside
+    for name in settings.env.key_env:  # part of the env key: must be the same inside
         if name in environ:
             env[name] = environ[name]
     env.update(
@@ -124,8 +130,8 @@ def container_environment(cfg: Any, pinned: str, store_uri: str, environ: dict[s
             "BOOTSEER_EXEC_SKIP": "",
         }
     )
-    if cfg.path is not None:
-        env["BOOTSEER_CONFIG"] = f"{WORKDIR}/{cfg.path.name}"
+    if settings.config_path is not None:
+        env["BOOTSEER_CONFIG"] = f"{WORKDIR}/{settings.config_path.name}"
     return env
 
 
@@ -135,72 +141,80 @@ def _tail(text: str, n: int = 5) -> str:
 
 
 def prewarm(
-    cfg: Any,
+    settings: Settings,
     image_ref: str,
     probe: str | None = None,
     echo: Callable[[str], None] | None = None,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Published:
     """The whole CI pre-warm of one image; raises BootseerError with the failing step's exit code."""
-    from ..store import store_from_config
+    from ..store import open_store
 
     environ = dict(os.environ) if environ is None else environ
     say = echo or (lambda line: print(line, file=sys.stderr, flush=True))
-    setup = cfg.get("env", "setup")
-    probe_argv = shlex.split(probe) if probe else []
-    if probe and not probe_argv:
-        raise ConfigError("--probe is empty")
-    if not setup and not probe_argv:
-        raise ConfigError("nothing to prewarm: the config has no [env] setup and no --probe was given")
-    files = setup_files(cfg)  # bad config fails before the engine is asked anything
-    store = store_from_config(cfg)
+    probe_argv = _probe_argv(settings, probe)
+    files = setup_files(settings)  # bad config fails before the engine is asked anything
+    store = open_store(settings.store.uri)
     client = connect()
     try:
         removed = remove_leftovers(client, warn=lambda msg: say(f"bootseer: warning: {msg}"))
         for name in removed:
             say(f"bootseer: removed container {name} left behind by an interrupted prewarm")
         image = resolve_image(client, image_ref)
-        keys = keys_for(cfg, image.pinned)
+        keys = keys_for(settings, image.pinned)
         out = Published(image=image, image_key=keys.image.digest, env_key=None, removed_leftovers=removed)
         say(f"bootseer: image {image_ref} is {image.pinned} ({image.source})")
-        env = container_environment(cfg, image.pinned, store.uri, environ)
-        store_dir = _file_store_dir(store.uri)
-        binds: dict[str, dict[str, str]] = {}
-        network = "host"
-        if store_dir is not None:
-            Path(store_dir).mkdir(parents=True, exist_ok=True)
-            binds[store_dir] = {"bind": store_dir, "mode": "rw"}
-            network = "none"
-        archive = tar_of([(dest, src, 0o644) for dest, src in files]) if files else None
-        run = _Runner(client, image, env, binds, archive, network, say)
-
-        if setup:
-            out.env_key = keys.env.digest
-            out.env_was_there = store.read_ref("env", keys.env.digest) is not None
-            if out.env_was_there:
-                say(f"bootseer: the store already holds the env snapshot for {keys.env.digest[:16]}; checking it")
-            run("setup", ["bootseer", "exec", "--skip", "image,checkpoint", "--", "true"], "the setup")
-            out.env_ref = store.read_ref("env", keys.env.digest)
-            if out.env_ref is None:
-                raise BootseerError(
-                    f"the setup ran in the container but no env snapshot was published under {keys.env.digest[:16]} "
-                    f"(its output is above); `bootseer keys` inside the image shows the key it computed"
-                )
+        env = container_environment(settings, image.pinned, store.uri, environ)
+        run = _Runner.for_store(client, image, env, store.uri, files, say)
+        if settings.env.setup:
+            _publish_env(run, store, keys, out, say)
         if probe_argv:
-            inner = ["bootseer", "hot", "record", "--", *probe_argv]
-            cmd = ["bootseer", "exec", "--skip", "image,checkpoint", "--", *inner] if setup else inner
-            run("probe", cmd, f"the probe {probe!r}")
-            out.hot_ref = store.read_ref("hot", keys.image.digest)
-            if out.hot_ref is None:
-                raise BootseerError(
-                    f"the probe ran but no hot-block record was published under {keys.image.digest[:16]} "
-                    "(its output is above)"
-                )
+            _record_probe(run, store, keys, out, str(probe), probe_argv, with_setup=bool(settings.env.setup))
         else:
             out.notes.append("no --probe: the first start of a job records the hot blocks instead")
         return out
     finally:
         client.close()
+
+
+def _probe_argv(settings: Settings, probe: str | None) -> list[str]:
+    """The probe's argv; a prewarm with neither a setup nor a probe is a usage error, found before any engine."""
+    probe_argv = shlex.split(probe) if probe else []
+    if probe and not probe_argv:
+        raise ConfigError("--probe is empty")
+    if not settings.env.setup and not probe_argv:
+        raise ConfigError("nothing to prewarm: the config has no [env] setup and no --probe was given")
+    return probe_argv
+
+
+def _publish_env(run: _Runner, store: Store, keys: Keys, out: Published, say: Callable[[str], None]) -> None:
+    """Container 1: `bootseer exec` runs the setup (on a miss) and publishes; then check the ref is there."""
+    env_key = keys.env.digest
+    out.env_key = env_key
+    out.env_was_there = store.read_ref("env", env_key) is not None
+    if out.env_was_there:
+        say(f"bootseer: the store already holds the env snapshot for {env_key[:16]}; checking it")
+    run("setup", ["bootseer", "exec", "--skip", "image,checkpoint", "--", "true"], "the setup")
+    out.env_ref = store.read_ref("env", env_key)
+    if out.env_ref is None:
+        raise BootseerError(
+            f"the setup ran in the container but no env snapshot was published under {env_key[:16]} "
+            f"(its output is above); `bootseer keys` inside the image shows the key it computed"
+        )
+
+
+def _record_probe(
+    run: _Runner, store: Store, keys: Keys, out: Published, probe: str, probe_argv: list[str], *, with_setup: bool
+) -> None:
+    """Container 2: the env stage restores the snapshot, then the probe's start is recorded and published."""
+    inner = ["bootseer", "hot", "record", "--", *probe_argv]
+    cmd = ["bootseer", "exec", "--skip", "image,checkpoint", "--", *inner] if with_setup else inner
+    run("probe", cmd, f"the probe {probe!r}")
+    out.hot_ref = store.read_ref("hot", keys.image.digest)
+    if out.hot_ref is None:
+        raise BootseerError(
+            f"the probe ran but no hot-block record was published under {keys.image.digest[:16]} (its output is above)"
+        )
 
 
 class _Runner:
@@ -218,6 +232,28 @@ class _Runner:
     ) -> None:
         self.client, self.image, self.env, self.binds = client, image, env, binds
         self.archive, self.network, self.say = archive, network, say
+
+    @classmethod
+    def for_store(
+        cls,
+        client: Any,
+        image: ResolvedImage,
+        env: dict[str, str],
+        store_uri: str,
+        files: list[tuple[str, Path]],
+        say: Callable[[str], None],
+    ) -> _Runner:
+        """A file:// store is bind-mounted at its own path (no network at all); any other is reached
+        over the host's network. The setup's files go in as one archive unpacked before each start."""
+        store_dir = _file_store_dir(store_uri)
+        binds: dict[str, dict[str, str]] = {}
+        network = "host"
+        if store_dir is not None:
+            Path(store_dir).mkdir(parents=True, exist_ok=True)
+            binds[store_dir] = {"bind": store_dir, "mode": "rw"}
+            network = "none"
+        archive = tar_of([(dest, src, 0o644) for dest, src in files]) if files else None
+        return cls(client, image, env, binds, archive, network, say)
 
     def __call__(self, step: str, command: list[str], what: str) -> None:
         self.say(f"bootseer: prewarm {step}: {shlex.join(command)}")
@@ -239,7 +275,7 @@ class _Runner:
             res.exit_code,
         )
 
-    def _run(self, step: str, command: list[str]) -> Any:
+    def _run(self, step: str, command: list[str]) -> RunResult:
         return run_container(
             self.client,
             self.image.pinned,

@@ -1,0 +1,120 @@
+"""Setting bootseer up on a machine: `init` writes a config, `config` and `keys` show what it resolves to,
+`doctor` checks that the machine can do the work.
+
+These are the verbs a user runs by hand while getting a job to hit its caches; each says *why*
+(where a value came from, which document a key hashes, how to fix a failed check).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_config, load_settings
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..doctor import Check
+    from ..keys import Keys
+
+
+def init(
+    path: Annotated[Path, typer.Argument(help="Where to write it.")] = Path("bootseer.toml"),
+    template: Annotated[
+        str, typer.Option("--template", "-t", help="Template to render (see --list).")
+    ] = "bootseer.toml",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="List the templates and exit.")] = False,
+    values: Annotated[
+        list[str] | None, typer.Option("--set", help="KEY=VALUE substituted for {{KEY}} in the template.")
+    ] = None,
+) -> None:
+    """Write a commented bootseer.toml (or another template) to start from."""
+    from .. import templates
+
+    if list_:
+        for name, about in templates.available().items():
+            typer.echo(f"{name:32} {about}")
+        return
+    written = templates.render_to(template, path, values or [], force=force)
+    typer.echo(f"wrote {written}")
+
+
+def config_(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """Print the effective configuration and where each value came from."""
+    cfg = load_config(config, store)
+    typer.echo(_config_json(cfg) if as_json else _config_text(cfg))
+
+
+def _config_json(cfg: Config) -> str:
+    doc = {s: {k: {"value": v.value, "source": v.source} for k, v in keys.items()} for s, keys in cfg.settings.items()}
+    return json.dumps({"file": str(cfg.path) if cfg.path else None, "settings": doc}, indent=2)
+
+
+def _config_text(cfg: Config) -> str:
+    """TOML-looking lines with each value's source as a comment (what a user pastes into an issue)."""
+    lines = [f"# config file: {cfg.path or '(none: defaults and environment only)'}"]
+    for section, keys in cfg.settings.items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {json.dumps(s.value)}    # {s.source}" for key, s in keys.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def keys(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """Print the cache keys and the documents they hash (why a cache hit or missed)."""
+    from ..identity import keys_for
+
+    k = keys_for(load_settings(config, store))
+    typer.echo(_keys_json(k) if as_json else _keys_text(k))
+
+
+def _keys_json(k: Keys) -> str:
+    out = {
+        "image": {"digest": k.image.digest, "source": k.image_source, "doc": k.image.doc},
+        "env": {"digest": k.env.digest, "doc": k.env.doc},
+    }
+    return json.dumps(out, indent=2, sort_keys=True)
+
+
+def _keys_text(k: Keys) -> str:
+    return "\n".join(
+        [
+            f"image_key {k.image.digest}  (from {k.image_source})",
+            json.dumps(k.image.doc, indent=2, sort_keys=True),
+            f"env_key   {k.env.digest}",
+            json.dumps(k.env.doc, indent=2, sort_keys=True),
+        ]
+    )
+
+
+def doctor(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """Check the store, FUSE, the local cache, the Docker engine and the P2P port."""
+    from ..doctor import run_checks
+
+    checks = run_checks(load_settings(config, store))
+    if as_json:
+        typer.echo(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        for c in checks:
+            typer.echo(_check_line(c))
+    if any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)
+
+
+def _check_line(c: Check) -> str:
+    """`ok    store        …`, and for a check that is not ok, how to fix it on the next line."""
+    line = f"{c.status:4}  {c.name:12} {c.detail}"
+    if c.fix and c.status != "ok":
+        line += f"\n      fix: {c.fix}"
+    return line
+
+
+def register(app: typer.Typer) -> None:
+    app.command("init")(init)
+    app.command("config")(config_)
+    app.command("keys")(keys)
+    app.command("doctor")(doctor)

@@ -1,0 +1,131 @@
+"""The facts a cache key is computed from, gathered on this machine.
+
+`keys.compute` is pure; what it needs from the world is read here: which image this process runs in
+(a pinned reference, else the Docker engine's answer, else a fingerprint of the root filesystem),
+the bytes of the files the setup names, the `[env] key_env` variables and the CPU architecture.
+`keys_for(settings)` gathers all of them and computes both keys, which is what a stage or a verb
+wants; a test or `prewarm` can call `keys.compute` with facts of its own.
+
+The Docker SDK is imported only when an engine may answer (`containers.engine` checks the socket
+first), so `bootseer exec` pays nothing for it on a machine without Docker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import sysconfig
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .digests import sha256_file
+from .errors import ConfigError
+from .keys import ImageIdentity, Keys, compute, env_file_names, image_digest_from_ref
+
+if TYPE_CHECKING:
+    from .settings import EnvSettings, ImageSettings, Settings
+
+__all__ = [
+    "ImageIdentity",
+    "digest_files",
+    "gather_rootfs_fingerprint",
+    "key_env_values",
+    "keys_for",
+    "resolve_image",
+]
+
+
+def resolve_image(image: ImageSettings) -> ImageIdentity:
+    """The identity of the job's image, from the cheapest source that knows it.
+
+    A pinned `[image] ref` (`name@sha256:…`) is its own answer. A tag may move, so the engine is
+    asked what it names now; with no ref at all, a mounted engine socket knows the image of this
+    container. When no engine answers, the root-filesystem fingerprint stands in.
+    """
+    ref = image.ref
+    digest = image_digest_from_ref(ref)
+    if digest:
+        return ImageIdentity(digest, None, "image ref")
+    from .containers.engine import own_image_digest, resolve_local_digest
+
+    if ref:
+        digest, source = resolve_local_digest(ref), "docker engine"
+    else:
+        digest, source = own_image_digest(), "docker engine (this container)"
+    if digest:
+        return ImageIdentity(digest, None, source)
+    return ImageIdentity(None, gather_rootfs_fingerprint(), "root filesystem fingerprint")
+
+
+def digest_files(names: list[str], base_dir: Path) -> dict[str, str]:
+    """sha256 of each named file (relative names resolve against the config file's directory)."""
+    out: dict[str, str] = {}
+    for name in names:
+        path = Path(name) if os.path.isabs(name) else base_dir / name
+        try:
+            out[name] = sha256_file(path)
+        except OSError as e:
+            raise ConfigError(f"[env] setup names {name}, which cannot be read: {e.strerror}") from None
+    return out
+
+
+def key_env_values(env: EnvSettings, environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """The `[env] key_env` variables as this process sees them (None for an unset one)."""
+    environ = os.environ if environ is None else environ
+    return {name: environ.get(name) for name in env.key_env}
+
+
+def keys_for(settings: Settings, environ: Mapping[str, str] | None = None) -> Keys:
+    """Both keys for these settings on this machine: gather the facts, then `keys.compute`."""
+    env = settings.env
+    return compute(
+        env,
+        resolve_image(settings.image),
+        digest_files(env_file_names(env), env.base_dir),
+        key_env_values(env, environ),
+        platform.machine(),
+    )
+
+
+def _dist_names(site_dirs: list[str]) -> list[str]:
+    names: set[str] = set()
+    for d in site_dirs:
+        try:
+            entries = os.listdir(d)
+        except OSError:
+            continue
+        names.update(e for e in entries if e.endswith((".dist-info", ".egg-info")))
+    return sorted(names)
+
+
+def gather_rootfs_fingerprint() -> dict[str, Any]:
+    """What is identical on every node started from one image, and differs between images.
+
+    The distributions counted are those of the *base* interpreter (`sys.base_prefix`), so that a
+    setup installing into a virtual environment does not change the image key it is keyed on.
+    When the setup installs into the base prefix itself, pin the image (`[image] ref` or
+    BOOTSEER_IMAGE, as the templates do).
+    """
+    try:
+        os_release = Path("/etc/os-release").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        os_release = ""
+    base_paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
+    site_dirs = sorted({base_paths["purelib"], base_paths["platlib"]})
+    exe = os.path.realpath(sys.executable)
+    try:
+        exe_size = os.stat(exe).st_size
+    except OSError:
+        exe_size = -1
+    return {
+        "os_release": hashlib.sha256(os_release.encode()).hexdigest(),
+        "python": sys.version.split()[0],
+        "cache_tag": sys.implementation.cache_tag,
+        "soabi": sysconfig.get_config_var("SOABI") or "",
+        "machine": platform.machine(),
+        "executable": [exe, exe_size],
+        "base_distributions": hashlib.sha256("\n".join(_dist_names(site_dirs)).encode()).hexdigest(),
+    }
