@@ -189,6 +189,7 @@ class _Download:
         self.origin = False
 
     def run(self) -> Result:
+        """Start, download, finish; on any failure leave the swarm cleanly before the caller falls back."""
         try:
             self._start()
             self._download()

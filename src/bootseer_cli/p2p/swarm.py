@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from ..store import Store
 
 MiB = 1 << 20
@@ -311,7 +313,7 @@ class StoreFeeder(threading.Thread):
             self.stop.wait(0.02)
 
     def run(self) -> None:
-        self._random: Any = None
+        self._random: pa.NativeFile | None = None  # the blob in the store, opened on the first read
         self._ahead: dict[int, bytes] = {}
         self._next_in_order: dict[int, int] = {}
         try:
