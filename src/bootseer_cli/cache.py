@@ -11,9 +11,13 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .settings import StoreSettings
 from .store import Store, blob_path
+
+if TYPE_CHECKING:
+    from .config import Config
 
 
 def _touch(p: Path) -> None:
@@ -98,7 +102,7 @@ def cache_for(settings: StoreSettings) -> BlobCache:
     return BlobCache(settings.cache_dir or blob_cache_dir(), settings.cache_max_bytes)
 
 
-def cache_from_config(cfg) -> BlobCache:  # type: ignore[no-untyped-def]
+def cache_from_config(cfg: Config) -> BlobCache:
     from .paths import blob_cache_dir
 
     root = Path(cfg.get("store", "cache_dir")).expanduser() if cfg.get("store", "cache_dir") else blob_cache_dir()

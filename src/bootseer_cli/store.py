@@ -34,10 +34,15 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from .digests import sha256_file
 from .errors import IntegrityError, StoreError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.dataset as pads
     import pyarrow.fs as pafs
+
+    from .config import Config
 
 CHUNK = 4 << 20
 KEEP_NAME = ".keep"
@@ -45,14 +50,6 @@ SUPPORTED_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss
 _OBJECT_STORES = ("s3", "gcs")
 
 Progress = Callable[[int], None]
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def blob_path(digest: str) -> str:
@@ -103,6 +100,7 @@ class Store:
             raise StoreError(
                 f"store URI {uri!r}: unknown scheme {scheme!r} (use file://, s3://, gs://, hdfs:// or a path)"
             )
+        import pyarrow as pa
         import pyarrow.fs as pafs
 
         try:
@@ -113,7 +111,7 @@ class Store:
                 self.fs, self.root = _open_s3(uri)
             else:
                 self.fs, self.root = pafs.FileSystem.from_uri(uri)
-        except Exception as e:  # pyarrow raises ArrowInvalid/OSError with a useful text
+        except (StoreError, OSError, ValueError, pa.ArrowException) as e:  # pyarrow's text is useful
             raise StoreError(f"store {uri!r}: {e}") from None
         self.root = self.root.rstrip("/")
         self.kind = self.fs.type_name  # "local", "s3", "gcs", "hdfs", …
@@ -163,9 +161,10 @@ class Store:
             if not direct:
                 self.fs.move(target, final)
         except BaseException:
-            with contextlib.suppress(Exception):
+            # Cleanup on the way out: the original error is the one to report (pyarrow raises OSError).
+            with contextlib.suppress(OSError):
                 out.close()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(OSError):
                 self.fs.delete_file(target)
             raise
 
@@ -257,7 +256,7 @@ class Store:
             key=lambda f: f.rel,
         )
 
-    def parquet_dataset(self, rels: list[str], schema: Any = None) -> Any:
+    def parquet_dataset(self, rels: list[str], schema: pa.Schema | None = None) -> pads.Dataset:
         """One pyarrow dataset over the Parquet files `rels` (pyarrow reads them on its own threads)."""
         import pyarrow.dataset as ds
 
@@ -270,7 +269,7 @@ class Store:
         infos = self.fs.get_file_info(sel)
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 
-    def open_input(self, rel: str) -> Any:
+    def open_input(self, rel: str) -> pa.NativeFile:
         """A random-access file (pyarrow NativeFile: read_at, seek, size) for ranged reads."""
         try:
             return self.fs.open_input_file(self.path(rel))
@@ -286,7 +285,7 @@ class Store:
 
     def put_blob_file(self, path: Path, digest: str | None = None, progress: Progress | None = None) -> str:
         """Upload a local file as a blob; returns its digest. A blob already present is not re-sent."""
-        digest = digest or _sha256_file(path)
+        digest = digest or sha256_file(path)
         rel = blob_path(digest)
         if self.exists(rel) and self.size(rel) == path.stat().st_size:
             if progress:
@@ -326,7 +325,7 @@ class Store:
                 if h.hexdigest() != digest:
                     raise IntegrityError(f"blob {digest[:12]}: the data changed while it was uploaded")
         except IntegrityError:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(StoreError, OSError):  # the IntegrityError is the one to report
                 self.delete(rel)
             raise
         except OSError as e:
@@ -494,7 +493,7 @@ class Store:
             self.delete(rel)
 
 
-def _open_s3(uri: str) -> tuple[Any, str]:
+def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, str]:
     """pyarrow's S3FileSystem from an `s3://` URI, with directory-existence checks turned on.
 
     `FileSystem.from_uri` cannot set `check_directory_existence_before_creation`; without it
@@ -531,10 +530,11 @@ def _open_s3(uri: str) -> tuple[Any, str]:
 
 
 def open_store(uri: str | None) -> Store:
+    """The store at `uri` (`[store] uri`), or the embedded local store when None."""
     from .paths import default_store_uri
 
     return Store(uri or default_store_uri())
 
 
-def store_from_config(cfg: Any) -> Store:
+def store_from_config(cfg: Config) -> Store:
     return open_store(cfg.get("store", "uri"))

@@ -42,7 +42,7 @@ def node_env(base: Path, name: str, store_uri: str, ports: str, host: str = "127
         BOOTSEER_P2P_ENABLED="1",
         BOOTSEER_P2P_HOST=host,
         BOOTSEER_P2P_PORT=ports,
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),  # this checkout's package, then tests
     )
     for key, value in p2p.items():
         env[f"BOOTSEER_P2P_{key.upper()}"] = str(value)

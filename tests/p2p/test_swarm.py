@@ -158,6 +158,17 @@ def test_no_peer_falls_back_to_store_within_deadline(tmp_path: Path, store_uri: 
     assert doc["seconds"] < 2 + 8, doc  # the deadline, then one local read
 
 
+def _wait_seeding(run_dir: Path, agent: subprocess.Popen[str], timeout: float = 20) -> None:
+    """Until the agent's status file says it serves (its seed task started)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        doc = json.loads((run_dir / "p2p.json").read_text()) if (run_dir / "p2p.json").exists() else {}
+        if doc.get("state") == "seeding":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the agent did not start seeding: {agent.stdout}")
+
+
 def test_agent_keeps_seeding_after_the_fetch(tmp_path: Path) -> None:
     """The seed task serves a fetched blob from the node cache: a late node gets it with the store gone."""
     size = 6 * MiB
@@ -189,14 +200,7 @@ def test_agent_keeps_seeding_after_the_fetch(tmp_path: Path) -> None:
     )
     STARTED.append(agent)
     try:
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            doc = json.loads((run_dir / "p2p.json").read_text()) if (run_dir / "p2p.json").exists() else {}
-            if doc.get("state") == "seeding":
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"the agent did not start seeding: {agent.stdout}")
+        _wait_seeding(run_dir, agent)
         # The store loses the blob (its torrent stays): only the agent can serve it now.
         store.delete_blob(digest)
         late = start_node(node_env(tmp_path, "late", store_uri, ports, deadline_s=20), digest).result()

@@ -15,14 +15,15 @@ from bootseer_cli.delivery import after_publish, fetch_blob
 from bootseer_cli.errors import ConfigError
 from bootseer_cli.p2p.discovery import Announcer, local_host, parse_endpoint, swarm_peers
 from bootseer_cli.p2p.swarm import make_torrent, parse_ports, piece_size_for
+from bootseer_cli.settings import P2PSettings, Settings
 from bootseer_cli.store import Store
 from tests.p2p.nodes import random_file
 
 MiB = 1 << 20
 
 
-def _cfg(**p2p: object):  # type: ignore[no-untyped-def]
-    return load(None, {("p2p", k): v for k, v in p2p.items()}, environ={})
+def _p2p(**p2p: object) -> P2PSettings:
+    return Settings.from_config(load(None, {("p2p", k): v for k, v in p2p.items()}, environ={})).p2p
 
 
 def test_piece_size_grows_with_the_blob() -> None:
@@ -75,12 +76,12 @@ def test_after_publish_makes_and_reuses_the_torrent(tmp_path: Path) -> None:
     store = Store((tmp_path / "store").as_uri())
     src = random_file(tmp_path / "b", 2 * MiB, seed=5)
     digest = store.put_blob_file(src)
-    assert after_publish(_cfg(enabled=False), store, digest, src) == {}
-    extra = after_publish(_cfg(enabled=True), store, digest, src)
+    assert after_publish(_p2p(enabled=False), store, digest, src) == {}
+    extra = after_publish(_p2p(enabled=True), store, digest, src)
     tdigest = extra["torrent"]
     assert store.read_ref("torrent", digest)["torrent"] == tdigest
     assert store.get_blob_bytes(tdigest) == make_torrent(src, digest)
-    assert after_publish(_cfg(enabled=True), store, digest, src) == {"torrent": tdigest}
+    assert after_publish(_p2p(enabled=True), store, digest, src) == {"torrent": tdigest}
 
 
 @pytest.mark.integration
@@ -92,14 +93,14 @@ def test_a_blob_without_torrent_gets_one_from_its_first_fetcher(tmp_path: Path) 
     digest = store.put_blob_bytes(b"a blob published without its torrent" * 1000)
     cache = BlobCache(tmp_path / "cache", 1 << 30)
     try:
-        got = fetch_blob(_cfg(enabled=True, host="127.0.0.1", port="23000-23040"), store, digest, cache=cache)
+        got = fetch_blob(_p2p(enabled=True, host="127.0.0.1", port="23000-23040"), store, digest, cache=cache)
     finally:
         assert shutdown(0.0)[0]["blobs"][0]["digest"] == digest
     assert got.source == "store" and got.bytes_from_store >= 36000
     assert "published one" in got.note
     assert store.read_ref("torrent", digest)["torrent"]
     assert store.list(f"swarm/{digest}") == []
-    again = fetch_blob(_cfg(enabled=True), store, digest, cache=cache)
+    again = fetch_blob(_p2p(enabled=True), store, digest, cache=cache)
     assert again.source == "cache" and again.bytes_from_store == 0
 
 
@@ -122,8 +123,8 @@ def test_local_host_prefers_config_then_the_route_to_the_store() -> None:
     class S:
         uri = "s3://b/p?endpoint_override=127.0.0.5:9000&scheme=http"
 
-    assert local_host(_cfg(host="10.9.8.7"), S()) == "10.9.8.7"
-    assert local_host(_cfg(), S()) == "127.0.0.1"  # the kernel's source address towards 127.0.0.5
+    assert local_host(_p2p(host="10.9.8.7"), S()) == "10.9.8.7"
+    assert local_host(_p2p(), S()) == "127.0.0.1"  # the kernel's source address towards 127.0.0.5
 
 
 def _bootseer(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -150,8 +151,8 @@ def test_bad_port_in_config_falls_back_to_the_store(tmp_path: Path) -> None:
     store = Store((tmp_path / "store").as_uri())
     src = random_file(tmp_path / "b", MiB, seed=9)
     digest = store.put_blob_file(src)
-    after_publish(_cfg(enabled=True), store, digest, src)
-    got = fetch_blob(_cfg(enabled=True, port="nope"), store, digest, cache=BlobCache(tmp_path / "c", 1 << 30))
+    after_publish(_p2p(enabled=True), store, digest, src)
+    got = fetch_blob(_p2p(enabled=True, port="nope"), store, digest, cache=BlobCache(tmp_path / "c", 1 << 30))
     assert got.source == "store" and got.bytes_from_store == MiB
     assert "port" in got.note
 
@@ -164,8 +165,28 @@ def test_a_torrent_for_another_blob_is_refused(tmp_path: Path) -> None:
     a = random_file(tmp_path / "a", MiB, seed=21)
     b = random_file(tmp_path / "b", MiB, seed=22)
     da, db = store.put_blob_file(a), store.put_blob_file(b)
-    ta = after_publish(_cfg(enabled=True), store, da, a)["torrent"]
+    ta = after_publish(_p2p(enabled=True), store, da, a)["torrent"]
     store.write_ref("torrent", db, {"torrent": ta})
-    got = fetch_blob(_cfg(enabled=True), store, db, cache=BlobCache(tmp_path / "c", 1 << 30))
+    got = fetch_blob(_p2p(enabled=True), store, db, cache=BlobCache(tmp_path / "c", 1 << 30))
     assert got.source == "store" and "does not describe this blob" in got.note
     assert got.path.read_bytes() == b.read_bytes()
+
+
+def test_handoff_without_the_swarm_loads_no_libtorrent() -> None:
+    """`exec` calls handoff on every run with stages: with no swarm fetch it must not import libtorrent."""
+    code = (
+        "import sys\n"
+        "from bootseer_cli.delivery import handoff\n"
+        "assert handoff() == []\n"
+        "assert 'libtorrent' not in sys.modules and 'bootseer_cli.p2p.fetch' not in sys.modules\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_no_swarm_is_a_store_error() -> None:
+    """A source that could not deliver: in the BootseerError tree, caught by fetch_blob before the rest."""
+    from bootseer_cli.errors import BootseerError, StoreError
+    from bootseer_cli.p2p.fetch import NoSwarm
+
+    assert issubclass(NoSwarm, StoreError) and issubclass(NoSwarm, BootseerError)

@@ -10,13 +10,10 @@ from typing import Annotated
 
 import typer
 
-from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
+from ..units import fmt_bytes
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
 
 p2p = typer.Typer(help="Peer-to-peer delivery of blobs between the job's nodes (libtorrent).", no_args_is_help=True)
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
 
 
 @p2p.command("status")
@@ -44,8 +41,8 @@ def status(
         role = "origin" if f.get("origin") else "peer"
         note = f" ({f['note']})" if f.get("note") else ""
         typer.echo(
-            f"  fetched {f['digest'][:12]} as {role}: {_mb(f['bytes_from_store'])} from the store, "
-            f"{_mb(f['bytes_from_peers'])} from peers{note}"
+            f"  fetched {f['digest'][:12]} as {role}: {fmt_bytes(f['bytes_from_store'])} from the store, "
+            f"{fmt_bytes(f['bytes_from_peers'])} from peers{note}"
         )
     for b in doc.get("blobs", []):
         if "error" in b:
@@ -54,10 +51,12 @@ def status(
         peers = b.get("peers", [])
         typer.echo(
             f"  seeding {b['digest'][:12]} on {b.get('endpoint')}: {len(peers)} peer(s) "
-            f"({sum(1 for p in peers if not p['seed'])} downloading), {_mb(b.get('uploaded', 0))} uploaded"
+            f"({sum(1 for p in peers if not p['seed'])} downloading), {fmt_bytes(b.get('uploaded', 0))} uploaded"
         )
         for p in peers:
-            typer.echo(f"    {p['ip']:<22} {'seed' if p['seed'] else 'downloading':<12} {_mb(p['uploaded'])} sent")
+            typer.echo(
+                f"    {p['ip']:<22} {'seed' if p['seed'] else 'downloading':<12} {fmt_bytes(p['uploaded'])} sent"
+            )
 
 
 @p2p.command("publish")
@@ -69,11 +68,11 @@ def publish(
     """Upload FILE as a blob and its torrent; prints the blob's digest (then the torrent's)."""
     from ..errors import BootseerError
     from ..p2p.publish import publish_file
-    from ..store import store_from_config
+    from ..store import open_store
 
     if not file.is_file():
         raise BootseerError(f"{file}: not a file", 2)
-    digest, tdigest = publish_file(store_from_config(load_config(config, store)), file)
+    digest, tdigest = publish_file(open_store(load_settings(config, store).store.uri), file)
     typer.echo(f"{digest} {tdigest}")
 
 
@@ -85,14 +84,15 @@ def fetch(
     as_json: JsonOpt = False,
 ) -> None:
     """Fetch one blob into the node cache (cache → swarm → store), then serve peers until they are done."""
+    from ..cache import cache_for
     from ..delivery import fetch_blob, handoff
-    from ..store import blob_path, store_from_config
+    from ..store import blob_path, open_store
 
     blob_path(digest)  # a clear error for a malformed digest
-    cfg = load_config(config, store)
-    st = store_from_config(cfg)
+    settings = load_settings(config, store)
+    st = open_store(settings.store.uri)
     t0 = time.time()
-    got = fetch_blob(cfg, st, digest)
+    got = fetch_blob(settings.p2p, st, digest, cache=cache_for(settings.store))
     doc = {
         "digest": digest,
         "path": str(got.path),
@@ -108,8 +108,8 @@ def fetch(
     else:
         note = f" ({got.note})" if got.note else ""
         typer.echo(
-            f"{digest[:12]} from {got.source} in {doc['seconds']} s: {_mb(got.bytes_from_store)} from the store, "
-            f"{_mb(got.bytes_from_peers)} from peers{note}"
+            f"{digest[:12]} from {got.source} in {doc['seconds']} s: {fmt_bytes(got.bytes_from_store)} from the store, "
+            f"{fmt_bytes(got.bytes_from_peers)} from peers{note}"
         )
     sys.stdout.flush()
     handoff(None)  # no agent follows: serve the peers still downloading, up to [p2p] deadline_s

@@ -15,8 +15,14 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlparse
+
+from ..errors import StoreError
+
+if TYPE_CHECKING:
+    from ..settings import P2PSettings
+    from ..store import Store
 
 STALE_S = 90.0  # an entry not refreshed for this long is ignored
 REFRESH_S = 10.0
@@ -49,20 +55,20 @@ def parse_endpoint(text: str) -> Endpoint:
     return Endpoint(host.strip("[]"), int(port))
 
 
-def static_peers(cfg: Any) -> list[Endpoint]:
-    return [parse_endpoint(p) for p in cfg.get("p2p", "peers") or []]
+def static_peers(p2p: P2PSettings) -> list[Endpoint]:
+    """`[p2p] peers`: the nodes to connect to besides those announced in the store."""
+    return [parse_endpoint(p) for p in p2p.peers]
 
 
-def local_host(cfg: Any, store: Any) -> str:
+def local_host(p2p: P2PSettings, store: Store) -> str:
     """The address other nodes can reach this one at.
 
     `[p2p] host` when set; otherwise the local address of the route to the store's endpoint (an
     unconnected UDP socket's `connect` sends nothing, it only asks the kernel for the route); else
     the address the host name resolves to; else loopback.
     """
-    configured = cfg.get("p2p", "host")
-    if configured:
-        return str(configured)
+    if p2p.host:
+        return p2p.host
     target = _store_endpoint(getattr(store, "uri", ""))
     if target:
         with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -95,7 +101,7 @@ def _store_endpoint(uri: str) -> tuple[str, int] | None:
 class Announcer:
     """This node's entry in one blob's swarm: written, refreshed and removed."""
 
-    def __init__(self, store: Any, digest: str, host: str, port: int) -> None:
+    def __init__(self, store: Store, digest: str, host: str, port: int) -> None:
         self.store = store
         self.digest = digest
         self.host = host
@@ -103,7 +109,6 @@ class Announcer:
         self.name = _clean(f"{node_name()}-{host}-{port}")
         self.rel = f"swarm/{digest}/{self.name}.json"
         self.state = ""
-        self.pending = ""
         self.written = 0.0
 
     def write(self, state: str) -> None:
@@ -112,27 +117,20 @@ class Announcer:
         self.state = state
         self.written = time.time()
 
-    def want(self, state: str) -> None:
-        """Change the state at the next `refresh` (from the discovery thread, off the fetch loop)."""
-        self.pending = state
-
     def refresh(self) -> None:
-        pending = self.pending
-        if pending and pending != self.state:
-            with contextlib.suppress(Exception):
-                self.write(pending)
-            return
+        """Rewrite the entry before it goes stale; a store hiccup is retried at the next refresh."""
         if self.state and time.time() - self.written > REFRESH_S:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(StoreError, OSError):
                 self.write(self.state)
 
     def remove(self) -> None:
-        with contextlib.suppress(Exception):
+        """Leave the swarm's directory (best effort: a leftover entry goes stale on its own)."""
+        with contextlib.suppress(StoreError, OSError):
             self.store.delete(self.rel)
-        self.state = self.pending = ""
+        self.state = ""
 
 
-def swarm_peers(store: Any, digest: str, exclude: str = "") -> list[Endpoint]:
+def swarm_peers(store: Store, digest: str, exclude: str = "") -> list[Endpoint]:
     """The live entries of a blob's swarm, other than `exclude` (this node's entry name)."""
     out = []
     now = time.time()

@@ -22,21 +22,33 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import IntegrityError
+from ..digests import sha256_file
+from ..errors import IntegrityError, StoreError
 from .discovery import Announcer, local_host, static_peers, swarm_peers
+
+if TYPE_CHECKING:
+    from ..cache import BlobCache
+    from ..settings import P2PSettings
+    from ..store import Lease, Store
+    from .swarm import StoreFeeder, Swarm
 
 POLL_S = 0.1
 DISCOVER_S = 2.0
 LEASE_TTL_S = 30.0
 
+Progress = Callable[[int], None]
 
-class NoSwarm(Exception):
-    """The swarm cannot be used for this blob (no torrent published, P2P cannot start): use the store."""
+
+class NoSwarm(StoreError):
+    """The swarm cannot deliver this blob (no torrent published, P2P cannot start): use the store.
+
+    A StoreError because it means what a failing store read means to a caller (this source could not
+    deliver, get the bytes elsewhere); `delivery.fetch_blob` catches it and reads the store."""
 
 
 @dataclass
@@ -63,9 +75,9 @@ class Result:
 class Node:
     """This process's place in the job's swarms."""
 
-    swarm: Any
-    store: Any
-    cfg: Any
+    swarm: Swarm
+    store: Store
+    p2p: P2PSettings
     served: dict[str, Served] = field(default_factory=dict)
     fetches: list[dict[str, Any]] = field(default_factory=list)
 
@@ -74,19 +86,19 @@ _node: Node | None = None
 _node_lock = threading.Lock()
 
 
-def get_node(cfg: Any, store: Any) -> Node:
+def get_node(p2p: P2PSettings, store: Store) -> Node:
+    """The process's one libtorrent session, started on first use (closed at exit or by `shutdown`)."""
     global _node
     with _node_lock:
         if _node is None:
             from .swarm import Swarm
 
-            host = local_host(cfg, store)
-            listen = str(cfg.get("p2p", "host") or "0.0.0.0")
+            host = local_host(p2p, store)
             try:
-                swarm = Swarm(listen, cfg.get("p2p", "port"), announce_host=host)
+                swarm = Swarm(p2p.host or "0.0.0.0", p2p.port, announce_host=host)
             except OSError as e:
                 raise NoSwarm(str(e)) from None
-            _node = Node(swarm, store, cfg)
+            _node = Node(swarm, store, p2p)
             atexit.register(shutdown)
         return _node
 
@@ -107,10 +119,10 @@ class Discoverer(threading.Thread):
         self.seeds = 0
 
     def tick(self) -> None:
-        eps = [(e.host, e.port) for e in static_peers(self.node.cfg)]
+        eps = [(e.host, e.port) for e in static_peers(self.node.p2p)]
         try:
             peers = swarm_peers(self.node.store, self.digest, exclude=self.ann.name)
-        except Exception:
+        except (StoreError, OSError):
             peers = []
         self.downloading = sum(1 for p in peers if p.state == "downloading")
         self.seeds = sum(1 for p in peers if p.state == "seed")
@@ -121,142 +133,202 @@ class Discoverer(threading.Thread):
         t0 = time.monotonic()
         # Often at first, while the job's nodes are still joining; then every DISCOVER_S.
         while not self.stop.wait(0.5 if time.monotonic() - t0 < 10 else DISCOVER_S):
+            # Broad on purpose: this thread's job is to keep discovering for the whole fetch, and one
+            # failed round (a store hiccup, a libtorrent error, a foreign entry) must not end it.
             with contextlib.suppress(Exception):
                 self.tick()
 
 
-def fetch_from_swarm(cfg: Any, store: Any, digest: str, cache: Any, progress: Any = None) -> Result:
+def fetch_from_swarm(
+    p2p: P2PSettings, store: Store, digest: str, cache: BlobCache, progress: Progress | None = None
+) -> Result:
     """The verified blob in `cache`, fetched through the swarm (see the module docstring)."""
-    from .swarm import StoreFeeder
-
     tref = store.read_ref("torrent", digest)
     if not tref or not tref.get("torrent"):
-        made = _torrent_for_unpublished(cfg, store, digest, cache, progress)
+        made = _torrent_for_unpublished(p2p, store, digest, cache, progress)
         if isinstance(made, Result):
             return made
         tref = made
     tdigest = str(tref["torrent"])
     torrent = store.get_blob_bytes(tdigest)
     _check_torrent(torrent, digest)
-    node = get_node(cfg, store)
+    node = get_node(p2p, store)
     _prune_work(cache.root / ".p2p")
-    swarm = node.swarm
-    deadline_s = float(cfg.get("p2p", "deadline_s"))
-    work = cache.root / ".p2p" / f"{digest}-{uuid.uuid4().hex[:8]}"
-    handle = swarm.add(torrent, work)
-    key = _hex(handle)
-    ann = Announcer(store, digest, swarm.announce_host, swarm.port)
-    from_store = len(torrent)
-    feeder: StoreFeeder | None = None
-    discoverer = Discoverer(node, digest, handle, ann)
-    plan: _SegmentClaims | None = None
-    hasher: _PrefixHasher | None = None
-    note = ""
-    origin = False
-    try:
+    return _Download(node, p2p, store, digest, cache, tdigest, torrent, progress).run()
+
+
+class _Download:
+    """One blob fetched through the swarm. The steps (start, download, fall back, finish, abort) share
+    the torrent's handle, this node's swarm entry, the store feeder and the accounting, so they live
+    on one object and each reads as one unit."""
+
+    def __init__(
+        self,
+        node: Node,
+        p2p: P2PSettings,
+        store: Store,
+        digest: str,
+        cache: BlobCache,
+        tdigest: str,
+        torrent: bytes,
+        progress: Progress | None,
+    ) -> None:
+        self.node, self.swarm, self.p2p, self.store = node, node.swarm, p2p, store
+        self.digest, self.cache, self.tdigest, self.torrent = digest, cache, tdigest, torrent
+        self.progress = progress
+        self.work = cache.root / ".p2p" / f"{digest}-{uuid.uuid4().hex[:8]}"
+        self.handle = self.swarm.add(torrent, self.work)
+        self.key = _hex(self.handle)
+        self.ann = Announcer(store, digest, self.swarm.announce_host, self.swarm.port)
+        self.discoverer = Discoverer(node, digest, self.handle, self.ann)
+        self.from_store = len(torrent)
+        self.feeder: StoreFeeder | None = None
+        self.plan: _SegmentClaims | None = None
+        self.hasher: _PrefixHasher | None = None
+        self.note = ""
+        self.origin = False
+
+    def run(self) -> Result:
+        """Start, download, finish; on any failure leave the swarm cleanly before the caller falls back."""
+        try:
+            self._start()
+            self._download()
+            return self._finish()
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            if self.plan is not None:
+                self.plan.release()
+
+    def _start(self) -> None:
+        """Join the swarm. With no seed announced yet, take a free store segment: this node is then an
+        origin and streams that segment from the store into the swarm."""
+        from .swarm import StoreFeeder
+
         peers = []
-        with contextlib.suppress(Exception):
-            peers = swarm_peers(store, digest, exclude=ann.name)
-        ti = handle.torrent_file()
-        plan = None
+        with contextlib.suppress(StoreError, OSError):
+            peers = swarm_peers(self.store, self.digest, exclude=self.ann.name)
+        first = None
         if not any(p.state == "seed" for p in peers):
-            plan = _SegmentClaims(store, digest, ti.num_pieces(), segment_count(ti.total_size()))
-            first = plan.first()
+            ti = self.handle.torrent_file()
+            self.plan = _SegmentClaims(self.store, self.digest, ti.num_pieces(), segment_count(ti.total_size()))
+            first = self.plan.first()
             if first is None:
-                plan = None
-        ann.write("downloading")
-        discoverer.tick()
-        discoverer.start()
-        hasher = _PrefixHasher(handle, work / digest)
-        hasher.start()
-        if plan is not None:
-            origin = True
-            mbps = float(cfg.get("p2p", "origin_mbps"))
-            feeder = StoreFeeder(handle, store, digest, shuffle=False, mbps=mbps, segments=plan.iterate(first))
-            feeder.start()
+                self.plan = None
+        self.ann.write("downloading")
+        self.discoverer.tick()
+        self.discoverer.start()
+        self.hasher = _PrefixHasher(self.handle, self.work / self.digest)
+        self.hasher.start()
+        if self.plan is not None and first is not None:
+            self.origin = True
+            segments = self.plan.iterate(first)
+            self.feeder = StoreFeeder(
+                self.handle, self.store, self.digest, shuffle=False, mbps=self.p2p.origin_mbps, segments=segments
+            )
+            self.feeder.start()
+
+    def _download(self) -> None:
+        """Poll libtorrent until every piece is here, reporting progress. No new piece for `deadline_s`
+        (and no origin feeder still reading) means the swarm cannot finish: see `_fall_back`."""
         done_reported = 0
         last_progress = time.monotonic()
         last_pieces = -1
         ever_peer = False
         while True:
-            swarm.pump()
-            st = handle.status()
+            self.swarm.pump()
+            st = self.handle.status()
             if st.total_wanted_done > done_reported:
-                if progress:
-                    progress(st.total_wanted_done - done_reported)
+                if self.progress:
+                    self.progress(st.total_wanted_done - done_reported)
                 done_reported = st.total_wanted_done
             if st.num_pieces != last_pieces:
                 last_pieces = st.num_pieces
                 last_progress = time.monotonic()
             ever_peer = ever_peer or st.num_peers > 0
-            if st.is_seeding or st.num_pieces == handle.torrent_file().num_pieces():
-                break
+            if st.is_seeding or st.num_pieces == self.handle.torrent_file().num_pieces():
+                return
             if st.errc.value() != 0:
                 raise OSError(f"libtorrent: {st.errc.message()}")
-            if feeder is not None and feeder.error is not None:
-                raise feeder.error
-            now = time.monotonic()
-            if (feeder is None or feeder.done) and now - last_progress > deadline_s:
-                failures = swarm.hash_failures.get(key, 0)
-                if failures:
-                    note = f"{failures} corrupt piece(s) from peers rejected; missing pieces read from the store"
-                elif not ever_peer and st.num_pieces == 0:
-                    note = f"no peer within {deadline_s:g} s; read from the store"
-                else:
-                    note = f"swarm stalled for {deadline_s:g} s; missing pieces read from the store"
-                if failures:
-                    # Corrupt peers are still serving: stop asking the swarm, take the rest from the store.
-                    handle.set_flags(swarm.lt.torrent_flags.upload_mode)
-                if feeder is not None:
-                    from_store += feeder.bytes_read
-                feeder = StoreFeeder(handle, store, digest, shuffle=True)
-                feeder.start()
+            if self.feeder is not None and self.feeder.error is not None:
+                raise self.feeder.error
+            stalled = time.monotonic() - last_progress > self.p2p.deadline_s
+            if (self.feeder is None or self.feeder.done) and stalled:
+                self._fall_back(st.num_pieces, ever_peer)
             time.sleep(POLL_S)
-        if feeder is not None:
-            feeder.stop.set()
-            feeder.join(5)
-            from_store += feeder.bytes_read
-        st = handle.status()
-        from_peers = int(st.total_payload_download)
-        src = work / digest
-        if hasher.finish() != digest:
-            # Every piece passed libtorrent's check, so a mismatch is a write not yet visible: flush, re-read.
-            swarm.flush(handle)
-            if _sha256(src) != digest:
-                raise IntegrityError(f"blob {digest[:12]} from the swarm does not match its digest")
-        path = _into_cache(cache, src, digest)
-        with contextlib.suppress(Exception):  # before the leases go: late nodes must see a seed, not a free lease
-            ann.write("seed")
-        node.served[digest] = Served(digest, tdigest, handle, ann, discoverer, work)
-        _keep_torrent(cache, tdigest, torrent)
-        failures = swarm.hash_failures.get(key, 0)
-        if failures and not note:
-            note = f"{failures} corrupt piece(s) from peers rejected"
-        result = Result(path, from_store, from_peers, note, origin, failures)
-        node.fetches.append(
+
+    def _fall_back(self, have_pieces: int, ever_peer: bool) -> None:
+        """The swarm stalled (no peer, a dead origin, only corrupt peers): read the missing pieces from
+        the store, in a random order so that several nodes falling back read different ones."""
+        from .swarm import StoreFeeder
+
+        deadline_s = self.p2p.deadline_s
+        failures = self.swarm.hash_failures.get(self.key, 0)
+        if failures:
+            self.note = f"{failures} corrupt piece(s) from peers rejected; missing pieces read from the store"
+        elif not ever_peer and have_pieces == 0:
+            self.note = f"no peer within {deadline_s:g} s; read from the store"
+        else:
+            self.note = f"swarm stalled for {deadline_s:g} s; missing pieces read from the store"
+        if failures:
+            # Corrupt peers are still serving: stop asking the swarm, take the rest from the store.
+            self.handle.set_flags(self.swarm.lt.torrent_flags.upload_mode)
+        if self.feeder is not None:
+            self.from_store += self.feeder.bytes_read
+        self.feeder = StoreFeeder(self.handle, self.store, self.digest, shuffle=True)
+        self.feeder.start()
+
+    def _finish(self) -> Result:
+        """Verify the whole blob, link it into the cache, announce this node as a seed (it keeps serving
+        until `shutdown`), and account for where the bytes came from."""
+        if self.feeder is not None:
+            self.feeder.stop.set()
+            self.feeder.join(5)
+            self.from_store += self.feeder.bytes_read
+        from_peers = int(self.handle.status().total_payload_download)
+        src = self.work / self.digest
+        self._verify(src)
+        path = _into_cache(self.cache, src, self.digest)
+        with contextlib.suppress(StoreError, OSError):  # before the leases go: late nodes must see a seed
+            self.ann.write("seed")
+        self.node.served[self.digest] = Served(
+            self.digest, self.tdigest, self.handle, self.ann, self.discoverer, self.work
+        )
+        _keep_torrent(self.cache, self.tdigest, self.torrent)
+        failures = self.swarm.hash_failures.get(self.key, 0)
+        if failures and not self.note:
+            self.note = f"{failures} corrupt piece(s) from peers rejected"
+        self.node.fetches.append(
             {
-                "digest": digest,
-                "origin": origin,
-                "bytes_from_store": from_store,
+                "digest": self.digest,
+                "origin": self.origin,
+                "bytes_from_store": self.from_store,
                 "bytes_from_peers": from_peers,
-                "note": note,
+                "note": self.note,
                 "time": time.time(),
             }
         )
-        return result
-    except BaseException:
-        if feeder is not None:
-            feeder.stop.set()
-        if hasher is not None:
-            hasher.stop.set()
-        discoverer.stop.set()
-        ann.remove()
-        swarm.remove(handle)
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    finally:
-        if plan is not None:
-            plan.release()
+        return Result(path, self.from_store, from_peers, self.note, self.origin, failures)
+
+    def _verify(self, src: Path) -> None:
+        """The whole blob's sha256, mostly computed while it arrived (`_PrefixHasher`)."""
+        if self.hasher is None or self.hasher.finish() != self.digest:
+            # Every piece passed libtorrent's check, so a mismatch is a write not yet visible: flush, re-read.
+            self.swarm.flush(self.handle)
+            if sha256_file(src) != self.digest:
+                raise IntegrityError(f"blob {self.digest[:12]} from the swarm does not match its digest")
+
+    def _abort(self) -> None:
+        """Leave the swarm and drop the partial download (the caller falls back to the store)."""
+        if self.feeder is not None:
+            self.feeder.stop.set()
+        if self.hasher is not None:
+            self.hasher.stop.set()
+        self.discoverer.stop.set()
+        self.ann.remove()
+        self.swarm.remove(self.handle)
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def _check_torrent(torrent: bytes, digest: str) -> None:
@@ -266,7 +338,7 @@ def _check_torrent(torrent: bytes, digest: str) -> None:
 
     try:
         ti = lt.torrent_info(lt.bdecode(torrent))
-    except Exception as e:
+    except (RuntimeError, TypeError) as e:  # libtorrent: a bad bencoding / not a torrent dictionary
         raise NoSwarm(f"the blob's torrent is unreadable: {e}") from None
     if ti.num_files() != 1 or ti.name() != digest:
         raise NoSwarm("the blob's torrent does not describe this blob")
@@ -310,7 +382,9 @@ class _PrefixHasher(threading.Thread):
         from .swarm import QUERY_PIECES
 
         while not self.stop.wait(0.1) and self.next < self.n:
-            with contextlib.suppress(Exception):
+            # The file may not exist yet (OSError), the handle may be gone (libtorrent's RuntimeError):
+            # try again next round; `finish` hashes whatever is left anyway.
+            with contextlib.suppress(OSError, RuntimeError):
                 self._advance(self.handle.status(QUERY_PIECES).pieces)
 
     def finish(self) -> str:
@@ -324,7 +398,7 @@ class _PrefixHasher(threading.Thread):
 class _KeptLease:
     """Renews a lease in the background while a long step (a whole-blob download) runs."""
 
-    def __init__(self, lease: Any) -> None:
+    def __init__(self, lease: Lease) -> None:
         self.lease = lease
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="lease")
@@ -332,12 +406,12 @@ class _KeptLease:
 
     def _run(self) -> None:
         while not self.stop.wait(LEASE_TTL_S / 3):
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(StoreError, OSError):  # a store hiccup: renew at the next round
                 self.lease.renew(LEASE_TTL_S)
 
     def release(self) -> None:
         self.stop.set()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(StoreError, OSError):  # an unreleased lease expires on its own
             self.lease.release()
 
 
@@ -363,7 +437,7 @@ class _SegmentClaims:
     the next free ones, so all are read even when the swarm has fewer nodes than segments.
     """
 
-    def __init__(self, store: Any, digest: str, pieces: int, count: int) -> None:
+    def __init__(self, store: Store, digest: str, pieces: int, count: int) -> None:
         self.store, self.digest, self.pieces, self.count = store, digest, pieces, count
         self.kept: list[_KeptLease] = []
 
@@ -394,38 +468,49 @@ class _SegmentClaims:
             kept.release()
 
 
-def _torrent_for_unpublished(cfg: Any, store: Any, digest: str, cache: Any, progress: Any) -> Result | dict:
+def _torrent_for_unpublished(
+    p2p: P2PSettings, store: Store, digest: str, cache: BlobCache, progress: Progress | None
+) -> Result | dict[str, Any]:
     """A blob published without a torrent (e.g. checkpoint stripes cut on the fly, with no local file).
 
     The node that takes the blob's lease downloads it from the store (one copy), makes the torrent
     from its verified copy, publishes it and seeds; the others wait for the torrent while that lease
     is alive, then download from the swarm. Returns the lease holder's Result, or the torrent ref.
     """
-    from .publish import publish_torrent
-
     lease = store.try_lease(f"p2p-{digest}", LEASE_TTL_S)
     if lease is not None:
-        kept = _KeptLease(lease)
-        try:
-            path, n = cache.fetch(store, digest, progress=progress)
-            tdigest = publish_torrent(store, digest, path)
-        finally:
-            kept.release()
-        torrent = store.get_blob_bytes(tdigest)
-        node = get_node(cfg, store)
-        handle = node.swarm.add(torrent, path.parent, seed=True)
-        ann = Announcer(store, digest, node.swarm.announce_host, node.swarm.port)
-        ann.write("seed")
-        discoverer = Discoverer(node, digest, handle, ann)
-        discoverer.start()
-        node.served[digest] = Served(digest, tdigest, handle, ann, discoverer, None)
-        _keep_torrent(cache, tdigest, torrent)
-        note = "blob had no torrent: fetched it from the store and published one"
-        node.fetches.append(
-            {"digest": digest, "origin": True, "bytes_from_store": n, "bytes_from_peers": 0, "note": note}
-        )
-        return Result(path, n + len(torrent), 0, note, origin=True)
-    # Another node is making the torrent: wait for it while its lease lives.
+        return _publish_as_first_fetcher(p2p, store, digest, cache, progress, lease)
+    return _wait_for_torrent(store, digest)
+
+
+def _publish_as_first_fetcher(
+    p2p: P2PSettings, store: Store, digest: str, cache: BlobCache, progress: Progress | None, lease: Lease
+) -> Result:
+    """Holding the blob's lease: fetch it from the store, publish its torrent, and seed it from the cache."""
+    from .publish import publish_torrent
+
+    kept = _KeptLease(lease)
+    try:
+        path, n = cache.fetch(store, digest, progress=progress)
+        tdigest = publish_torrent(store, digest, path)
+    finally:
+        kept.release()
+    torrent = store.get_blob_bytes(tdigest)
+    node = get_node(p2p, store)
+    handle = node.swarm.add(torrent, path.parent, seed=True)
+    ann = Announcer(store, digest, node.swarm.announce_host, node.swarm.port)
+    ann.write("seed")
+    discoverer = Discoverer(node, digest, handle, ann)
+    discoverer.start()
+    node.served[digest] = Served(digest, tdigest, handle, ann, discoverer, None)
+    _keep_torrent(cache, tdigest, torrent)
+    note = "blob had no torrent: fetched it from the store and published one"
+    node.fetches.append({"digest": digest, "origin": True, "bytes_from_store": n, "bytes_from_peers": 0, "note": note})
+    return Result(path, n + len(torrent), 0, note, origin=True)
+
+
+def _wait_for_torrent(store: Store, digest: str) -> dict[str, Any]:
+    """Another node is making the torrent: wait for its ref while that node's lease lives."""
     missing_since: float | None = None
     while True:
         tref = store.read_ref("torrent", digest)
@@ -441,15 +526,7 @@ def _torrent_for_unpublished(cfg: Any, store: Any, digest: str, cache: Any, prog
         time.sleep(0.25)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(4 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _into_cache(cache: Any, src: Path, digest: str) -> Path:
+def _into_cache(cache: BlobCache, src: Path, digest: str) -> Path:
     """A hard link of the verified file into the cache: libtorrent keeps seeding from `src`."""
     dest = cache.path(digest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -461,7 +538,7 @@ def _into_cache(cache: Any, src: Path, digest: str) -> Path:
     return cache.adopt(tmp, digest)
 
 
-def _keep_torrent(cache: Any, tdigest: str, torrent: bytes) -> None:
+def _keep_torrent(cache: BlobCache, tdigest: str, torrent: bytes) -> None:
     """The torrent is a blob too: cache it so the agent can seed without asking the store."""
     if cache.get(tdigest) is not None:
         return
@@ -476,7 +553,7 @@ def _downloading_peers(node: Node) -> int:
     """Peers that may still want data from this node: connected and not seeds, or announced as downloading."""
     n = 0
     for s in node.served.values():
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(RuntimeError):  # libtorrent: the handle was removed meanwhile
             n += sum(1 for p in s.handle.get_peer_info() if not p.seed)
         n += s.discoverer.downloading
     return n
@@ -506,8 +583,8 @@ def shutdown(cap_s: float | None = None) -> list[dict[str, Any]]:
     if node is None:
         return []
     if node.served:
-        cap = float(node.cfg.get("p2p", "deadline_s")) if cap_s is None else cap_s
-        with contextlib.suppress(Exception):
+        cap = node.p2p.deadline_s if cap_s is None else cap_s
+        with contextlib.suppress(RuntimeError):  # libtorrent failing while serving late peers: stop serving them
             linger(node, cap)
     served = [{"digest": s.digest, "torrent": s.torrent_digest} for s in node.served.values()]
     for s in node.served.values():

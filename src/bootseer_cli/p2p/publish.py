@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..store import _sha256_file
+from ..digests import sha256_file
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 
-def publish_torrent(store: Any, digest: str, path: Path) -> str:
+def publish_torrent(store: Store, digest: str, path: Path) -> str:
     """Store the blob's torrent as a blob and name it by `refs/torrent/<digest>.json`; returns its digest.
 
     A torrent already published for this blob is kept (the torrent is deterministic, but an older
@@ -25,8 +28,8 @@ def publish_torrent(store: Any, digest: str, path: Path) -> str:
     return tdigest
 
 
-def publish_file(store: Any, path: Path, with_torrent: bool = True) -> tuple[str, str | None]:
+def publish_file(store: Store, path: Path, with_torrent: bool = True) -> tuple[str, str | None]:
     """Upload a file as a blob and (optionally) its torrent: what `bootseer p2p publish` does."""
-    digest = _sha256_file(path)
+    digest = sha256_file(path)
     store.put_blob_file(path, digest)
     return digest, publish_torrent(store, digest, path) if with_torrent else None

@@ -14,10 +14,22 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ..errors import StoreError
+from .discovery import Announcer, local_host, static_peers, swarm_peers
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+    from ..cache import BlobCache
+    from ..settings import P2PSettings, Settings
+    from ..store import Store
+    from .swarm import Swarm
 
 STATUS_NAME = "p2p.json"
-STATUS_EVERY_S = 2.0
+DISCOVER_EVERY_S = 2.0
+
+Seeding = list[tuple[str, Any, Announcer]]  # (blob digest, libtorrent handle, this node's swarm entry)
 
 
 def _write_status(run_dir: Path, doc: dict[str, Any]) -> None:
@@ -26,73 +38,102 @@ def _write_status(run_dir: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, run_dir / STATUS_NAME)
 
 
-def run_seed(task: dict[str, Any], agent: Any) -> None:
-    from ..cache import cache_from_config
+def _settings(agent: Agent) -> Settings:
+    """The settings of the run's config: the agent's spec names the config file and the store."""
     from ..config import load
-    from .discovery import Announcer, local_host, static_peers, swarm_peers
-    from .swarm import Swarm
+    from ..settings import Settings
 
     cfg_file = agent.spec.get("config_file")
     cfg = load(Path(cfg_file) if cfg_file else None, {("store", "uri"): agent.spec.get("store_uri")})
-    seed_s = float(cfg.get("p2p", "seed_s"))
+    return Settings.from_config(cfg)
+
+
+def run_seed(task: dict[str, Any], agent: Agent) -> None:
+    """The agent task: serve `task["blobs"]` from the node cache for `[p2p] seed_s`, or until the agent stops."""
+    from ..cache import cache_for
+    from .swarm import Swarm
+
+    settings = _settings(agent)
+    p2p = settings.p2p
     started = time.time()
     status: dict[str, Any] = {
         "state": "starting",
         "pid": os.getpid(),
         "started": started,
-        "seed_until": started + seed_s,
+        "seed_until": started + p2p.seed_s,
         "fetches": task.get("fetches", []),
         "blobs": [],
     }
     _write_status(agent.run_dir, status)
-    if seed_s <= 0:
+    if p2p.seed_s <= 0:
         status["state"] = "done"
         _write_status(agent.run_dir, status)
         return
     store = agent.store
-    cache = cache_from_config(cfg)
-    host = local_host(cfg, store)
-    swarm = Swarm(str(cfg.get("p2p", "host") or "0.0.0.0"), cfg.get("p2p", "port"), announce_host=host)
-    seeding: list[tuple[str, Any, Announcer]] = []
+    host = local_host(p2p, store)
+    swarm = Swarm(p2p.host or "0.0.0.0", p2p.port, announce_host=host)
+    seeding: Seeding = []
     try:
-        for blob in task.get("blobs", []):
-            digest, tdigest = blob["digest"], blob["torrent"]
-            path, tpath = cache.get(digest), cache.get(tdigest)
-            if path is None or tpath is None:
-                agent.log(f"seed: blob {digest[:12]} or its torrent left the cache; not seeding it")
-                continue
-            handle = swarm.add(tpath.read_bytes(), path.parent, seed=True)
-            ann = Announcer(store, digest, host, swarm.port)
-            with contextlib.suppress(Exception):
-                ann.write("seed")
-            seeding.append((digest, handle, ann))
-        agent.log(f"seed: serving {len(seeding)} blob(s) on {host}:{swarm.port} for {seed_s:g} s")
-        last_discover = 0.0
-        while seeding and time.time() - started < seed_s:
-            swarm.pump()
-            if time.time() - last_discover >= 2.0:
-                last_discover = time.time()
-                for digest, handle, ann in seeding:
-                    eps = [(e.host, e.port) for e in static_peers(cfg)]
-                    with contextlib.suppress(Exception):
-                        eps += [(e.host, e.port) for e in swarm_peers(store, digest, ann.name) if e.state != "seed"]
-                    swarm.connect(handle, eps)
-                    ann.refresh()
-                status.update(state="seeding", updated=time.time(), blobs=_blob_status(seeding, swarm))
-                _write_status(agent.run_dir, status)
-            if agent.wait(0.5):
-                break
+        _add_blobs(task.get("blobs", []), cache_for(settings.store), swarm, store, agent, seeding)
+        agent.log(f"seed: serving {len(seeding)} blob(s) on {host}:{swarm.port} for {p2p.seed_s:g} s")
+        _serve(seeding, swarm, store, p2p, agent, status)
     finally:
-        status.update(state="done", updated=time.time(), blobs=_blob_status(seeding, swarm))
-        for _, handle, ann in seeding:
-            ann.remove()
-            swarm.remove(handle)
-        swarm.close()
-        _write_status(agent.run_dir, status)
-        agent.log("seed: stopped")
+        _stop(seeding, swarm, agent, status)
 
 
-def _blob_status(seeding: list[tuple[str, Any, Any]], swarm: Any) -> list[dict[str, Any]]:
+def _add_blobs(
+    blobs: list[dict[str, str]], cache: BlobCache, swarm: Swarm, store: Store, agent: Agent, seeding: Seeding
+) -> None:
+    """Add each handed-over blob in seed mode from the node cache and announce it (into `seeding`, so
+    the caller's cleanup sees the blobs added before a failure)."""
+    for blob in blobs:
+        digest, tdigest = blob["digest"], blob["torrent"]
+        path, tpath = cache.get(digest), cache.get(tdigest)
+        if path is None or tpath is None:
+            agent.log(f"seed: blob {digest[:12]} or its torrent left the cache; not seeding it")
+            continue
+        handle = swarm.add(tpath.read_bytes(), path.parent, seed=True)
+        ann = Announcer(store, digest, swarm.announce_host, swarm.port)
+        with contextlib.suppress(StoreError, OSError):  # static peers and refreshes still find this node
+            ann.write("seed")
+        seeding.append((digest, handle, ann))
+
+
+def _serve(
+    seeding: Seeding, swarm: Swarm, store: Store, p2p: P2PSettings, agent: Agent, status: dict[str, Any]
+) -> None:
+    """Serve until `seed_s` after the start or the agent stops; every few seconds connect to the nodes
+    still downloading, refresh this node's entries and write the status file."""
+    started = float(status["started"])
+    last_discover = 0.0
+    while seeding and time.time() - started < p2p.seed_s:
+        swarm.pump()
+        if time.time() - last_discover >= DISCOVER_EVERY_S:
+            last_discover = time.time()
+            for digest, handle, ann in seeding:
+                eps = [(e.host, e.port) for e in static_peers(p2p)]
+                with contextlib.suppress(StoreError, OSError):
+                    eps += [(e.host, e.port) for e in swarm_peers(store, digest, ann.name) if e.state != "seed"]
+                swarm.connect(handle, eps)
+                ann.refresh()
+            status.update(state="seeding", updated=time.time(), blobs=_blob_status(seeding, swarm))
+            _write_status(agent.run_dir, status)
+        if agent.wait(0.5):
+            break
+
+
+def _stop(seeding: Seeding, swarm: Swarm, agent: Agent, status: dict[str, Any]) -> None:
+    """Leave every swarm, close the session and write the final status."""
+    status.update(state="done", updated=time.time(), blobs=_blob_status(seeding, swarm))
+    for _, handle, ann in seeding:
+        ann.remove()
+        swarm.remove(handle)
+    swarm.close()
+    _write_status(agent.run_dir, status)
+    agent.log("seed: stopped")
+
+
+def _blob_status(seeding: Seeding, swarm: Swarm) -> list[dict[str, Any]]:
     out = []
     for digest, handle, ann in seeding:
         try:
@@ -110,7 +151,7 @@ def _blob_status(seeding: list[tuple[str, Any, Any]], swarm: Any) -> list[dict[s
                     "hash_failures": swarm.hash_failures.get(str(handle.info_hash()), 0),
                 }
             )
-        except Exception as e:  # a removed handle: report, don't fail the status
+        except RuntimeError as e:  # libtorrent: a removed handle; report it, don't fail the status
             out.append({"digest": digest, "error": str(e)})
     return out
 

@@ -21,9 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ..store import Store
 
 MiB = 1 << 20
 
@@ -164,14 +169,15 @@ class Swarm:
         return self.session.add_torrent(self._params(torrent, save_path, seed))
 
     def remove(self, handle: Any) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(RuntimeError):  # libtorrent: the handle is already gone
             self.session.remove_torrent(handle)
 
     def connect(self, handle: Any, endpoints: list[tuple[str, int]]) -> None:
         for host, port in endpoints:
             if host == self.announce_host and port == self.port:
                 continue
-            with contextlib.suppress(Exception):  # e.g. a malformed address in a foreign entry
+            # libtorrent: a host that is not an IP address (TypeError), a removed handle (RuntimeError)
+            with contextlib.suppress(TypeError, RuntimeError):
                 handle.connect_peer((host, port))
 
     # ---- alerts --------------------------------------------------------------------------------
@@ -237,7 +243,7 @@ class StoreFeeder(threading.Thread):
     def __init__(
         self,
         handle: Any,
-        store: Any,
+        store: Store,
         digest: str,
         shuffle: bool,
         mbps: float = 0.0,
@@ -307,7 +313,7 @@ class StoreFeeder(threading.Thread):
             self.stop.wait(0.02)
 
     def run(self) -> None:
-        self._random: Any = None
+        self._random: pa.NativeFile | None = None  # the blob in the store, opened on the first read
         self._ahead: dict[int, bytes] = {}
         self._next_in_order: dict[int, int] = {}
         try:
@@ -345,10 +351,10 @@ class StoreFeeder(threading.Thread):
                     self.stop.wait(0.02)
             finally:
                 if self._random is not None:
-                    with contextlib.suppress(Exception):
+                    with contextlib.suppress(OSError):
                         self._random.close()
             self.done = True
-        except BaseException as e:  # reported to the fetch loop, which falls back
+        except BaseException as e:  # broad on purpose: every failure goes to the fetch loop, which falls back
             self.error = e
             if self.on_error:
                 self.on_error(e)
