@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 # task kind -> "module:function"
 TASKS: dict[str, str] = {
-    "hot-record": "bootseer_cli.hotblocks.tasks:record_task",
-    "hot-prefetch": "bootseer_cli.hotblocks.tasks:prefetch_task",
+    "hot-record": "bootseer_cli.hotblocks.agent_tasks:record_task",
+    "hot-prefetch": "bootseer_cli.hotblocks.agent_tasks:prefetch_task",
     "seed": "bootseer_cli.p2p.seed:run_seed",
     "ckpt-umount": "bootseer_cli.stripe.stage:agent_unmount",
 }

@@ -63,7 +63,7 @@ def push(
     ] = None,
     config: ConfigOpt = None,
     store: StoreOpt = None,
-    json_: JsonOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Store DIRECTORY as NAME:TAG in the striped layout (uploads in parallel; manifest last)."""
     from ..ckpt import push_checkpoint
@@ -82,7 +82,7 @@ def push(
         cell_size=parse_size(cell_size) if cell_size else None,
         targets=target or None,
     )
-    if json_:
+    if as_json:
         typer.echo(json.dumps(describe(m), indent=2))
     else:
         typer.echo(
@@ -96,7 +96,7 @@ def ls(
     name: Annotated[str | None, typer.Argument(help="Only this checkpoint's tags.")] = None,
     config: ConfigOpt = None,
     store: StoreOpt = None,
-    json_: JsonOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """List checkpoints and their tags (newest last)."""
     from ..store import open_store
@@ -106,7 +106,7 @@ def ls(
     st = open_store(load_settings(config, store).store.uri)
     names = [check_name(name)] if name else list_names(st)
     rows = [e for n in names for e in list_tags(st, n)]
-    if json_:
+    if as_json:
         typer.echo(json.dumps([e.__dict__ for e in rows], indent=2))
         return
     if not rows:

@@ -3,34 +3,24 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ..units import fmt_bytes, fmt_seconds, fmt_time
-from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
 
 if TYPE_CHECKING:
-    from ..config import Config
     from ..settings import Settings
 
 hot = typer.Typer(help="Hot-block record and replay of this image's start.", no_args_is_help=True)
 
 
-def _settings(config: Path | None, store: str | None) -> tuple[Settings, Config]:
-    """The settings the hot-block actions read, and the config this image's key is computed from."""
-    from ..settings import Settings
+def _image_key(settings: Settings) -> str:
+    """This image's key (computed only when an action needs it: it may ask the Docker engine)."""
+    from ..identity import keys_for
 
-    cfg = load_config(config, store)
-    return Settings.from_config(cfg), cfg
-
-
-def _image_key(cfg: Config) -> str:
-    """This image's key. TRANSITIONAL: built from the config until keys.compute takes settings."""
-    from ..keys import compute
-
-    return compute(cfg).image.digest
+    return keys_for(settings).image.digest
 
 
 @hot.command(
@@ -52,8 +42,8 @@ def record(
 
     if not command:
         raise BootseerError("no command given: bootseer hot record [OPTIONS] -- COMMAND [ARGS]…", 2)
-    settings, cfg = _settings(config, store)
-    out = record_command(settings, lambda: _image_key(cfg), list(command), roots, ready)
+    settings = load_settings(config, store)
+    out = record_command(settings, lambda: _image_key(settings), list(command), roots, ready)
     if out.doc is None:
         typer.echo(
             f"bootseer: nothing resident under the roots at the end of the start ({out.why}); nothing recorded",
@@ -77,13 +67,13 @@ def replay(
         int | None, typer.Option("--threads", help="Reader threads (default [image] prefetch_threads).")
     ] = None,
     mbps: Annotated[float | None, typer.Option("--mbps", help="Bandwidth cap in MB/s (0: none).")] = None,
-    json_: JsonOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Read this image's recorded hot blocks now, into the page cache."""
     from ..hotblocks.actions import replay_now
 
-    settings, cfg = _settings(config, store)
-    res, doc = replay_now(settings, _image_key(cfg), threads, mbps)
+    settings = load_settings(config, store)
+    res, doc = replay_now(settings, _image_key(settings), threads, mbps)
     out = {
         "record": doc.get("blob"),
         "bytes_read": res.bytes_read,
@@ -94,7 +84,7 @@ def replay(
         "errors": res.errors,
         "seconds": round(res.seconds, 3),
     }
-    if json_:
+    if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
     typer.echo(
@@ -104,13 +94,13 @@ def replay(
 
 
 @hot.command("show")
-def show(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt = False) -> None:
+def show(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Describe this image's record: files, bytes, share of the roots, staleness."""
     from ..hotblocks.actions import describe
 
-    settings, cfg = _settings(config, store)
-    d = describe(settings, _image_key(cfg))
-    if json_:
+    settings = load_settings(config, store)
+    d = describe(settings, _image_key(settings))
+    if as_json:
         typer.echo(json.dumps(d, indent=2))
         return
     if d["record"] is None:

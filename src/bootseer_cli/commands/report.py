@@ -41,7 +41,7 @@ def report(
     ] = None,
     config: ConfigOpt = None,
     store: StoreOpt = None,
-    json_: JsonOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Where the startup time of a job went: per-stage p50/p90/max, hits, stragglers, GPU time wasted."""
     from ..errors import ConfigError
@@ -62,7 +62,7 @@ def report(
         trend = analysis.analyze_trend(load.load_since(st, seconds), seconds, gpus_per_node, configured)
         if html:
             _write(html, render.trend_html(trend))
-        typer.echo(render.to_json(trend) if json_ else render.trend_text(trend))
+        typer.echo(render.to_json(trend) if as_json else render.trend_text(trend))
         return
     name = job or load.last_job(st)
     result = analysis.analyze_job(
@@ -72,7 +72,7 @@ def report(
         _write(html, render.job_html(result))
     if svg:
         _write(svg, render.timeline_svg(result))
-    typer.echo(render.to_json(result) if json_ else render.job_text(result))
+    typer.echo(render.to_json(result) if as_json else render.job_text(result))
 
 
 def register(app: typer.Typer) -> None:

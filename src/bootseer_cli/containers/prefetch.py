@@ -53,7 +53,7 @@ def _fetch(settings: Settings, store: Store, cache: BlobCache, digests: list[str
     from ..delivery import fetch_blob
 
     for digest in digests:
-        got = fetch_blob(settings, store, digest, cache=cache)
+        got = fetch_blob(settings.p2p, store, digest, cache=cache)
         item.blobs += 1
         item.bytes += got.path.stat().st_size
         item.bytes_from_store += got.bytes_from_store

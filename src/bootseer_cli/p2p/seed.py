@@ -22,7 +22,7 @@ from .discovery import Announcer, local_host, static_peers, swarm_peers
 if TYPE_CHECKING:
     from ..agent import Agent
     from ..cache import BlobCache
-    from ..settings import P2PSettings, Settings
+    from ..settings import P2PSettings
     from ..store import Store
     from .swarm import Swarm
 
@@ -38,22 +38,12 @@ def _write_status(run_dir: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, run_dir / STATUS_NAME)
 
 
-def _settings(agent: Agent) -> Settings:
-    """The settings of the run's config: the agent's spec names the config file and the store."""
-    from ..config import load
-    from ..settings import Settings
-
-    cfg_file = agent.spec.get("config_file")
-    cfg = load(Path(cfg_file) if cfg_file else None, {("store", "uri"): agent.spec.get("store_uri")})
-    return Settings.from_config(cfg)
-
-
 def run_seed(task: dict[str, Any], agent: Agent) -> None:
     """The agent task: serve `task["blobs"]` from the node cache for `[p2p] seed_s`, or until the agent stops."""
     from ..cache import cache_for
     from .swarm import Swarm
 
-    settings = _settings(agent)
+    settings = agent.settings
     p2p = settings.p2p
     started = time.time()
     status: dict[str, Any] = {

@@ -68,7 +68,7 @@ def _whole_stripes(
     def one(i: int) -> tuple[StripeSource, int, int]:
         ref = m.stripes[i]
         for _ in range(2):  # the cache may evict a stripe between fetch and open: fetch it again
-            got = fetch_blob(p2p, targets.get(ref.target), ref.digest, cache, progress=advance)
+            got = fetch_blob(p2p, targets.get(ref.target), ref.digest, progress=advance, cache=cache)
             try:
                 return FileStripe(str(got.path), i), got.bytes_from_store, got.bytes_from_peers
             except FileNotFoundError:
