@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.envsnap import archive, manifest
+from bootseer_cli.envsnap import extract, format, manifest
+from bootseer_cli.errors import IntegrityError
 from tests.envsnap.conftest import tree_state
 
 
@@ -45,11 +46,11 @@ def setup_changes(root: Path) -> None:
     os.utime(root / "lib" / "new_pkg" / "__init__.py", (1_600_000_000, 1_600_000_000))
 
 
-def build_blob(root: Path, base: manifest.Manifest, blob: Path) -> archive.Written:
+def build_blob(root: Path, base: manifest.Manifest, blob: Path) -> format.Written:
     after = manifest.scan([root])
     d = manifest.diff(base, after)
     links = manifest.hardlink_groups(after, d.changed)
-    w = archive.ArchiveWriter(blob)
+    w = format.ArchiveWriter(blob)
     for p in d.changed:
         w.add(p, after[p], link_to=links.get(p))
     return w.finish({"roots": [str(root)], "deletions": d.deleted})
@@ -105,8 +106,8 @@ def test_roundtrip_restores_the_exact_tree(tmp_path: Path) -> None:
     shutil.rmtree(root)  # "another node": the same base at the same path
     root.mkdir()
     make_base(root)
-    meta = archive.read_meta(blob)
-    ex = archive.extract(blob, meta, [str(root)], threads=4)
+    meta = format.read_meta(blob)
+    ex = extract.extract(blob, meta, [str(root)], threads=4)
     assert ex.files == written.files
     assert tree_state(root) == want
     a, b = root / "lib" / "new_pkg" / "__init__.py", root / "lib" / "new_pkg" / "alias.py"
@@ -141,11 +142,11 @@ def test_big_file_gets_its_own_frames(tmp_path: Path, kind: str) -> None:
     (root / "small.txt").write_text("s")
     blob = tmp_path / "b.tar.zst"
     build_blob(root, base, blob)
-    meta = archive.read_meta(blob)
-    assert len(meta["chunks"]) >= 2
+    meta = format.read_meta(blob)
+    assert len(meta.frames) >= 2
     shutil.rmtree(root)
     root.mkdir()
-    archive.extract(blob, meta, [str(root)])
+    extract.extract(blob, meta, [str(root)])
     assert (root / "big.bin").read_bytes() == data
     assert (root / "small.txt").read_text() == "s"
 
@@ -163,14 +164,14 @@ def test_a_root_the_setup_created_is_restored(tmp_path: Path) -> None:
     d = manifest.diff(base, after)
     assert str(cache) in d.changed
     blob = tmp_path / "b.tar.zst"
-    w = archive.ArchiveWriter(blob)
+    w = format.ArchiveWriter(blob)
     for p in d.changed:
         w.add(p, after[p])
     w.finish({"roots": roots, "deletions": d.deleted})
     want = tree_state(tmp_path, skip=(str(blob),))
     shutil.rmtree(tmp_path / "home")
     (env / "a.py").unlink()
-    archive.extract(blob, archive.read_meta(blob), roots)
+    extract.extract(blob, format.read_meta(blob), roots)
     assert tree_state(tmp_path, skip=(str(blob),)) == want
 
 
@@ -186,15 +187,15 @@ def test_a_bad_frame_in_a_parallel_restore_undoes_every_worker(tmp_path: Path) -
             (d / f"m{j}.py").write_bytes(os.urandom(40_000))
     blob = tmp_path / "snap.tar.zst"
     build_blob(root, base, blob)
-    meta = archive.read_meta(blob)
-    assert len(meta["chunks"]) >= 3
+    meta = format.read_meta(blob)
+    assert len(meta.frames) >= 3
     shutil.rmtree(root)
     make_base(root)
     before = tree_state(root)
     data = bytearray(blob.read_bytes())
-    off = meta["chunks"][len(meta["chunks"]) // 2][0]
+    off = meta.frames[len(meta.frames) // 2].offset
     data[off : off + 4] = b"\0\0\0\0"  # that frame's magic: it no longer decompresses
     blob.write_bytes(bytes(data))
-    with pytest.raises(archive.IntegrityError, match="put back"):
-        archive.extract(blob, meta, [str(root)], threads=4)
+    with pytest.raises(IntegrityError, match="put back"):
+        extract.extract(blob, meta, [str(root)], threads=4)
     assert tree_state(root) == before

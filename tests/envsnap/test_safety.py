@@ -3,6 +3,7 @@ a failure half way. Each must be refused with nothing written outside the roots 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from bootseer_cli.envsnap import archive
+from bootseer_cli.envsnap import extract, format
+from bootseer_cli.errors import IntegrityError
 from tests.envsnap.conftest import tree_state
 
 
@@ -24,7 +26,7 @@ def craft(
     roots: list[str],
     deletions: list[str] | None = None,
     cut: int | None = None,
-) -> dict:
+) -> format.Meta:
     """A blob in the snapshot format with arbitrary tar members and an arbitrary entry list."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
@@ -40,9 +42,9 @@ def craft(
         "chunks": [[0, len(frame), len(data)]],
     }
     z = zstandard.ZstdCompressor().compress(json.dumps(meta).encode())
-    payload = z + struct.pack("<Q", len(z)) + archive.TRAILER_MAGIC
-    blob.write_bytes(frame + struct.pack("<II", archive.SKIPPABLE_MAGIC, len(payload)) + payload)
-    return archive.read_meta(blob)
+    payload = z + struct.pack("<Q", len(z)) + format.TRAILER_MAGIC
+    blob.write_bytes(frame + struct.pack("<II", format.SKIPPABLE_MAGIC, len(payload)) + payload)
+    return format.read_meta(blob)
 
 
 def reg(name: str, data: bytes = b"payload") -> tuple[tarfile.TarInfo, bytes]:
@@ -81,8 +83,8 @@ def test_dotdot_in_the_entry_list_is_refused(world: dict) -> None:
     root = world["root"]
     evil = f"{root}/lib/../../outside/evil"
     meta = craft(world["tmp"] / "blob", [reg(evil.lstrip("/"))], [[evil, "f", 0o644, 7, 0, ""]], [str(root)])
-    with pytest.raises(archive.UnsafeArchive, match="not a normal path"):
-        archive.extract(world["tmp"] / "blob", meta, [str(root)])
+    with pytest.raises(format.UnsafeArchive, match="not a normal path"):
+        extract.extract(world["tmp"] / "blob", meta, [str(root)])
     assert_untouched(world)
 
 
@@ -94,8 +96,8 @@ def test_absolute_path_outside_the_roots_is_refused(world: dict) -> None:
         [[str(outside / "evil"), "f", 0o644, 7, 0, ""]],
         [str(root)],
     )
-    with pytest.raises(archive.UnsafeArchive, match="outside the roots"):
-        archive.extract(world["tmp"] / "blob", meta, [str(root)])
+    with pytest.raises(format.UnsafeArchive, match="outside the roots"):
+        extract.extract(world["tmp"] / "blob", meta, [str(root)])
     assert_untouched(world)
 
 
@@ -110,8 +112,8 @@ def test_tar_member_not_in_the_list_is_refused_and_undone(world: dict) -> None:
         [[good, "f", 0o644, 7, 0, ""], [f"{root}/lib/other.py", "f", 0o644, 7, 0, ""]],
         [str(root)],
     )
-    with pytest.raises(archive.UnsafeArchive, match="not in the snapshot's list"):
-        archive.extract(world["tmp"] / "blob", meta, [str(root)])
+    with pytest.raises(format.UnsafeArchive, match="not in the snapshot's list"):
+        extract.extract(world["tmp"] / "blob", meta, [str(root)])
     assert_untouched(world)
 
 
@@ -119,8 +121,8 @@ def test_writing_through_a_symlink_on_disk_is_refused(world: dict) -> None:
     root = world["root"]
     evil = f"{root}/escape/evil"  # root/escape -> outside
     meta = craft(world["tmp"] / "blob", [reg(evil.lstrip("/"))], [[evil, "f", 0o644, 7, 0, ""]], [str(root)])
-    with pytest.raises(archive.UnsafeArchive, match="outside"):
-        archive.extract(world["tmp"] / "blob", meta, [str(root)])
+    with pytest.raises(format.UnsafeArchive, match="outside"):
+        extract.extract(world["tmp"] / "blob", meta, [str(root)])
     assert_untouched(world)
 
 
@@ -135,8 +137,8 @@ def test_symlink_of_the_snapshot_cannot_be_a_parent(world: dict) -> None:
         [[f"{root}/lib/sneaky", "l", 0o777, 0, 0, str(world["outside"])], [evil, "f", 0o644, 7, 0, ""]],
         [str(root)],
     )
-    with pytest.raises(archive.UnsafeArchive, match="below the snapshot's symlink"):
-        archive.extract(world["tmp"] / "blob", meta, [str(root)])
+    with pytest.raises(format.UnsafeArchive, match="below the snapshot's symlink"):
+        extract.extract(world["tmp"] / "blob", meta, [str(root)])
     assert_untouched(world)
 
 
@@ -145,7 +147,7 @@ def test_replacing_a_symlink_never_writes_through_it(world: dict) -> None:
     root = world["root"]
     p = f"{root}/lib/link_to_secret"
     meta = craft(world["tmp"] / "blob", [reg(p.lstrip("/"), b"mine")], [[p, "f", 0o644, 4, 0, ""]], [str(root)])
-    archive.extract(world["tmp"] / "blob", meta, [str(root)])
+    extract.extract(world["tmp"] / "blob", meta, [str(root)])
     assert not os.path.islink(p) and Path(p).read_bytes() == b"mine"
     assert (world["outside"] / "secret").read_text() == "untouched\n"
 
@@ -163,12 +165,14 @@ def test_device_nodes_are_refused(world: dict, devtype: bytes) -> None:
         [[good, "f", 0o644, 7, 0, ""], [f"{root}/lib/dev", "f", 0o644, 0, 0, ""]],
         [str(root)],
     )
-    with pytest.raises(archive.UnsafeArchive, match="device node"):
-        archive.extract(world["tmp"] / "blob", meta, [str(root)])
+    with pytest.raises(format.UnsafeArchive, match="device node"):
+        extract.extract(world["tmp"] / "blob", meta, [str(root)])
     assert_untouched(world)
-    meta["entries"][1][1] = "c"  # and listed as a device: refused before anything is written
-    with pytest.raises(archive.UnsafeArchive, match="cannot be restored"):
-        archive.extract(world["tmp"] / "blob", meta, [str(root)])
+    # and listed as a device: refused before anything is written
+    device = dataclasses.replace(meta.entries[1], kind="c")
+    meta = dataclasses.replace(meta, entries=(meta.entries[0], device))
+    with pytest.raises(format.UnsafeArchive, match="cannot be restored"):
+        extract.extract(world["tmp"] / "blob", meta, [str(root)])
     assert_untouched(world)
 
 
@@ -176,8 +180,8 @@ def test_deleting_outside_or_a_root_is_refused(world: dict) -> None:
     root = world["root"]
     for bad in (str(world["outside"] / "secret"), str(root)):
         meta = craft(world["tmp"] / "blob", [], [], [str(root)], deletions=[bad])
-        with pytest.raises(archive.UnsafeArchive):
-            archive.extract(world["tmp"] / "blob", meta, [str(root)])
+        with pytest.raises(format.UnsafeArchive):
+            extract.extract(world["tmp"] / "blob", meta, [str(root)])
         assert_untouched(world)
 
 
@@ -202,8 +206,8 @@ def test_failure_half_way_puts_back_replaced_and_deleted_files(world: dict) -> N
         deletions=[f"{root}/lib/link_to_secret"],
         cut=5 * 512 + 2048,
     )  # ends inside zz.py
-    with pytest.raises(archive.IntegrityError, match="put back"):
-        archive.extract(world["tmp"] / "blob", meta, [str(root)])
+    with pytest.raises(IntegrityError, match="put back"):
+        extract.extract(world["tmp"] / "blob", meta, [str(root)])
     assert_untouched(world)
 
 
@@ -214,18 +218,18 @@ def test_truncated_and_garbage_blobs_are_refused(world: dict) -> None:
     craft(blob, [reg(good.lstrip("/"))], [[good, "f", 0o644, 7, 0, ""]], [str(root)])
     data = blob.read_bytes()
     blob.write_bytes(data[: len(data) // 2])
-    with pytest.raises(archive.IntegrityError):
-        archive.read_meta(blob)
+    with pytest.raises(IntegrityError):
+        format.read_meta(blob)
     blob.write_bytes(os.urandom(4096))
-    with pytest.raises(archive.IntegrityError):
-        archive.read_meta(blob)
+    with pytest.raises(IntegrityError):
+        format.read_meta(blob)
     # a frame that does not decompress
     blob.write_bytes(data)
-    meta = archive.read_meta(blob)
+    meta = format.read_meta(blob)
     bad = bytearray(data)
     bad[10] ^= 0xFF
     blob.write_bytes(bytes(bad))
-    with pytest.raises(archive.IntegrityError):
-        archive.extract(blob, meta, [str(root)])
+    with pytest.raises(IntegrityError):
+        extract.extract(blob, meta, [str(root)])
     blob.unlink()
     assert_untouched(world)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bootseer_cli.envsnap.snapshot import setup_environ
+from bootseer_cli.envsnap.setup import setup_environ
 
 
 def test_interpreter_first_on_path(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -54,6 +54,11 @@ class Entry:
 Manifest = dict[str, Entry]
 
 
+def under(path: str, roots: Iterable[str]) -> bool:
+    """Whether `path` is one of `roots` or lies below one (lexically: no symlink is resolved)."""
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
 def _entry(st: os.stat_result, path: str) -> Entry:
     m = st.st_mode
     if stat.S_ISREG(m):

@@ -12,21 +12,23 @@ Order of preference (DESIGN.md section 2, step 4):
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError
-from ..launch import LaunchContext, StageFatal, StageResult
+from ..stage import StageContext, StageFatal, StageResult
+from ..units import fmt_bytes
+
+if TYPE_CHECKING:
+    from ..store import Lease, Store
+    from .manifest import Manifest
+    from .snapshot import Restored
 
 LEASE_TTL_S = 60.0
 POLL_S = 1.0
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
-
-
-def _restored_result(r: Any, note: str = "") -> StageResult:
-    summary = f"restored {r.files} files ({_mb(r.raw_bytes)}) from {r.source}" + (f", {note}" if note else "")
+def _restored_result(r: Restored, note: str = "") -> StageResult:
+    summary = f"restored {r.files} files ({fmt_bytes(r.raw_bytes)}) from {r.source}" + (f", {note}" if note else "")
     return StageResult(
         outcome="restored",
         summary=summary,
@@ -34,18 +36,19 @@ def _restored_result(r: Any, note: str = "") -> StageResult:
         bytes=r.bytes_from_store + r.bytes_from_peers,
         bytes_from_store=r.bytes_from_store,
         bytes_from_peers=r.bytes_from_peers,
-        reason=getattr(r, "fetch_note", ""),
+        reason=r.fetch_note,
         extra={"files": r.files, "fetch_s": round(r.seconds_fetch, 3), "extract_s": round(r.seconds_extract, 3)},
     )
 
 
-def run_stage(ctx: LaunchContext) -> StageResult:
+def run_stage(ctx: StageContext) -> StageResult:
     from . import snapshot as snap
+    from .setup import resolve_roots
+    from .stamp import stamp_state
 
-    cfg = ctx.cfg
-    roots = snap.resolve_roots(cfg)
+    roots = resolve_roots(ctx.settings.env)
     key = ctx.keys.env.digest
-    ok, why = snap.stamp_state(roots, key)
+    ok, why = stamp_state(roots, key)
     if ok:
         return StageResult(outcome="present", summary="env present (stamp)", cache="hit")
     if why.startswith("stale"):
@@ -53,10 +56,7 @@ def run_stage(ctx: LaunchContext) -> StageResult:
     try:
         store = ctx.store
         ref = store.read_ref(snap.REF_KIND, key)
-    except BootseerError as e:
-        ctx.warn(f"env: store unreachable ({e}); running the setup locally")
-        return _local_setup(ctx, roots, key, reason="store unreachable")
-    except OSError as e:
+    except (BootseerError, OSError) as e:
         ctx.warn(f"env: store unreachable ({e}); running the setup locally")
         return _local_setup(ctx, roots, key, reason="store unreachable")
     note = ""
@@ -70,7 +70,9 @@ def run_stage(ctx: LaunchContext) -> StageResult:
         return _single_flight(ctx, store, key, roots, note, ran)
     except StageFatal:
         raise
-    except Exception as e:  # the store failed us half way: the job still gets its env
+    # Broad on purpose: whatever bootseer's own machinery throws half way (store, cache, archive),
+    # the job must still get its env, so the setup runs here instead of the start failing.
+    except Exception as e:
         if ran["setup"]:
             ctx.warn(f"env: setup done, but the snapshot step failed: {e}")
             return StageResult("setup", summary="setup ran (snapshot step failed)", cache="miss", reason=str(e))
@@ -78,11 +80,13 @@ def run_stage(ctx: LaunchContext) -> StageResult:
         return _local_setup(ctx, roots, key, reason="store failed")
 
 
-def _try_restore(ctx: LaunchContext, store: Any, key: str, roots: list[str], ref: Any) -> StageResult | None:
+def _try_restore(
+    ctx: StageContext, store: Store, key: str, roots: list[str], ref: dict[str, Any]
+) -> StageResult | None:
     from . import snapshot as snap
 
     try:
-        r = snap.restore(ctx.cfg, store, key, roots, ref=ref)
+        r = snap.restore(ctx.settings.p2p, store, ctx.cache, key, roots, ref=ref)
     except BootseerError as e:
         ctx.warn(f"env: could not restore snapshot {str(ref.get('blob', ''))[:12]}: {e}; running the setup instead")
         return None
@@ -92,11 +96,12 @@ def _try_restore(ctx: LaunchContext, store: Any, key: str, roots: list[str], ref
 
 
 def _single_flight(
-    ctx: LaunchContext, store: Any, key: str, roots: list[str], note: str, ran: dict[str, bool]
+    ctx: StageContext, store: Store, key: str, roots: list[str], note: str, ran: dict[str, bool]
 ) -> StageResult:
+    """Take the lease and build, or wait for the holder's snapshot (then restore it, or set up here)."""
     from . import snapshot as snap
 
-    wait_s = float(ctx.cfg.get("env", "wait_s"))
+    wait_s = ctx.settings.env.wait_s
     deadline = time.monotonic() + wait_s
     announced = False
     while True:
@@ -127,14 +132,12 @@ def _single_flight(
 
 
 def _build(
-    ctx: LaunchContext, store: Any, key: str, roots: list[str], lease: Any, note: str, ran: dict[str, bool]
+    ctx: StageContext, store: Store, key: str, roots: list[str], lease: Lease, note: str, ran: dict[str, bool]
 ) -> StageResult:
     """Holder of the lease: setup, capture, publish. A failed capture/publish only warns."""
-    from ..cache import cache_from_config
     from . import snapshot as snap
-    from .manifest import scan
+    from .setup import fresh_setup
 
-    cfg = ctx.cfg
     with snap.LeaseKeeper(lease, LEASE_TTL_S):
         # The lease may have been taken just after another node published: check once more.
         ref = store.read_ref(snap.REF_KIND, key)
@@ -142,30 +145,43 @@ def _build(
             result = _try_restore(ctx, store, key, roots, ref)
             if result is not None:
                 return result
-        snap.remove_stamp(roots)
-        snap.strip_carried(roots, ctx.info)
-        baseline = scan(roots, snap.excluded_paths(cfg))
-        t0 = time.time()
-        ran["setup"] = True
-        snap.run_setup(cfg, ctx.info)
-        setup_s = time.time() - t0
-        try:
-            cap = snap.capture(cfg, roots, baseline, key, cache_from_config(cfg), ctx.warn, since=t0 - 1)
-        except StageFatal:
-            raise
-        except BootseerError as e:
-            ctx.warn(f"env: setup done, but not captured: {e}")
-            _stamp_after_setup(cfg, roots, key, baseline)
-            return StageResult("setup", summary=f"setup {setup_s:.1f} s (not captured)", cache="miss", reason=str(e))
-        try:
-            snap.publish(cfg, store, cap, key, roots)
-        except BootseerError as e:
-            ctx.warn(f"env: setup done and captured, but not published: {e}")
-            cap.blob.unlink(missing_ok=True)
-            snap.write_stamp(roots, [key], cap.digest, cap.entries, cap.deletion_paths)
-            return StageResult("setup", summary=f"setup {setup_s:.1f} s (not published)", cache="miss", reason=str(e))
-        snap.write_stamp(roots, _keys_now(ctx, key), cap.digest, cap.entries, cap.deletion_paths)
-    summary = f"setup {setup_s:.1f} s, published {cap.files} files ({_mb(cap.size)})"
+        run = fresh_setup(
+            ctx.settings.env, ctx.settings.store, roots, ctx.info, on_start=lambda: ran.update(setup=True)
+        )
+        return _capture_and_publish(ctx, store, key, roots, run.baseline, run.started, run.seconds, note)
+
+
+def _capture_and_publish(
+    ctx: StageContext,
+    store: Store,
+    key: str,
+    roots: list[str],
+    baseline: Manifest,
+    started: float,
+    setup_s: float,
+    note: str,
+) -> StageResult:
+    """After the lease holder's setup: capture and publish, stamping the tree whatever happens."""
+    from . import snapshot as snap
+    from .stamp import write_stamp
+
+    try:
+        cap = snap.capture(ctx.settings.store, roots, baseline, key, ctx.cache, ctx.warn, since=started - 1)
+    except StageFatal:
+        raise
+    except BootseerError as e:
+        ctx.warn(f"env: setup done, but not captured: {e}")
+        _stamp_after_setup(ctx, roots, key, baseline)
+        return StageResult("setup", summary=f"setup {setup_s:.1f} s (not captured)", cache="miss", reason=str(e))
+    try:
+        snap.publish(ctx.settings.p2p, store, ctx.cache, cap, key, roots)
+    except BootseerError as e:
+        ctx.warn(f"env: setup done and captured, but not published: {e}")
+        cap.blob.unlink(missing_ok=True)
+        write_stamp(roots, [key], cap.digest, cap.entries, cap.deletion_paths)
+        return StageResult("setup", summary=f"setup {setup_s:.1f} s (not published)", cache="miss", reason=str(e))
+    write_stamp(roots, _keys_now(ctx, key), cap.digest, cap.entries, cap.deletion_paths)
+    summary = f"setup {setup_s:.1f} s, published {cap.files} files ({fmt_bytes(cap.size)})"
     return StageResult(
         outcome="built",
         summary=summary + (f", {note}" if note else ""),
@@ -176,37 +192,36 @@ def _build(
     )
 
 
-def _keys_now(ctx: LaunchContext, key: str) -> list[str]:
+def _keys_now(ctx: StageContext, key: str) -> list[str]:
     """The env key, plus the key as computed now: when the setup installs into the base prefix, the
     image fingerprint (and so the key) changes with it, and a restart of this node must still match."""
     from ..keys import compute
 
     try:
+        # TRANSITIONAL: a fresh (uncached) computation of the keys; becomes the settings-based keys
+        # API once keys.compute takes settings (the cached ctx.keys holds the key from before the setup).
         return [key, compute(ctx.cfg).env.digest]
-    except Exception:
+    except (BootseerError, OSError):
         return [key]
 
 
-def _stamp_after_setup(cfg: Any, roots: list[str], key: str, baseline: Any) -> None:
-    from . import snapshot as snap
+def _stamp_after_setup(ctx: StageContext, roots: list[str], key: str, baseline: Manifest) -> None:
+    """Stamp a tree set up without a snapshot (what changed since the baseline is the env)."""
     from .manifest import diff, scan
+    from .setup import excluded_paths
+    from .stamp import entries_of, write_stamp
 
-    after = scan(roots, snap.excluded_paths(cfg))
+    after = scan(roots, excluded_paths(ctx.settings.store))
     d = diff(baseline, after)
-    snap.write_stamp(roots, [key], None, snap.entries_of(after, d.changed), d.deleted)
+    write_stamp(roots, [key], None, entries_of(after, d.changed), d.deleted)
 
 
-def _local_setup(ctx: LaunchContext, roots: list[str], key: str, reason: str) -> StageResult:
+def _local_setup(ctx: StageContext, roots: list[str], key: str, reason: str) -> StageResult:
     """The slow path without the store: run the setup here and stamp the tree."""
-    from . import snapshot as snap
-    from .manifest import scan
+    from .setup import fresh_setup
 
-    snap.remove_stamp(roots)
-    snap.strip_carried(roots, ctx.info)
-    baseline = scan(roots, snap.excluded_paths(ctx.cfg))
-    t0 = time.time()
-    snap.run_setup(ctx.cfg, ctx.info)
-    _stamp_after_setup(ctx.cfg, roots, key, baseline)
+    run = fresh_setup(ctx.settings.env, ctx.settings.store, roots, ctx.info)
+    _stamp_after_setup(ctx, roots, key, run.baseline)
     return StageResult(
-        outcome="setup", summary=f"setup {time.time() - t0:.1f} s ({reason})", cache="miss", reason=reason
+        outcome="setup", summary=f"setup {time.time() - run.started:.1f} s ({reason})", cache="miss", reason=reason
     )

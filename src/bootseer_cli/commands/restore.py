@@ -1,0 +1,47 @@
+"""`bootseer restore`, kept free of typer: the entry point runs it without the CLI framework's import cost.
+
+`bootseer restore || (setup && bootseer snapshot)` runs in front of every start, so this verb is on
+the fast path (see entry.py); `commands/env.py` registers the same function as a typer command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+EXIT_MISS = 3
+
+
+def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]) -> int:
+    """`bootseer restore`: 0 when the env is present or restored, 3 when the store has no snapshot."""
+    from ..cache import cache_for
+    from ..envsnap.setup import resolve_roots
+    from ..envsnap.snapshot import restore
+    from ..envsnap.stamp import stamp_state
+    from ..keys import compute
+    from ..settings import Settings
+    from ..store import open_store
+    from ..units import fmt_bytes
+
+    settings = Settings.from_config(cfg)
+    roots = resolve_roots(settings.env)
+    key = compute(cfg).env.digest
+    ok, why = stamp_state(roots, key)
+    if ok:
+        out(f"env {key[:16]} already present")
+        return 0
+    if why.startswith("stale"):
+        err(f"bootseer: warning: {why}")
+    r = restore(settings.p2p, open_store(settings.store.uri), cache_for(settings.store), key, roots)
+    if r is None:
+        err(f"no snapshot for env {key[:16]}")
+        return EXIT_MISS
+    out(
+        f"restored env {key[:16]}: {r.files} files ({fmt_bytes(r.raw_bytes)}) from {r.source} "
+        f"in {r.seconds_fetch + r.seconds_extract:.2f} s (fetch {r.seconds_fetch:.2f} s, "
+        f"extract {r.seconds_extract:.2f} s)"
+    )
+    return 0

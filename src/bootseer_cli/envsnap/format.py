@@ -1,0 +1,453 @@
+"""The snapshot blob format: a tar stream in independent zstd frames, with a metadata trailer.
+
+Format (version 1). The blob is a plain `.tar.zst`: `zstd -d | tar -x` (or `tar -I zstd -xf`)
+reads it, which keeps it inspectable with standard tools. Inside, the tar stream (GNU format,
+member names relative to `/`) is cut at member boundaries into chunks of a few MiB, each compressed
+as its own zstd frame, in parallel. A trailing zstd *skippable* frame, which zstd and tar ignore,
+holds the metadata: roots, deletions, every entry with its per-file sha256, and the offset of each
+frame. Independent frames are what make the restore fast: each worker decompresses its own frames
+(zstandard releases the GIL), where a single zstd stream would serialise everything behind one
+decompressor, as `tar -I zstd` does.
+
+This module is the format in both directions: the writer, the metadata reader (which turns the
+JSON rows on disk into typed `ArchiveEntry`/`Frame` records at the read boundary) and the tar
+member parser. What is done with a blob's contents, safely, is `extract.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import struct
+import tarfile
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import BootseerError, IntegrityError
+from .manifest import DIR, FILE, SYMLINK, Entry
+
+if TYPE_CHECKING:
+    import zstandard
+
+FORMAT = 1
+TRAILER_MAGIC = b"BSEESNP1"
+SKIPPABLE_MAGIC = 0x184D2A5B  # one of the sixteen skippable-frame magics zstd reserves
+HARDLINK = "h"
+CHUNK_BYTES = 4 << 20  # tar bytes per frame: big enough to compress well, small enough to spread
+BLOCK = 512
+
+Progress = Callable[[int], None]
+
+
+class UnsafeArchive(BootseerError):
+    """The archive tries to write outside its roots, or holds something that cannot be restored safely.
+
+    Not a StoreError: the blob matched its digest, the store did its job; what it holds is hostile
+    or malformed. Nothing is written (or everything is undone) when this is raised.
+    """
+
+
+# ---- typed metadata ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveEntry:
+    """One listed entry of a snapshot. On disk it is the JSON row `[path, kind, mode, size, mtime, extra]`.
+
+    `extra` depends on the kind: a file's sha256, a symlink's target, the earlier path a hardlink
+    links to, "" for a directory.
+    """
+
+    path: str
+    kind: str  # FILE, DIR, SYMLINK or HARDLINK (anything else is refused by the extraction plan)
+    mode: int
+    size: int
+    mtime: int  # whole seconds
+    extra: str = ""
+
+    @classmethod
+    def from_row(cls, row: Any) -> ArchiveEntry:
+        """The typed entry of one metadata row; its shape is checked here, its safety by the plan."""
+        if not isinstance(row, list) or len(row) != 6:
+            raise UnsafeArchive(f"malformed snapshot entry {row!r}")
+        path, kind, mode, size, mtime, extra = row
+        if not isinstance(mode, int) or not isinstance(mtime, int) or not isinstance(size, int) or size < 0:
+            raise UnsafeArchive(f"malformed snapshot entry {row!r}")
+        return cls(path, kind, mode, size, mtime, extra)
+
+    def row(self) -> list[Any]:
+        """The row as written on disk (and shown by `bootseer env show --json`)."""
+        return [self.path, self.kind, self.mode, self.size, self.mtime, self.extra]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One zstd frame of the blob: where it starts, its compressed and its raw (tar) length."""
+
+    offset: int
+    length: int
+    raw: int
+
+    @classmethod
+    def from_row(cls, row: Any) -> Frame:
+        if not (isinstance(row, list) and len(row) == 3 and all(isinstance(x, int) and x >= 0 for x in row)):
+            raise IntegrityError(f"malformed snapshot frame index {row!r}")
+        return cls(row[0], row[1], row[2])
+
+
+@dataclass(frozen=True)
+class Meta:
+    """The metadata trailer of a blob, typed (checked for shape, not yet for safety)."""
+
+    roots: tuple[str, ...]
+    deletions: tuple[str, ...]
+    entries: tuple[ArchiveEntry, ...]
+    frames: tuple[Frame, ...]
+    info: dict[str, Any] = field(default_factory=dict)  # env_key, created, creator: shown, never trusted
+
+
+# ---- writing -----------------------------------------------------------------------------------
+
+
+class _Sink:
+    """The output file, with the running sha256 and offset of everything written."""
+
+    def __init__(self, path: Path) -> None:
+        self.f = open(path, "wb")  # noqa: SIM115 - closed in ArchiveWriter.finish/abort
+        self.h = hashlib.sha256()
+        self.offset = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.f.write(data)
+        self.h.update(data)
+        self.offset += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+@dataclass
+class Written:
+    digest: str
+    size: int
+    files: int
+    raw_bytes: int
+
+
+def _tar_header(name: str, kind: str, mode: int, mtime: int, size: int = 0, link: str = "") -> bytes:
+    """One GNU tar header (long names become GNU long-name records), owner root, name relative to /."""
+    ti = tarfile.TarInfo(name.lstrip("/"))
+    ti.mode = mode & 0o7777
+    ti.mtime = mtime
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    if kind == FILE:
+        ti.type, ti.size = tarfile.REGTYPE, size
+    elif kind == DIR:
+        ti.type = tarfile.DIRTYPE
+    elif kind == SYMLINK:
+        ti.type, ti.linkname = tarfile.SYMTYPE, link
+    else:
+        ti.type, ti.linkname = tarfile.LNKTYPE, link.lstrip("/")
+    return ti.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+
+
+class ArchiveWriter:
+    """Build a snapshot blob at `path`: `add()` entries in order (parents first), then `finish()`.
+
+    `progress` is called with the size of each regular file once it is in the stream.
+    """
+
+    def __init__(
+        self, path: Path, level: int = 3, threads: int | None = None, progress: Progress | None = None
+    ) -> None:
+        import zstandard
+
+        self._zstd = zstandard
+        self.path = path
+        self.level = level
+        self.threads = max(1, threads or os.cpu_count() or 1)
+        self._sink = _Sink(path)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bootseer-zstd")
+        self._pending: deque[tuple[Future[bytes], int]] = deque()
+        self._buf = bytearray()
+        self._local = threading.local()
+        self.frames: list[Frame] = []
+        self.entries: list[ArchiveEntry] = []
+        self.raw_bytes = 0
+        self._progress = progress
+
+    def _compressor(self) -> zstandard.ZstdCompressor:
+        """This pool thread's compressor (compressors are not shareable between threads)."""
+        cctx = getattr(self._local, "cctx", None)
+        if cctx is None:
+            z = self._zstd.ZstdCompressor(level=self.level, write_content_size=True, write_checksum=True)
+            cctx = self._local.cctx = z
+        return cctx
+
+    def _compress(self, data: bytes) -> bytes:
+        return self._compressor().compress(data)
+
+    def _drain(self, keep: int) -> None:
+        """Write finished frames in order until at most `keep` are still compressing."""
+        while len(self._pending) > keep:
+            fut, raw = self._pending.popleft()
+            data = fut.result()
+            self.frames.append(Frame(self._sink.offset, len(data), raw))
+            self._sink.write(data)
+
+    def _cut(self) -> None:
+        """End the current chunk at a member boundary and hand it to the pool."""
+        if not self._buf:
+            return
+        data = bytes(self._buf)
+        self._buf.clear()
+        self._pending.append((self._pool.submit(self._compress, data), len(data)))
+        self._drain(keep=self.threads * 2)
+
+    def add(self, path: str, e: Entry, link_to: str | None = None) -> bool:
+        """Add one entry (`link_to`: an earlier path this file is a hardlink of). False if it vanished."""
+        mtime = e.mtime_ns // 10**9
+        if link_to is not None:
+            self._buf += _tar_header(path, HARDLINK, e.mode, mtime, link=link_to)
+            self.entries.append(ArchiveEntry(path, HARDLINK, e.mode, 0, mtime, link_to))
+        elif e.kind == DIR:
+            self._buf += _tar_header(path, DIR, e.mode, mtime)
+            self.entries.append(ArchiveEntry(path, DIR, e.mode, 0, mtime, ""))
+        elif e.kind == SYMLINK:
+            self._buf += _tar_header(path, SYMLINK, e.mode, mtime, link=e.target)
+            self.entries.append(ArchiveEntry(path, SYMLINK, 0o777, 0, mtime, e.target))
+        elif e.kind == FILE:
+            return self._add_file(path)
+        else:
+            raise BootseerError(f"cannot snapshot {path}: not a file, directory or symlink")
+        if len(self._buf) >= CHUNK_BYTES:
+            self._cut()
+        return True
+
+    def _add_file(self, path: str) -> bool:
+        """A regular file, as it is now (its size and mode from the open descriptor, not the scan)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            size, mode, mtime = st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns // 10**9
+            header = _tar_header(path, FILE, mode, mtime, size)
+            if size + len(header) + len(self._buf) > CHUNK_BYTES and size > CHUNK_BYTES // 2:
+                digest = self._add_big(fd, header, size)
+            else:
+                digest = self._add_small(fd, header, size, path)
+        finally:
+            os.close(fd)
+        self.raw_bytes += size
+        if self._progress:
+            self._progress(size)
+        self.entries.append(ArchiveEntry(path, FILE, mode, size, mtime, digest))
+        return True
+
+    def _add_small(self, fd: int, header: bytes, size: int, path: str) -> str:
+        """A file that fits the current chunk: into the buffer. Returns its sha256."""
+        h = hashlib.sha256()
+        self._buf += header
+        got = 0
+        while got < size:
+            piece = os.read(fd, min(size - got, 4 << 20))
+            if not piece:
+                raise BootseerError(f"cannot snapshot {path}: it shrank while being read")
+            h.update(piece)
+            self._buf += piece
+            got += len(piece)
+        self._buf += b"\0" * (-size % BLOCK)
+        if len(self._buf) >= CHUNK_BYTES:
+            self._cut()
+        return h.hexdigest()
+
+    def _add_big(self, fd: int, header: bytes, size: int) -> str:
+        """A large file gets frames of its own, compressed by zstd's own worker threads."""
+        self._cut()
+        self._drain(keep=0)
+        h = hashlib.sha256()
+        start = self._sink.offset
+        cctx = self._zstd.ZstdCompressor(level=self.level, threads=self.threads, write_checksum=True)
+        raw = len(header) + size + (-size % BLOCK)
+        with cctx.stream_writer(self._sink, size=raw, closefd=False) as w:
+            w.write(header)
+            got = 0
+            while got < size:
+                piece = os.read(fd, min(size - got, 8 << 20))
+                if not piece:
+                    raise BootseerError("a file shrank while being read")
+                h.update(piece)
+                w.write(piece)
+                got += len(piece)
+            w.write(b"\0" * (-size % BLOCK))
+        self.frames.append(Frame(start, self._sink.offset - start, raw))
+        return h.hexdigest()
+
+    def finish(self, meta: dict[str, Any]) -> Written:
+        """End the tar stream, write the metadata trailer, close; returns the blob's digest and size."""
+        self._buf += b"\0" * (2 * BLOCK)
+        self._cut()
+        self._drain(keep=0)
+        self._pool.shutdown()
+        chunks = [[f.offset, f.length, f.raw] for f in self.frames]
+        doc = dict(meta, format=FORMAT, chunks=chunks, entries=[e.row() for e in self.entries])
+        z = self._zstd.ZstdCompressor(level=3).compress(json.dumps(doc, separators=(",", ":")).encode())
+        payload = z + struct.pack("<Q", len(z)) + TRAILER_MAGIC
+        self._sink.write(struct.pack("<II", SKIPPABLE_MAGIC, len(payload)) + payload)
+        self._sink.f.close()
+        files = sum(1 for e in self.entries if e.kind in (FILE, HARDLINK, SYMLINK))
+        return Written(self._sink.h.hexdigest(), self._sink.offset, files, self.raw_bytes)
+
+    def abort(self) -> None:
+        """Stop, and remove the partial blob."""
+        self._pool.shutdown(cancel_futures=True)
+        with contextlib.suppress(OSError):
+            self._sink.f.close()
+        self.path.unlink(missing_ok=True)
+
+
+# ---- reading the metadata ----------------------------------------------------------------------
+
+
+def _trailer_doc(blob: Path) -> Any:
+    """The decoded JSON of the trailer (IntegrityError when there is none or it is corrupt)."""
+    import zstandard
+
+    try:
+        with open(blob, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            if end < 16 + 8:
+                raise IntegrityError(f"{blob.name}: too short to be a snapshot")
+            f.seek(end - 16)
+            tail = f.read(16)
+            if tail[8:] != TRAILER_MAGIC:
+                raise IntegrityError(f"{blob.name}: not a bootseer snapshot (no trailer)")
+            (n,) = struct.unpack("<Q", tail[:8])
+            if n > end - 24:
+                raise IntegrityError(f"{blob.name}: corrupt snapshot trailer")
+            f.seek(end - 16 - n)
+            return json.loads(zstandard.ZstdDecompressor().decompress(f.read(n), max_output_size=1 << 31))
+    except (ValueError, zstandard.ZstdError) as e:
+        raise IntegrityError(f"{blob.name}: corrupt snapshot metadata: {e}") from None
+
+
+def _frames(rows: list[Any]) -> tuple[Frame, ...]:
+    """The frame index, which must tile the blob from offset 0 without gaps or overlaps."""
+    frames = tuple(Frame.from_row(r) for r in rows)
+    expect = 0
+    for f in frames:
+        if f.offset != expect:
+            raise IntegrityError("snapshot frame index is not contiguous")
+        expect = f.offset + f.length
+    return frames
+
+
+def read_meta(blob: Path) -> Meta:
+    """The typed metadata of a snapshot blob (checked for shape, not yet for safety: see extract.plan)."""
+    doc = _trailer_doc(blob)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        fmt = doc.get("format") if isinstance(doc, dict) else None
+        raise IntegrityError(f"{blob.name}: unsupported snapshot format {fmt!r}")
+    for key in ("roots", "deletions", "entries", "chunks"):
+        if not isinstance(doc.get(key), list):
+            raise IntegrityError(f"{blob.name}: snapshot metadata lacks {key!r}")
+    info = {k: v for k, v in doc.items() if k not in ("roots", "deletions", "entries", "chunks", "format")}
+    return Meta(
+        roots=tuple(doc["roots"]),
+        deletions=tuple(doc["deletions"]),
+        entries=tuple(ArchiveEntry.from_row(r) for r in doc["entries"]),
+        frames=_frames(doc["chunks"]),
+        info=info,
+    )
+
+
+# ---- reading the tar stream --------------------------------------------------------------------
+
+_KINDS = {b"0": FILE, b"\0": FILE, b"5": DIR, b"2": SYMLINK, b"1": HARDLINK}
+
+
+class Reader(Protocol):
+    def read(self, n: int) -> bytes | memoryview: ...
+
+
+@dataclass(frozen=True)
+class TarMember:
+    """A member header: its absolute path, kind (None: a type bootseer never restores), size, link."""
+
+    path: str
+    kind: str | None
+    typeflag: bytes
+    size: int
+    link: str
+
+    @property
+    def padded(self) -> int:
+        """The size of its data in the stream (whole 512-byte blocks)."""
+        return self.size + (-self.size % BLOCK)
+
+
+def _octal(raw: bytes | memoryview) -> int:
+    b = bytes(raw)
+    if b and b[0] & 0x80:  # GNU base-256 for large numbers
+        return int.from_bytes(b[1:], "big")
+    b = b.rstrip(b"\0 ").strip()
+    return int(b, 8) if b else 0
+
+
+def _cstr(raw: bytes | memoryview) -> str:
+    b = bytes(raw)
+    i = b.find(b"\0")
+    return (b if i < 0 else b[:i]).decode("utf-8", "surrogateescape")
+
+
+def _header_block(r: Reader) -> bytes | None:
+    """The next 512-byte header, checksum verified; None for an end-of-archive (zero) block."""
+    hdr = bytes(r.read(BLOCK))
+    if len(hdr) < BLOCK:
+        raise IntegrityError("snapshot ends inside a tar header")
+    if hdr == b"\0" * BLOCK:
+        return None
+    if _octal(hdr[148:156]) != sum(hdr[:148]) + 256 + sum(hdr[156:]):
+        raise IntegrityError("snapshot has a tar header with a bad checksum")
+    return hdr
+
+
+def next_member(r: Reader, limit: int) -> tuple[TarMember | None, int]:
+    """Read the next member's header (GNU long-name/long-link records included) from at most `limit` bytes.
+
+    Returns the member (None when only zero blocks or dangling long-name records fitted) and the
+    bytes consumed. The member's data is left for the caller to read.
+    """
+    pos = 0
+    longname: str | None = None
+    longlink: str | None = None
+    while pos < limit:
+        hdr = _header_block(r)
+        pos += BLOCK
+        if hdr is None:
+            continue  # end-of-archive blocks
+        size, flag = _octal(hdr[124:136]), hdr[156:157]
+        if flag in (b"L", b"K"):
+            padded = size + (-size % BLOCK)
+            val = bytes(r.read(padded))[:size].rstrip(b"\0").decode("utf-8", "surrogateescape")
+            pos += padded
+            longname, longlink = (val, longlink) if flag == b"L" else (longname, val)
+            continue
+        name = longname if longname is not None else _cstr(hdr[0:100])
+        if longname is None and hdr[257:263] == b"ustar\x00" and hdr[345]:
+            name = _cstr(hdr[345:500]) + "/" + name
+        link = longlink if longlink is not None else _cstr(hdr[157:257])
+        return TarMember("/" + name.rstrip("/"), _KINDS.get(flag), flag, size, link), pos
+    return None, pos

@@ -1,0 +1,132 @@
+"""The tree a setup writes into, and running the setup on it.
+
+- `resolve_roots` and `excluded_paths`: which directories a snapshot covers, and bootseer's own
+  state inside them that must never be part of one;
+- `take_baseline`: stamp → strip → baseline, the one sequence before any setup (`exec` on the
+  lease holder, `exec` without a store, `bootseer baseline` before a setup run by hand);
+- `run_setup`: the `[env] setup` commands, in the interpreter's environment; `fresh_setup` is
+  both, timed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BootseerError
+from ..settings import EnvSettings, StoreSettings
+from .manifest import Manifest, scan
+from .stamp import remove_stamp, strip_carried
+
+
+def resolve_roots(env: EnvSettings) -> list[str]:
+    """`[env] roots` (default: the running interpreter's prefix) plus `extra_roots`, normalised.
+
+    A root nested inside another is dropped (it is scanned as part of its parent).
+    """
+    roots = list(env.roots or [sys.prefix]) + list(env.extra_roots)
+    out: list[str] = []
+    for r in roots:
+        p = os.path.normpath(os.path.abspath(str(env.resolve_path(r))))
+        if p == "/":
+            raise BootseerError("[env] roots: '/' cannot be a root (name the directories the setup writes into)")
+        if p not in out:
+            out.append(p)
+    return [r for r in out if not any(r != o and r.startswith(o + "/") for o in out)]
+
+
+def excluded_paths(store: StoreSettings) -> list[str]:
+    """bootseer's own state (cache, local store), which must never end up in a snapshot."""
+    from ..paths import cache_root
+
+    out = [str(cache_root())]
+    if store.cache_dir:
+        out.append(str(store.cache_dir))
+    uri = store.uri or ""
+    if uri.startswith("file://"):
+        from urllib.parse import urlparse
+
+        out.append(urlparse(uri).path)
+    elif uri and "://" not in uri:
+        out.append(os.path.abspath(os.path.expanduser(uri)))
+    return [os.path.normpath(p) for p in out]
+
+
+def baseline_path(roots: list[str]) -> Path:
+    """Where `bootseer baseline` keeps the manifest of `roots` for a later `bootseer snapshot`."""
+    from ..paths import cache_root
+
+    tag = hashlib.sha256("\n".join(roots).encode()).hexdigest()[:16]
+    return cache_root() / "env-baseline" / f"{tag}.manifest"
+
+
+def take_baseline(roots: list[str], store: StoreSettings, info: Callable[[str], None]) -> Manifest:
+    """Before a setup: drop the stamp (the tree is about to change), remove what a previously carried
+    env added (so the baseline is the image again), and scan the tree."""
+    remove_stamp(roots)
+    strip_carried(roots, info)
+    return scan(roots, excluded_paths(store))
+
+
+def setup_environ() -> dict[str, str]:
+    """The setup's environment: the running interpreter's environment comes first.
+
+    The snapshot captures the interpreter's prefix, so `python -m pip …` or `uv pip install …` in
+    the setup must install there even when bootseer was started as `/opt/venv/bin/bootseer` from a
+    shell that never activated the venv.
+    """
+    env = dict(os.environ)
+    bindir = os.path.dirname(sys.executable)
+    env["PATH"] = os.pathsep.join([bindir, *[p for p in env.get("PATH", "").split(os.pathsep) if p != bindir]])
+    if sys.prefix != sys.base_prefix:
+        env["VIRTUAL_ENV"] = sys.prefix
+    return env
+
+
+def run_setup(env: EnvSettings, info: Callable[[str], None]) -> None:
+    """Run each `[env] setup` command through the shell in the config file's directory.
+
+    Output goes to our stderr (stdout belongs to the launcher). A failing command stops here with
+    its exit status, which `bootseer exec` passes on.
+    """
+    from ..stage import StageFatal
+
+    environ = setup_environ()
+    for cmd in env.setup:
+        info(f"env setup: {cmd}")
+        sys.stderr.flush()
+        rc = subprocess.run(
+            cmd, shell=True, cwd=env.base_dir, stdout=sys.stderr.fileno(), check=False, env=environ
+        ).returncode
+        if rc != 0:
+            code = 128 - rc if rc < 0 else rc
+            raise StageFatal(f"[env] setup command failed (exit {code}): {cmd}", code)
+
+
+@dataclass
+class SetupRun:
+    baseline: Manifest
+    started: float  # wall clock, when the setup began (files changed after it are the setup's)
+    seconds: float
+
+
+def fresh_setup(
+    env: EnvSettings,
+    store: StoreSettings,
+    roots: list[str],
+    info: Callable[[str], None],
+    on_start: Callable[[], None] | None = None,
+) -> SetupRun:
+    """stamp → strip → baseline → setup. `on_start` is told once the setup itself begins."""
+    baseline = take_baseline(roots, store, info)
+    t0 = time.time()
+    if on_start is not None:
+        on_start()
+    run_setup(env, info)
+    return SetupRun(baseline, t0, time.time() - t0)
