@@ -17,7 +17,7 @@ from .settings import StoreSettings
 from .store import Store, blob_path
 
 if TYPE_CHECKING:
-    from .config import Config
+    pass
 
 
 def _touch(p: Path) -> None:
@@ -100,10 +100,3 @@ def cache_for(settings: StoreSettings) -> BlobCache:
     from .paths import blob_cache_dir
 
     return BlobCache(settings.cache_dir or blob_cache_dir(), settings.cache_max_bytes)
-
-
-def cache_from_config(cfg: Config) -> BlobCache:
-    from .paths import blob_cache_dir
-
-    root = Path(cfg.get("store", "cache_dir")).expanduser() if cfg.get("store", "cache_dir") else blob_cache_dir()
-    return BlobCache(root, int(cfg.get("store", "cache_max_gb") * (1 << 30)))

@@ -60,8 +60,8 @@ def main() -> None:
 
 
 def _fast_restore(opts: dict[str, str | bool]) -> None:
+    from .commands.restore import restore_verb
     from .config import load
-    from .envsnap.snapshot import restore_verb
     from .errors import run_guarded
 
     def body() -> int:
@@ -81,6 +81,6 @@ def _fast_exec(opts: dict[str, str | bool], command: list[str]) -> None:
         overrides = {("store", "uri"): opts.get("store"), ("exec", "quiet"): True if opts.get("quiet") else None}
         cfg = load(opts.get("config"), overrides)  # type: ignore[arg-type]
         skip = {s.strip() for s in str(opts.get("skip") or "").split(",") if s.strip()}
-        execute(Settings.from_config(cfg), command, skip, cfg=cfg)  # cfg: TRANSITIONAL, dropped at the merge
+        execute(Settings.from_config(cfg), command, skip)
 
     run_guarded(body)

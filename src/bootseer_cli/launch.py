@@ -24,18 +24,13 @@ from .stage import STAGE_NAMES, StageContext, StageFatal, StageResult, run_order
 from .units import fmt_seconds
 
 if TYPE_CHECKING:
-    from .config import Config
-
-LaunchContext = StageContext  # TRANSITIONAL: removed once no stage imports launch
+    pass
 
 StageRow = tuple[str, StageResult | None, float]
 
 
-def execute(settings: Settings, command: list[str], skip: set[str] | None = None, *, cfg: Config | None = None) -> None:
-    """Run the wanted stages, then replace this process with `command`. Returns only on error.
-
-    `cfg` is TRANSITIONAL: handed to the stages that still read `ctx.cfg` (dropped at the merge).
-    """
+def execute(settings: Settings, command: list[str], skip: set[str] | None = None) -> None:
+    """Run the wanted stages, then replace this process with `command`. Returns only on error."""
     t0 = time.time()
     resolve_command(command)
     skip = set(skip or ()) | set(settings.exec.skip)
@@ -47,7 +42,7 @@ def execute(settings: Settings, command: list[str], skip: set[str] | None = None
     env: Mapping[str, str] = os.environ
     if active:
         run = RunInfo.new()
-        ctx = StageContext(settings=settings, run=run, command=command, quiet=quiet, cfg=cfg)
+        ctx = StageContext(settings=settings, run=run, command=command, quiet=quiet)
         results = run_stages(ctx, skip)
         if not quiet:
             print(summary_line(results, time.time() - t0), file=sys.stderr, flush=True)

@@ -21,7 +21,6 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from .cache import BlobCache
-    from .config import Config
     from .keys import Keys
     from .store import Store
 
@@ -54,7 +53,6 @@ class StageContext:
     quiet: bool = False
     exports: dict[str, str] = field(default_factory=dict)  # environment added for the launcher
     agent_tasks: list[dict[str, Any]] = field(default_factory=list)
-    cfg: Config | None = None  # TRANSITIONAL: removed once every stage reads `settings`
     _keys: Keys | None = None
     _store: Store | None = None
     _store_error: Exception | None = None

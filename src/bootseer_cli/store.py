@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     import pyarrow.dataset as pads
     import pyarrow.fs as pafs
 
-    from .config import Config
 
 CHUNK = 4 << 20
 KEEP_NAME = ".keep"
@@ -534,7 +533,3 @@ def open_store(uri: str | None) -> Store:
     from .paths import default_store_uri
 
     return Store(uri or default_store_uri())
-
-
-def store_from_config(cfg: Config) -> Store:
-    return open_store(cfg.get("store", "uri"))

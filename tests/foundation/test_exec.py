@@ -116,7 +116,7 @@ def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StageContext:
     monkeypatch.setenv("BOOTSEER_NODE", "node-a")
     monkeypatch.setenv("BOOTSEER_JOB_ID", "job-1")
     cfg = load()
-    return StageContext(settings=Settings.from_config(cfg), run=RunInfo.new(), command=["true"], cfg=cfg)
+    return StageContext(settings=Settings.from_config(cfg), run=RunInfo.new(), command=["true"])
 
 
 def use_stage(monkeypatch: pytest.MonkeyPatch, func: str) -> None:
@@ -164,8 +164,7 @@ def test_unreachable_store_falls_back(
     monkeypatch.setenv(
         "BOOTSEER_STORE", f"s3://b/x?endpoint_override=127.0.0.1:{free_port()}&scheme=http&connect_timeout=1"
     )
-    ctx.cfg = load()
-    ctx.settings = Settings.from_config(ctx.cfg)
+    ctx.settings = Settings.from_config(load())
     use_stage(monkeypatch, "unreachable_store")
     results = launch.run_stages(ctx, set())
     assert results[-1][1] is not None and results[-1][1].outcome == "failed"
@@ -238,7 +237,7 @@ def test_env_runs_before_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(stage, "STAGES", table)
     stages_for_tests.CALLS.clear()
     cfg = load()
-    ctx = StageContext(settings=Settings.from_config(cfg), run=RunInfo.new(), command=["true"], cfg=cfg)
+    ctx = StageContext(settings=Settings.from_config(cfg), run=RunInfo.new(), command=["true"])
     results = launch.run_stages(ctx, set())
     assert stages_for_tests.CALLS == ["env", "image"]
     assert [name for name, _, _ in results] == ["image", "env", "checkpoint"]

@@ -33,7 +33,7 @@ def exec_(
 
     cfg = load_config(config, store, exec__quiet=True if quiet else None)
     skipped = {s.strip() for s in (skip or "").split(",") if s.strip()}
-    execute(Settings.from_config(cfg), list(command or []), skipped, cfg=cfg)  # cfg: TRANSITIONAL (the merge)
+    execute(Settings.from_config(cfg), list(command or []), skipped)
 
 
 def agent(run_dir: Annotated[Path, typer.Option("--run-dir", help="The run directory exec prepared.")]) -> None:

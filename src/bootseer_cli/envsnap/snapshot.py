@@ -34,7 +34,6 @@ from .stamp import remove_stamp, switch_deletions, write_stamp
 
 if TYPE_CHECKING:
     from ..cache import BlobCache
-    from ..config import Config
     from ..delivery import Fetched
     from ..settings import P2PSettings, StoreSettings
     from ..store import Lease, Store
@@ -343,7 +342,7 @@ def fetch_verified(
 
     for attempt in range(2):
         with byte_bar(size, "download", enabled=progress) as advance:
-            fetched = delivery.fetch_blob(p2p, store, digest, cache, progress=advance)
+            fetched = delivery.fetch_blob(p2p, store, digest, progress=advance, cache=cache)
         if fetched.source == "store" or sha256_file(fetched.path) == digest:
             return fetched
         Path(fetched.path).unlink(missing_ok=True)  # a corrupt cached copy: drop it, fetch again
@@ -417,11 +416,3 @@ def restore(
         t2 - t1,
         fetched.note,
     )
-
-
-def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]) -> int:
-    """TRANSITIONAL: entry.py's fast path still imports the verb from here; it lives in
-    `commands/restore.py` (the library does not format for the terminal). Removed at merge."""
-    from ..commands.restore import restore_verb as verb
-
-    return verb(cfg, out, err)

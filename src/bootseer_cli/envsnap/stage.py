@@ -195,12 +195,11 @@ def _capture_and_publish(
 def _keys_now(ctx: StageContext, key: str) -> list[str]:
     """The env key, plus the key as computed now: when the setup installs into the base prefix, the
     image fingerprint (and so the key) changes with it, and a restart of this node must still match."""
-    from ..keys import compute
+    from ..identity import keys_for
 
     try:
-        # TRANSITIONAL: a fresh (uncached) computation of the keys; becomes the settings-based keys
-        # API once keys.compute takes settings (the cached ctx.keys holds the key from before the setup).
-        return [key, compute(ctx.cfg).env.digest]
+        # computed afresh: the cached ctx.keys holds the key from before the setup
+        return [key, keys_for(ctx.settings).env.digest]
     except (BootseerError, OSError):
         return [key]
 
