@@ -31,6 +31,7 @@ class NodeA:
     ctx: StageContext
     counters: dict[str, object]
     published: int
+    key: str
 
 
 @pytest.fixture(scope="module")
@@ -49,32 +50,34 @@ def node_a(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeA]:
     agent = publish_as_agent(ctx)
     index = read_index(open_store(store_uri), res.extra["compile_key"])
     assert index.entries, agent.lines
-    yield NodeA(root, store_uri, ctx, counters, len(index.entries))
+    yield NodeA(root, store_uri, ctx, counters, len(index.entries), res.extra["compile_key"])
 
 
 def test_second_node_restores_and_compiles_nothing_new(node_a: NodeA) -> None:
     assert node_a.counters["inductor"].get("fxgraph_cache_miss", 0) >= 1  # type: ignore[union-attr]
     ctx = node_ctx(node_a.root, "node-b", node_a.store_uri)
     res = run_stage(ctx)
-    assert res.outcome == "hit" and res.extra["files"] == node_a.published, res
+    assert res.outcome == "hit" and res.extra["files"] == node_a.published and res.extra["compile_key"] == node_a.key, (
+        res
+    )
     assert ctx.exports["TORCHINDUCTOR_CACHE_DIR"] != node_a.ctx.exports["TORCHINDUCTOR_CACHE_DIR"]
     counters = run_model(ctx.exports)
     inductor = counters["inductor"]
     assert inductor.get("fxgraph_cache_hit", 0) > 0 and inductor.get("fxgraph_cache_miss", 0) == 0, counters  # type: ignore[union-attr]
     print(f"first compiled call: cold {node_a.counters['first_s']:.1f} s, restored {counters['first_s']:.1f} s")
     publish_as_agent(ctx)
-    after = read_index(open_store(node_a.store_uri), res.extra["compile_key"])
+    after = read_index(open_store(node_a.store_uri), node_a.key)
     assert len(after.entries) == node_a.published  # nothing new was compiled, so no new path
 
 
 def test_other_torch_version_or_device_restores_nothing(node_a: NodeA, monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = node_ctx(node_a.root, "node-c", node_a.store_uri, device="NVIDIA H100 80GB HBM3")
     res = run_stage(ctx)
-    assert res.outcome == "miss" and res.extra["files"] == 0 and res.extra["compile_key"] != node_a.ctx.exports
+    assert res.outcome == "miss" and res.extra["files"] == 0 and res.extra["compile_key"] != node_a.key
     monkeypatch.setattr(keymod, "torch_version", lambda: "2.99.0+cpu")
     ctx = node_ctx(node_a.root, "node-d", node_a.store_uri)
     res = run_stage(ctx)
-    assert res.outcome == "miss" and res.extra["files"] == 0
+    assert res.outcome == "miss" and res.extra["files"] == 0 and res.extra["compile_key"] != node_a.key
     assert not any(Path(ctx.exports["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.so"))
 
 
@@ -84,8 +87,7 @@ def test_corrupt_blob_is_dropped_and_repaired_by_the_next_publish(
     store_dir = tmp_path / "store"
     shutil.copytree(Path(node_a.root / "store"), store_dir)
     store = open_store(store_dir.as_uri())
-    compile_key = next(iter(store.list_dirs("refs/compile")))
-    index = read_index(store, compile_key)
+    index = read_index(store, node_a.key)
     victim_rel, victim = sorted(index.entries.items())[0]
     blob = Path(store.path(blob_path(victim.digest)))
     good = blob.read_bytes()
