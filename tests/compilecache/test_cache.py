@@ -197,3 +197,13 @@ def test_stage_cost_with_nothing_to_restore(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     _setup, stage = map(float, out.stdout.split())
     assert stage <= 0.2, f"the compile stage took {stage:.3f} s with nothing to restore"
+
+
+def test_files_an_earlier_run_never_published_are_published(tmp_path: Path) -> None:
+    ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri(), agent=False)
+    run_stage(ctx)  # a run without the agent: what it compiles stays on the node only
+    Path(ctx.exports["TORCHINDUCTOR_CACHE_DIR"], "early.so").write_bytes(b"e" * 5)
+    ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri())
+    run_stage(ctx)
+    agent = publish_as_agent(ctx)
+    assert any("1 file(s), 5 B published" in line for line in agent.lines), agent.lines

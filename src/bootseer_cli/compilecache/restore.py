@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -63,7 +64,8 @@ def _plan(index: Index, roots: Mapping[str, Path], max_bytes: int, out: Restored
             continue
         budget -= e.size
         try:
-            if path.stat().st_size == e.size and not path.is_symlink():
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_size == e.size:
                 out.kept += 1
                 out.digests[rel] = e.digest
                 continue

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,9 +74,8 @@ def walk(roots: Mapping[str, Path]) -> Iterator[tuple[str, Path, os.stat_result]
                     st = path.lstat()
                 except FileNotFoundError:
                     continue
-                if path.is_symlink() or not path.is_file():
-                    continue
-                yield rel, path, st
+                if stat.S_ISREG(st.st_mode):
+                    yield rel, path, st
 
 
 def local_path(roots: Mapping[str, Path], rel: str) -> Path | None:
@@ -114,9 +114,14 @@ class Baseline:
 
 
 def take_baseline(roots: Mapping[str, Path], digests: dict[str, str], bad: list[str]) -> Baseline:
-    """Stat every file, backdating its atime so that a later read shows (see the module docstring)."""
+    """Stat every file the index lists (`digests`), backdating its atime so that a later read shows (see
+    the module docstring). Files the index does not know are left out: the next publish sends them, so
+    what an earlier run on this node compiled but never published (no agent, a failed upload) is not lost.
+    """
     base = Baseline(roots={k: str(v) for k, v in roots.items()}, digests=digests, bad=bad)
     for rel, path, st in walk(roots):
+        if rel not in digests:
+            continue
         atime = st.st_mtime_ns - ATIME_BACKDATE_NS
         try:
             os.utime(path, ns=(atime, st.st_mtime_ns), follow_symlinks=False)
