@@ -43,7 +43,8 @@ _CPU_FLAGS = (
     "sve",
     "sve2",
 )
-_CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "CPU implementer", "CPU architecture", "CPU part")
+# The model family, not the marketing name: SKUs of one family and ISA share their compiled kernels.
+_CPU_FIELDS = ("vendor_id", "cpu family", "model", "CPU implementer", "CPU architecture", "CPU part")
 
 
 def torch_version() -> str | None:
