@@ -15,6 +15,7 @@ Everything a test or a person needs is printed by rank 0 as one line `train: <wh
     train: deps einops=0.8.2 tabulate=0.10.0 msgpack=1.2.3 fnv=0.1.0
     train: resumed step=4 weights=<sha256> from=/tmp/bootseer-ckpt/…
     train: step=5 loss=0.123456
+    train: compiled first_step_s=<seconds>      (with --compile: the first step, compilation included)
     train: ready t=<unix time>
     train: saved step=8 weights=<sha256> dir=checkpoints/step-000008
     train: pushed name=torchrun-example tag=step-000008
@@ -52,6 +53,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--resume-from", default=None, help="checkpoint directory to resume from (without bootseer)")
     p.add_argument("--no-push", action="store_true", help="do not push the checkpoint (e.g. not the first node)")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="pause after each step (to watch a run)")
+    p.add_argument(
+        "--compile", action="store_true", help="wrap the model in torch.compile (see [compile] in bootseer.toml)"
+    )
     return p.parse_args()
 
 
@@ -159,10 +163,13 @@ def main() -> None:
     else:
         say(rank, "fresh", step=0, weights=weights_digest(net), searched=source or "-")
     model = DistributedDataParallel(net)
+    if args.compile:
+        model = torch.compile(model)  # compiled on the first step: its time is what the compile stage saves
     loss_fn = nn.MSELoss()
 
     step = start
     for step in range(start + 1, start + args.steps + 1):
+        t_step = time.perf_counter()
         x, y = batch(step, rank)
         optim.zero_grad()
         loss = loss_fn(model(x), y)
@@ -171,6 +178,8 @@ def main() -> None:
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         say(rank, "step", step=step, loss=f"{mean.item() / world:.6f}")
+        if step == start + 1 and args.compile:
+            say(rank, "compiled", first_step_s=f"{time.perf_counter() - t_step:.3f}")
         if step == start + 1:
             try:
                 import bootseer_cli

@@ -35,6 +35,7 @@ TASKS: dict[str, str] = {
     "hot-prefetch": "bootseer_cli.hotblocks.agent_tasks:prefetch_task",
     "seed": "bootseer_cli.p2p.seed:run_seed",
     "ckpt-umount": "bootseer_cli.stripe.stage:agent_unmount",
+    "compile-publish": "bootseer_cli.compilecache.tasks:publish_task",
 }
 
 STOP_GRACE_S = 30.0

@@ -74,6 +74,13 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     "report": {
         "gpus_per_node": (int, 8),
     },
+    "compile": {
+        "enabled": (bool, False),
+        "cache_dir": (str, None),  # node-local torch.compile caches; None: under the user cache dir
+        "max_gb": (float, 10.0),  # bound on the published cache (least recently used out first)
+        "device": (str, None),  # None: detected (GPU name and driver, else CPU model)
+        "publish": (bool, True),
+    },
 }
 
 CHOICES: dict[tuple[str, str], tuple[str, ...]] = {

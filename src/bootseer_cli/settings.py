@@ -91,6 +91,15 @@ class ReportSettings:
 
 
 @dataclass(frozen=True)
+class CompileSettings:
+    enabled: bool = False
+    cache_dir: Path | None = None  # None: <user cache>/compile; one subdirectory per compile key
+    max_bytes: int = 10 * 10**9  # decimal GB, like every size bootseer prints
+    device: str | None = None  # None: detected
+    publish: bool = True
+
+
+@dataclass(frozen=True)
 class Settings:
     """Every capability's settings, plus the config file they came from (for the agent and `-v`)."""
 
@@ -101,6 +110,7 @@ class Settings:
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     p2p: P2PSettings = field(default_factory=P2PSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
+    compile: CompileSettings = field(default_factory=CompileSettings)
     config_path: Path | None = None
 
     @classmethod
@@ -158,6 +168,13 @@ class Settings:
                 gpus_per_node=int(g("report", "gpus_per_node"))
                 if cfg.source("report", "gpus_per_node") != "default"
                 else None
+            ),
+            compile=CompileSettings(
+                enabled=bool(g("compile", "enabled")),
+                cache_dir=Path(_resolve(base, g("compile", "cache_dir"))) if g("compile", "cache_dir") else None,
+                max_bytes=int(g("compile", "max_gb") * 10**9),
+                device=g("compile", "device"),
+                publish=bool(g("compile", "publish")),
             ),
             config_path=cfg.path,
         )

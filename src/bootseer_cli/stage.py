@@ -121,6 +121,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("image", 0, 1, lambda s: s.image.enabled, "bootseer_cli.hotblocks.stage:run_stage"),
     Stage("env", 1, 0, lambda s: bool(s.env.setup), "bootseer_cli.envsnap.stage:run_stage"),
     Stage("checkpoint", 2, 2, lambda s: bool(s.checkpoint.name), "bootseer_cli.stripe.stage:run_stage"),
+    Stage("compile", 3, 3, lambda s: s.compile.enabled, "bootseer_cli.compilecache.stage:run_stage"),
 )
 
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in sorted(STAGES, key=lambda s: s.display))

@@ -1,0 +1,134 @@
+"""The agent's half: publish what the run added or changed, merged into the key's index.
+
+Only files that are new or changed since the stage's baseline are hashed and uploaded (a warm start
+uploads nothing). Restored files that PyTorch read (their atime moved, see `tree`) refresh their
+entry's last-used time, but only when the index's time is older than `REFRESH_S`: a warm restart of
+many nodes then writes one index shard an hour, not one per node.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..digests import sha256_file
+from ..errors import IntegrityError
+from .index import Entry, merge, prune, read_index, write_index
+from .tree import Baseline, walk
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+REFRESH_S = 3600.0
+CHUNK = 1 << 20
+
+
+@dataclass
+class Published:
+    files: int = 0  # new or changed files published
+    bytes: int = 0
+    refreshed: int = 0  # restored entries seen used
+    entries: int = 0  # entries in the index written
+    total_bytes: int = 0
+    pruned: int = 0
+    shard: str = ""  # the index shard written ("" when there was nothing to publish)
+    skipped: int = 0  # files that changed while they were read, or were too large
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            yield chunk
+
+
+def _upload(store: Store, path: Path, size: int, bad: set[str]) -> str:
+    """Upload one file as a blob; a blob known to be corrupt is replaced, not trusted by its size."""
+    digest = sha256_file(path)
+    if digest in bad:
+        store.delete_blob(digest)
+    store.put_blob_stream(digest, _chunks(path), size=size)
+    return digest
+
+
+def changes(roots: Mapping[str, Path], base: Baseline) -> tuple[dict[str, tuple[Path, os.stat_result]], list[str]]:
+    """(index path -> (file, stat) for files new or changed since the baseline, restored files read since)."""
+    changed: dict[str, tuple[Path, os.stat_result]] = {}
+    used: list[str] = []
+    for rel, path, st in walk(roots):
+        was = base.files.get(rel)
+        if was is None or (st.st_size, st.st_mtime_ns) != was[:2]:
+            changed[rel] = (path, st)
+        elif st.st_atime_ns > was[2] and rel in base.digests:
+            used.append(rel)
+    return changed, used
+
+
+def upload_changes(
+    store: Store, changed: Mapping[str, tuple[Path, os.stat_result]], base: Baseline, max_bytes: int, now: float
+) -> tuple[dict[str, Entry], int]:
+    """Upload the changed files; returns their entries and how many were skipped."""
+    fresh: dict[str, Entry] = {}
+    skipped = 0
+    bad = set(base.bad)
+    for rel, (path, st) in sorted(changed.items()):
+        size = st.st_size
+        if size > max_bytes:
+            skipped += 1
+            continue
+        try:
+            digest = _upload(store, path, size, bad)
+        except (IntegrityError, FileNotFoundError):  # rewritten or removed while read: the next publish has it
+            skipped += 1
+            continue
+        fresh[rel] = Entry(digest, size, now)
+    return fresh, skipped
+
+
+def publish(store: Store, key: str, node: str, roots: Mapping[str, Path], base: Baseline, max_bytes: int) -> Published:
+    """Publish this run's additions; the baseline is advanced to what was published (for a later call).
+
+    Raises StoreError or OSError: the caller (an agent task) logs it; nothing is half-published, as
+    the index shard is written after the blobs it names.
+    """
+    now = time.time()
+    out = Published()
+    changed, used = changes(roots, base)
+    fresh, out.skipped = upload_changes(store, changed, base, max_bytes, now)
+    out.files, out.bytes = len(fresh), sum(e.size for e in fresh.values())
+    index = read_index(store, key)
+    for rel in used:
+        cur = index.entries.get(rel)
+        if cur is not None and cur.digest == base.digests[rel] and now - cur.used > REFRESH_S:
+            fresh.setdefault(rel, Entry(cur.digest, cur.size, now))
+            out.refreshed += 1
+    new = {r: e for r, e in fresh.items() if index.entries.get(r) is None or index.entries[r].digest != e.digest}
+    if new or out.refreshed:
+        merged = merge(index.entries, fresh)
+        kept = prune(merged, max_bytes)
+        out.pruned = len(merged) - len(kept)
+        out.shard = write_index(store, key, node, kept, index.shards)
+        out.entries, out.total_bytes = len(kept), sum(e.size for e in kept.values())
+    _advance(base, roots, changed, fresh)
+    return out
+
+
+def _advance(
+    base: Baseline,
+    roots: Mapping[str, Path],
+    changed: Mapping[str, tuple[Path, os.stat_result]],
+    fresh: Mapping[str, Entry],
+) -> None:
+    """Record the published files (as they were stat'ed before upload: a later rewrite is a later change)
+    and the atimes now, so a second publish sends only what changes or is used after this one."""
+    for rel, e in fresh.items():
+        st = changed[rel][1]
+        base.digests[rel] = e.digest
+        base.files[rel] = (st.st_size, st.st_mtime_ns, st.st_atime_ns)
+    for rel, _path, st in walk(roots):
+        if rel in base.files and rel not in fresh:
+            size, mtime, _ = base.files[rel]
+            base.files[rel] = (size, mtime, st.st_atime_ns)

@@ -1,0 +1,131 @@
+"""The compile stage of `bootseer exec`: point the launcher at node-local compile caches and fill them.
+
+With `[compile] enabled = true`: compute the compile key (image, env, device, torch), export
+TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TORCH_EXTENSIONS_DIR (each unless the user set it)
+for the launcher, restore the files the store's index lists for the key, take the baseline, and
+give the agent a "compile-publish" task that publishes what the run adds once the start is over.
+Without torch there is nothing to carry: the stage says so and does nothing. Everything else that
+goes wrong (no store, a corrupt blob, a full disk) is a warning: the job starts with the cache it
+could restore, or an empty one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import BootseerError
+from ..stage import StageContext, StageResult
+from ..units import fmt_bytes
+from .index import Index, read_index, surely_empty
+from .key import current_compile_key
+from .restore import Restored, restore
+from .tree import Baseline, cache_roots, make_dirs, take_baseline
+
+if TYPE_CHECKING:
+    from ..keys import Key
+
+BASELINE_FILE = "compile-baseline.json"
+
+
+def default_base() -> Path:
+    from ..paths import cache_root
+
+    return cache_root() / "compile"
+
+
+def run_stage(ctx: StageContext) -> StageResult:
+    settings = ctx.settings.compile
+    try:
+        key = current_compile_key(ctx.keys, settings.device)
+    except (BootseerError, OSError) as e:  # the keys read files and may ask the engine
+        ctx.warn(f"compile: cannot compute the compile key ({e}); starting without compile caches")
+        return StageResult(outcome="fallback", summary="no key", cache="miss", reason=str(e))
+    if key is None:
+        return StageResult(outcome="skipped", summary="no torch", reason="torch is not installed")
+    roots, exports = cache_roots(settings.cache_dir or default_base(), key.digest, os.environ)
+    try:
+        make_dirs(roots)
+    except OSError as e:
+        ctx.warn(f"compile: cannot create the cache directories ({e.strerror or e}); PyTorch keeps its defaults")
+        return StageResult(outcome="fallback", summary="no cache dir", cache="miss", reason=str(e))
+    ctx.exports.update(exports)
+    index, restored, why = _restore(ctx, key, roots)
+    base = take_baseline(roots, restored.digests, restored.bad)
+    publishing = _arrange_publish(ctx, key, roots, base)
+    return _result(key, index, restored, why, publishing)
+
+
+def _restore(ctx: StageContext, key: Key, roots: dict[str, Path]) -> tuple[Index | None, Restored, str]:
+    """Read the index and restore it; (index or None when unreadable, what was restored, why not all)."""
+    if surely_empty(ctx.settings.store.uri, key.digest):
+        return Index(entries={}, shards=[]), Restored(), ""
+    try:
+        index = read_index(ctx.store, key.digest)
+    except (BootseerError, OSError) as e:
+        ctx.warn(f"compile: cannot read the compile cache index ({e}); starting with the cache this node has")
+        return None, Restored(), f"store: {e}"
+    restored = restore(ctx.store, index, roots, ctx.settings.compile.max_bytes)
+    for err in restored.errors[:3]:
+        ctx.warn(f"compile: {err}; dropped, the rest is restored")
+    if len(restored.errors) > 3:
+        ctx.warn(f"compile: {len(restored.errors) - 3} more blob(s) dropped")
+    if restored.stopped:
+        ctx.warn(f"compile: restore stopped ({restored.stopped}); starting with what was restored")
+    why = restored.stopped or (f"{len(restored.dropped)} dropped" if restored.dropped else "")
+    return index, restored, why
+
+
+def _arrange_publish(ctx: StageContext, key: Key, roots: dict[str, Path], base: Baseline) -> str:
+    """Save the baseline and hand the agent its task; returns what the summary says about publishing."""
+    if not ctx.settings.compile.publish:
+        return "not publishing"
+    if not ctx.settings.exec.agent:
+        ctx.warn("compile: publishing the compile cache needs the agent ([exec] agent = true); not publishing")
+        return "not publishing (no agent)"
+    path = ctx.run.run_dir / BASELINE_FILE
+    try:
+        base.save(path)
+    except OSError as e:
+        ctx.warn(f"compile: cannot write the baseline ({e.strerror or e}); not publishing")
+        return "not publishing"
+    ctx.add_agent_task(
+        "compile-publish",
+        key=key.digest,
+        roots={k: str(v) for k, v in roots.items()},
+        baseline=str(path),
+        max_bytes=ctx.settings.compile.max_bytes,
+        ready=ctx.settings.image.ready,
+        started=time.time(),
+    )
+    return "publishing after ready"
+
+
+def _result(key: Key, index: Index | None, r: Restored, why: str, publishing: str) -> StageResult:
+    have = r.files + r.kept
+    if index is None:
+        outcome, summary = "fallback", "no restore (store)"
+    elif have:
+        outcome = "hit"
+        summary = f"restored {r.files} files, {fmt_bytes(r.bytes)}" + (f", {r.kept} already here" if r.kept else "")
+    else:
+        outcome, summary = "miss", f"empty cache, {publishing}"
+    return StageResult(
+        outcome=outcome,
+        summary=summary,
+        cache="hit" if have else "miss",
+        bytes=r.bytes,
+        bytes_from_store=r.bytes,
+        reason=why,
+        extra={
+            "compile_key": key.digest,
+            "files": r.files,
+            "kept": r.kept,
+            "dropped": len(r.dropped),
+            "over_bound": r.over_bound,
+            "index_entries": len(index.entries) if index else 0,
+            "publish": publishing,
+        },
+    )

@@ -1,0 +1,108 @@
+"""The first compiled step on a restart into a fresh "container", with and without the compile stage
+(goal: ≥ 5× faster with it; the stage's own cost with nothing to restore ≤ 0.2 s).
+
+A fresh container is a fresh bootseer cache (XDG_CACHE_HOME) and fresh compile cache directories.
+One warm-up start through `bootseer exec` publishes the cache into a file:// store; then each round
+runs, side by side so machine noise hits both alike: the model alone with an empty
+TORCHINDUCTOR_CACHE_DIR, and the model through `bootseer exec` with `[compile] enabled = true` on a
+fresh node (it restores the published cache). Prints the first compiled call of each (the model's
+own timing), their medians and ratio, the stage's time from the summary line, and the load average.
+Do not run it while other tests run. Usage: python tests/benchmarks/bench_compile.py [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODEL = """
+import json, time, torch
+from torch import nn
+from torch._dynamo.utils import counters
+torch.manual_seed(0)
+layers = []
+for _ in range(8):
+    layers += [nn.Linear(64, 64), nn.ReLU()]
+model = torch.compile(nn.Sequential(*layers))
+x = torch.randn(32, 64)
+t0 = time.perf_counter()
+model(x).sum().backward()
+print(json.dumps({"first_s": time.perf_counter() - t0, "inductor": dict(counters["inductor"])}))
+"""
+
+
+def _env(work: Path, node: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BOOTSEER_", "TORCHINDUCTOR_", "TRITON_"))}
+    env["XDG_CACHE_HOME"] = str(work / f"xdg-{node}")
+    return env
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[dict[str, object], str]:
+    out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def with_stage(work: Path, node: str) -> tuple[float, float]:
+    """(first compiled call, the compile stage's own time) through `bootseer exec` on a fresh node."""
+    (work / "bootseer.toml").write_text(
+        f'[store]\nuri = "{(work / "store").as_uri()}"\n[compile]\nenabled = true\ncache_dir = "compile-{node}"\n'
+    )
+    doc, err = _run(
+        [sys.executable, "-m", "bootseer_cli", "exec", "--", sys.executable, "model.py"], work, _env(work, node)
+    )
+    m = re.search(r"compile ([0-9.]+) (ms|s) ", err)
+    stage = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1) if m else float("nan")
+    return float(doc["first_s"]), stage  # type: ignore[arg-type]
+
+
+def without_stage(work: Path, node: str) -> float:
+    env = _env(work, node)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"empty-{node}")
+    doc, _ = _run([sys.executable, "model.py"], work, env)
+    return float(doc["first_s"])  # type: ignore[arg-type]
+
+
+def _wait_agent(xdg: Path, timeout_s: float = 120.0) -> None:
+    """The warm-up's agent publishes when the launcher has ended: wait for it to finish."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        logs = list(xdg.glob("bootseer/runs/*/agent.log"))
+        if logs and "agent done" in logs[0].read_text():
+            return
+        time.sleep(0.5)
+    sys.exit("the warm-up's agent did not finish publishing")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-compile-"))
+    (work / "model.py").write_text(MODEL)
+    print(f"load average before: {os.getloadavg()}")
+    cold, _ = with_stage(work, "warmup")
+    _wait_agent(work / "xdg-warmup")
+    print(f"warm-up (publishes): first compiled call {cold:.1f} s")
+    plain, restored, stages = [], [], []
+    for i in range(args.runs):
+        plain.append(without_stage(work, f"plain-{i}"))
+        first, stage = with_stage(work, f"node-{i}")
+        restored.append(first)
+        stages.append(stage)
+        print(f"round {i}: without {plain[-1]:.1f} s, with {restored[-1]:.1f} s (stage {stage:.2f} s)")
+    a, b = statistics.median(plain), statistics.median(restored)
+    stage = statistics.median(stages)
+    print(f"median first compiled call: without {a:.1f} s, with {b:.1f} s: {a / b:.1f}x; stage {stage:.2f} s")
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Helpers for the compile-cache tests: a stage context for one "node", a stand-in for the agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.events import RunInfo
+from bootseer_cli.keys import Keys, make_key
+from bootseer_cli.settings import CompileSettings, Settings, StoreSettings
+from bootseer_cli.stage import StageContext
+from bootseer_cli.store import Store, open_store
+
+MODEL = Path(__file__).with_name("model.py")
+TEST_KEYS = Keys(image=make_key({"kind": "image", "t": 1}), env=make_key({"kind": "env", "t": 1}), image_source="test")
+
+
+@pytest.fixture(autouse=True)
+def no_user_cache_vars(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage keeps a cache directory the user set: the tests start without any."""
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def new_run(root: Path, node: str) -> RunInfo:
+    run_dir = root / f"run-{node}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run = RunInfo(job="job", node=node, rank=0, run=f"r-{node}", run_dir=run_dir)
+    (run_dir / "run.json").write_text(json.dumps(run.as_dict()))
+    return run
+
+
+def node_ctx(root: Path, node: str, store_uri: str, *, device: str | None = None, agent: bool = True) -> StageContext:
+    """The context the compile stage of one node sees: own cache directory and run, the shared store."""
+    from bootseer_cli.settings import ExecSettings
+
+    settings = Settings(
+        store=StoreSettings(uri=store_uri, cache_dir=root / f"blobs-{node}"),
+        exec=ExecSettings(agent=agent),
+        compile=CompileSettings(enabled=True, cache_dir=root / f"compile-{node}", device=device),
+    )
+    ctx = StageContext(settings=settings, run=new_run(root, node), command=["true"], quiet=True)
+    ctx._keys = TEST_KEYS
+    return ctx
+
+
+@dataclass
+class FakeAgent:
+    """What a task handler uses of the agent; the launcher has already ended (publish at once)."""
+
+    store: Store
+    run: RunInfo
+    launcher_pid: int = 0
+    stopping: threading.Event = field(default_factory=threading.Event)
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.stopping.set()
+
+    @property
+    def ready_file(self) -> Path:
+        return self.run.run_dir / "ready"
+
+    def launcher_alive(self) -> bool:
+        return False
+
+    def wait(self, seconds: float) -> bool:
+        return True
+
+    def log(self, msg: str) -> None:
+        self.lines.append(msg)
+
+
+def publish_as_agent(ctx: StageContext) -> FakeAgent:
+    """Run the stage's "compile-publish" task the way the agent would."""
+    from bootseer_cli.compilecache.tasks import publish_task
+
+    (task,) = [t for t in ctx.agent_tasks if t["kind"] == "compile-publish"]
+    agent = FakeAgent(store=open_store(ctx.settings.store.uri), run=ctx.run)
+    publish_task(task, agent)
+    return agent
+
+
+def run_model(exports: dict[str, str]) -> dict[str, object]:
+    """The compiled model in its own process, pointed at the caches the stage exported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_EXT"))}
+    env.update(exports)
+    out = subprocess.run([sys.executable, str(MODEL)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])

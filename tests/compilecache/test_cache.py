@@ -1,0 +1,208 @@
+"""The compile cache without torch compiling: index merging and pruning, concurrent publishers, the
+trust rules on untrusted index paths, the fallbacks, the key's facts and the stage's own cost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.compilecache import key as keymod
+from bootseer_cli.compilecache.index import Entry, merge, prune, read_index, write_index
+from bootseer_cli.compilecache.publish import publish
+from bootseer_cli.compilecache.stage import run_stage
+from bootseer_cli.compilecache.tree import Baseline, cache_roots, take_baseline
+from bootseer_cli.store import open_store
+
+from .conftest import TEST_KEYS, node_ctx, publish_as_agent
+
+D = "ab" * 32
+
+
+def _roots(root: Path) -> dict[str, Path]:
+    roots = {"inductor": root / "inductor", "triton": root / "triton", "extensions": root / "ext"}
+    for p in roots.values():
+        p.mkdir(parents=True, exist_ok=True)
+    return roots
+
+
+def test_merge_keeps_the_newest_entry_per_path_and_prune_the_most_recent() -> None:
+    a = {"inductor/x": Entry(D, 10, 1.0), "inductor/y": Entry(D, 10, 5.0)}
+    b = {"inductor/x": Entry("cd" * 32, 20, 3.0), "inductor/z": Entry(D, 10, 2.0)}
+    m = merge(a, b)
+    assert m["inductor/x"].digest == "cd" * 32 and set(m) == {"inductor/x", "inductor/y", "inductor/z"}
+    assert set(prune(m, 30)) == {"inductor/y", "inductor/x"}  # 10 + 20: z (least recently used) goes
+    assert set(prune(m, 9)) == set()
+
+
+def test_concurrent_publishers_end_with_the_union(tmp_path: Path) -> None:
+    store_uri = (tmp_path / "store").as_uri()
+    nodes, rounds = 4, 3
+    barrier = threading.Barrier(nodes)
+    errors: list[BaseException] = []
+
+    def node(i: int) -> None:
+        try:
+            store = open_store(store_uri)
+            roots = _roots(tmp_path / f"n{i}")
+            base = take_baseline(roots, {}, [])
+            for r in range(rounds):
+                (roots["inductor"] / f"n{i}-r{r}.so").write_bytes(os.urandom(100))
+                (roots["inductor"] / "shared.py").write_bytes(b"same on every node")
+                barrier.wait()
+                publish(store, "k" * 64, f"n{i}", roots, base, 1 << 30)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    index = read_index(open_store(store_uri), "k" * 64)
+    expected = {f"inductor/n{i}-r{r}.so" for i in range(nodes) for r in range(rounds)} | {"inductor/shared.py"}
+    assert set(index.entries) == expected
+    final = publish(open_store(store_uri), "k" * 64, "n9", _roots(tmp_path / "n9"), Baseline(roots={}), 1 << 30)
+    assert final.shard == ""  # nothing new: no shard written
+
+
+def test_publish_sends_only_what_changed_and_prunes_least_recently_used(tmp_path: Path) -> None:
+    store = open_store((tmp_path / "store").as_uri())
+    roots = _roots(tmp_path / "node")
+    (roots["inductor"] / "old.so").write_bytes(b"o" * 600)
+    (roots["inductor"] / "locks").mkdir()
+    (roots["inductor"] / "locks" / "x.lock").write_bytes(b"")
+    (roots["inductor"] / ".123.456.tmp").write_bytes(b"partial")
+    base = Baseline(roots={k: str(v) for k, v in roots.items()})
+    first = publish(store, D, "a", roots, base, 1000)
+    assert (first.files, first.entries) == (1, 1)
+    assert publish(store, D, "a", roots, base, 1000).shard == ""  # unchanged: nothing sent
+    time.sleep(0.01)
+    (roots["triton"] / "new.bin").write_bytes(b"n" * 600)
+    second = publish(store, D, "a", roots, base, 1000)
+    assert (second.files, second.pruned) == (1, 1)  # 600 + 600 > 1000: the older entry goes
+    index = read_index(store, D)
+    assert set(index.entries) == {"triton/new.bin"} and len(index.shards) == 1  # compacted to one shard
+
+
+def test_untrusted_index_paths_are_never_written_outside_the_caches(tmp_path: Path) -> None:
+    store = open_store((tmp_path / "store").as_uri())
+    digest = store.put_blob_bytes(b"payload")
+    ctx = node_ctx(tmp_path, "n", store.uri)
+    from bootseer_cli.compilecache.key import current_compile_key
+
+    ck = current_compile_key(TEST_KEYS)
+    assert ck is not None
+    bad = ["../evil", "inductor/../../evil", "inductor//x", "/etc/evil", "inductor/a/../../evil", "other/x"]
+    entries = {rel: Entry(digest, 7, time.time()) for rel in [*bad, "inductor/ok/file.py"]}
+    entries["inductor/liar.py"] = Entry(digest, 3, time.time())  # wrong size: refused after the fetch
+    write_index(store, ck.digest, "evil", entries, [])
+    res = run_stage(ctx)
+    assert res.extra["files"] == 1 and res.extra["dropped"] == len(bad) + 1
+    assert not list(tmp_path.rglob("evil"))
+    inductor = Path(ctx.exports["TORCHINDUCTOR_CACHE_DIR"])
+    assert (inductor / "ok" / "file.py").read_bytes() == b"payload" and not (inductor / "liar.py").exists()
+
+
+def test_no_torch_does_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keymod, "torch_version", lambda: None)
+    ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri())
+    res = run_stage(ctx)
+    assert (res.outcome, res.summary) == ("skipped", "no torch") and not ctx.exports and not ctx.agent_tasks
+
+
+def test_no_store_warns_and_starts_with_an_empty_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ctx = node_ctx(tmp_path, "n", "bogus://nowhere")
+    res = run_stage(ctx)
+    assert res.outcome == "fallback" and "TORCHINDUCTOR_CACHE_DIR" in ctx.exports
+    assert "cannot read the compile cache index" in capsys.readouterr().err
+
+
+def test_user_set_cache_dir_is_kept_and_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    roots, exports = cache_roots(tmp_path / "base", D, os.environ)
+    assert roots["inductor"] == tmp_path / "mine" and "TORCHINDUCTOR_CACHE_DIR" not in exports
+    assert exports["TRITON_CACHE_DIR"] == str(tmp_path / "base" / D[:16] / "triton")
+
+
+def test_no_agent_restores_but_does_not_publish(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri(), agent=False)
+    res = run_stage(ctx)
+    assert res.outcome == "miss" and not ctx.agent_tasks and "needs the agent" in capsys.readouterr().err
+
+
+def test_agent_task_publishes_and_logs(tmp_path: Path) -> None:
+    ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri())
+    run_stage(ctx)
+    Path(ctx.exports["TORCH_EXTENSIONS_DIR"], "ext.so").write_bytes(b"x" * 10)
+    agent = publish_as_agent(ctx)
+    assert any("1 file(s), 10 B published" in line for line in agent.lines), agent.lines
+    events = [json.loads(line) for line in ctx.run.events_file.read_text().splitlines()]
+    assert [e["stage"] for e in events] == ["compile-publish"]
+
+
+def test_cpu_and_gpu_kinds(tmp_path: Path) -> None:
+    cpu = keymod.cpu_kind(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+        "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu sse4_2 avx2 avx512f amx_tile\n\nprocessor\t: 1\n"
+    )
+    assert cpu == {
+        "kind": "cpu",
+        "vendor_id": "GenuineIntel",
+        "cpu family": "6",
+        "model": "143",
+        "isa": ["amx_tile", "avx2", "avx512f", "sse4_2"],
+    }
+    proc = tmp_path / "nvidia"
+    (proc / "gpus" / "0000:07:00.0").mkdir(parents=True)
+    (proc / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 2023\n")
+    (proc / "gpus" / "0000:07:00.0" / "information").write_text("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ: 1\n")
+    gpu = keymod.gpu_kind(proc, {"CUDA_VERSION": "12.4.1"})
+    assert gpu == {"kind": "gpu", "models": ["NVIDIA H100 80GB HBM3"], "driver": "535.104.05", "cuda": "12.4.1"}
+    assert keymod.gpu_kind(proc, {"CUDA_VISIBLE_DEVICES": ""}) is None
+    assert keymod.gpu_kind(tmp_path / "none", {}) is None
+    doc = keymod.compile_key_doc("i", "e", cpu, "2.13.0+cpu")
+    assert keymod.compile_key(TEST_KEYS, cpu, "2.13.0+cpu") != keymod.compile_key(TEST_KEYS, cpu, "2.14.0+cpu")
+    assert doc["torch"] == "2.13.0+cpu" and doc["device"] == cpu
+
+
+COST = """
+import time, sys
+t0 = time.perf_counter()
+from pathlib import Path
+from bootseer_cli.compilecache.stage import run_stage
+from tests.compilecache.conftest import node_ctx
+ctx = node_ctx(Path(sys.argv[1]), "n", Path(sys.argv[1], "store").as_uri())
+t1 = time.perf_counter()
+res = run_stage(ctx)
+t2 = time.perf_counter()
+assert res.outcome == "miss", res
+print(t1 - t0, t2 - t1)
+"""
+
+
+def test_stage_cost_with_nothing_to_restore(tmp_path: Path) -> None:
+    """≤ 0.2 s for the stage (the keys aside, computed by then for the other stages), in a fresh process
+    so that the imports it needs (pyarrow for the store) are counted."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
+    out = subprocess.run([sys.executable, "-c", COST, str(tmp_path)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    _setup, stage = map(float, out.stdout.split())
+    assert stage <= 0.2, f"the compile stage took {stage:.3f} s with nothing to restore"
+
+
+def test_files_an_earlier_run_never_published_are_published(tmp_path: Path) -> None:
+    ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri(), agent=False)
+    run_stage(ctx)  # a run without the agent: what it compiles stays on the node only
+    Path(ctx.exports["TORCHINDUCTOR_CACHE_DIR"], "early.so").write_bytes(b"e" * 5)
+    ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri())
+    run_stage(ctx)
+    agent = publish_as_agent(ctx)
+    assert any("1 file(s), 5 B published" in line for line in agent.lines), agent.lines
