@@ -135,6 +135,7 @@ def test_stage_result_is_recorded(ctx: StageContext, monkeypatch: pytest.MonkeyP
         ("image", None),
         ("env", None),
         ("checkpoint", "hit"),
+        ("compile", None),
     ]
     assert ctx.exports == {"BOOTSEER_TEST_EXPORT": "yes"}
     line = launch.summary_line(results, 1.25)
@@ -240,4 +241,4 @@ def test_env_runs_before_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     ctx = StageContext(settings=Settings.from_config(cfg), run=RunInfo.new(), command=["true"])
     results = launch.run_stages(ctx, set())
     assert stages_for_tests.CALLS == ["env", "image"]
-    assert [name for name, _, _ in results] == ["image", "env", "checkpoint"]
+    assert [name for name, _, _ in results] == ["image", "env", "checkpoint", "compile"]

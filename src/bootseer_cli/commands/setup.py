@@ -18,7 +18,8 @@ from .options import ConfigOpt, JsonOpt, StoreOpt, load_config, load_settings
 if TYPE_CHECKING:
     from ..config import Config
     from ..doctor import Check
-    from ..keys import Keys
+    from ..keys import Key, Keys
+    from ..settings import Settings
 
 
 def init(
@@ -68,27 +69,43 @@ def keys(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = Fa
     """Print the cache keys and the documents they hash (why a cache hit or missed)."""
     from ..identity import keys_for
 
-    k = keys_for(load_settings(config, store))
-    typer.echo(_keys_json(k) if as_json else _keys_text(k))
+    settings = load_settings(config, store)
+    k = keys_for(settings)
+    compiled = _compile_key(settings, k) if settings.compile.enabled else None
+    typer.echo(_keys_json(k, compiled) if as_json else _keys_text(k, compiled))
 
 
-def _keys_json(k: Keys) -> str:
-    out = {
+def _compile_key(settings: Settings, k: Keys) -> Key | str:
+    """The compile stage's key on this node, or why there is none (no torch installed)."""
+    from ..compilecache.key import current_compile_key
+
+    return current_compile_key(k, settings.compile.device) or "none (torch is not installed)"
+
+
+def _keys_json(k: Keys, compiled: Key | str | None) -> str:
+    out: dict[str, object] = {
         "image": {"digest": k.image.digest, "source": k.image_source, "doc": k.image.doc},
         "env": {"digest": k.env.digest, "doc": k.env.doc},
     }
+    if isinstance(compiled, str):
+        out["compile"] = {"digest": None, "why": compiled}
+    elif compiled is not None:
+        out["compile"] = {"digest": compiled.digest, "doc": compiled.doc}
     return json.dumps(out, indent=2, sort_keys=True)
 
 
-def _keys_text(k: Keys) -> str:
-    return "\n".join(
-        [
-            f"image_key {k.image.digest}  (from {k.image_source})",
-            json.dumps(k.image.doc, indent=2, sort_keys=True),
-            f"env_key   {k.env.digest}",
-            json.dumps(k.env.doc, indent=2, sort_keys=True),
-        ]
-    )
+def _keys_text(k: Keys, compiled: Key | str | None) -> str:
+    lines = [
+        f"image_key {k.image.digest}  (from {k.image_source})",
+        json.dumps(k.image.doc, indent=2, sort_keys=True),
+        f"env_key   {k.env.digest}",
+        json.dumps(k.env.doc, indent=2, sort_keys=True),
+    ]
+    if isinstance(compiled, str):
+        lines.append(f"compile_key {compiled}")
+    elif compiled is not None:
+        lines += [f"compile_key {compiled.digest}", json.dumps(compiled.doc, indent=2, sort_keys=True)]
+    return "\n".join(lines)
 
 
 def doctor(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:

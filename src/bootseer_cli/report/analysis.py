@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from ..units import fmt_seconds
 
-EXEC_STAGES = ("image", "env", "checkpoint")
+EXEC_STAGES = ("image", "env", "checkpoint", "compile")
 TOTAL_STAGE = "bootseer"
 READY_STAGE = "ready"
 STAGE_LABELS = {
