@@ -32,7 +32,7 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None) -> None:
     """Record the state of the env roots before a setup (for `bootseer snapshot`)."""
     from ..envsnap import manifest
     from ..envsnap.setup import baseline_path, resolve_roots, take_baseline
-    from ..keys import compute
+    from ..identity import keys_for
 
     cfg = load_config(config, store)
     settings = Settings.from_config(cfg)
@@ -40,12 +40,12 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None) -> None:
     m = take_baseline(roots, settings.store, lambda msg: typer.echo(f"bootseer: {msg}", err=True))
     # The key as of before the setup: a setup into the base prefix changes the image fingerprint, and
     # fresh nodes (which compute the key before their setup) must find the snapshot under this one.
-    manifest.save(m, baseline_path(roots), roots, {"env_key": compute(cfg).env.digest})
+    manifest.save(m, baseline_path(roots), roots, {"env_key": keys_for(settings).env.digest})
     typer.echo(f"baseline of {len(m)} entries under {', '.join(roots)} saved")
 
 
-def _published(key: str, cap: Captured, took: float, json_: bool) -> None:
-    if json_:
+def _published(key: str, cap: Captured, took: float, as_json: bool) -> None:
+    if as_json:
         doc = {"env_key": key, "blob": cap.digest, "size": cap.size, "files": cap.files, "deletions": cap.deletions}
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -55,13 +55,13 @@ def _published(key: str, cap: Captured, took: float, json_: bool) -> None:
     )
 
 
-def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt = False) -> None:
+def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Capture what changed under the env roots since `bootseer baseline` and publish it."""
     from ..cache import cache_for
     from ..envsnap import manifest, snapshot
     from ..envsnap.setup import baseline_path, resolve_roots
     from ..envsnap.stamp import write_stamp
-    from ..keys import compute
+    from ..identity import keys_for
     from ..store import open_store
 
     cfg = load_config(config, store)
@@ -71,7 +71,7 @@ def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt =
     if not path.exists():
         raise BootseerError(f"no baseline for {', '.join(roots)}: run `bootseer baseline` before the setup")
     base, _, extra = manifest.load(path)
-    now = compute(cfg).env.digest
+    now = keys_for(settings).env.digest
     key = str(extra.get("env_key") or now)
     st = open_store(settings.store.uri)
     cache = cache_for(settings.store)
@@ -79,7 +79,7 @@ def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt =
     cap = snapshot.capture(settings.store, roots, base, key, cache, _warn, since=path.stat().st_mtime)
     snapshot.publish(settings.p2p, st, cache, cap, key, roots)
     write_stamp(roots, [key, now], cap.digest, cap.entries, cap.deletion_paths)
-    _published(key, cap, time.monotonic() - t0, json_)
+    _published(key, cap, time.monotonic() - t0, as_json)
 
 
 def restore(config: ConfigOpt = None, store: StoreOpt = None) -> None:
@@ -95,13 +95,13 @@ env_app = typer.Typer(help="List, show and remove environment snapshots.", no_ar
 
 
 @env_app.command("ls")
-def env_ls(config: ConfigOpt = None, store: StoreOpt = None, json_: JsonOpt = False) -> None:
+def env_ls(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List the snapshots in the store: key, size, files, age, creator."""
     from ..envsnap.catalog import list_snapshots
     from ..store import open_store
 
     rows = list_snapshots(open_store(Settings.from_config(load_config(config, store)).store.uri))
-    if json_:
+    if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     if not rows:
@@ -152,7 +152,7 @@ def env_show(
     files: Annotated[bool, typer.Option("--files", help="Also list the entries (fetches the blob).")] = False,
     config: ConfigOpt = None,
     store: StoreOpt = None,
-    json_: JsonOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show one snapshot's ref (and with --files its entries, deletions and per-file digests)."""
     from ..envsnap import catalog
@@ -165,7 +165,7 @@ def env_show(
     doc: dict[str, Any] = {"env_key": full, **ref}
     if files:
         doc.update(_entries_doc(settings, st, ref))
-    if json_:
+    if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
     _show_text(doc, ref, files)

@@ -21,14 +21,14 @@ def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], N
     from ..envsnap.setup import resolve_roots
     from ..envsnap.snapshot import restore
     from ..envsnap.stamp import stamp_state
-    from ..keys import compute
+    from ..identity import keys_for
     from ..settings import Settings
     from ..store import open_store
     from ..units import fmt_bytes
 
     settings = Settings.from_config(cfg)
     roots = resolve_roots(settings.env)
-    key = compute(cfg).env.digest
+    key = keys_for(settings).env.digest
     ok, why = stamp_state(roots, key)
     if ok:
         out(f"env {key[:16]} already present")
