@@ -86,3 +86,17 @@ def test_completion_and_human_metavars(tmp_path: Path) -> None:
     assert "[COMMAND]..." in exec_help and "--config FILE" in exec_help and "--verbose" in exec_help
     for text in (init_help, exec_help):
         assert "list[str]" not in text and "<str>" not in text
+
+
+def test_readme_second_command_sets_up_a_fresh_machine() -> None:
+    """The README's two commands: the second must install and start what the suite needs (issue 17, item 6)."""
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    section = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0].strip() for b in section.split("```sh\n")[1:]]
+    assert len(blocks) == 2 and blocks[1] == "bash .ci/run"
+    ci = (root / ".ci" / "run").read_text()
+    for need in ("docker.io", "docker-registry", "fuse3", "dockerd", "pip install -q --upgrade nox"):
+        assert need in ci
+    assert ci.rstrip().endswith("nox")  # and then runs the everyday command
+    subprocess.run(["bash", "-n", str(root / ".ci" / "run")], check=True)
