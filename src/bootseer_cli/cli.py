@@ -19,7 +19,7 @@ app = typer.Typer(
     name="bootseer",
     help="Cut the startup time of distributed training jobs: bootseer exec -- torchrun … train.py",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion, as users of typer-based tools expect
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     # Wide enough that `bootseer --help` shows each verb's whole line, also in a log or a pipe.
@@ -27,7 +27,7 @@ app = typer.Typer(
 )
 
 # The command modules, in the order their verbs appear in `bootseer --help` (groups follow the verbs).
-COMMAND_MODULES: tuple[str, ...] = ("run", "setup", "hot", "report", "p2p", "prewarm", "ckpt", "env")
+COMMAND_MODULES: tuple[str, ...] = ("run", "setup", "hot", "report", "p2p", "prewarm", "ckpt", "env", "cache")
 
 _registered = False
 

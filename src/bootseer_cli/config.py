@@ -197,6 +197,7 @@ def _line_of(text: str, section: str, key: str) -> int:
 
 
 def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """--config, else $BOOTSEER_CONFIG, else the nearest bootseer.toml from the working directory up."""
     if explicit:
         p = Path(explicit).expanduser()
         if not p.is_file():
@@ -208,8 +209,17 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | N
         if not p.is_file():
             raise ConfigError(f"BOOTSEER_CONFIG names a file that does not exist: {p}")
         return p
-    p = Path.cwd() / CONFIG_NAME
-    return p if p.is_file() else None
+    return _walk_up(Path.cwd())
+
+
+def _walk_up(start: Path) -> Path | None:
+    """The nearest bootseer.toml in `start` or a folder above it, up to the filesystem root (as ruff and uv
+    find theirs), so a job started from a subdirectory of its project still gets the project's config."""
+    for folder in (start, *start.parents):
+        p = folder / CONFIG_NAME
+        if p.is_file():
+            return p
+    return None
 
 
 def load(

@@ -9,9 +9,13 @@ import; the exec options are few and fixed, so they are parsed here by hand. Any
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import Config
 
 _VALUED = {"--config", "-c", "--store", "--skip"}
-_FLAGS = {"--quiet", "-q"}
+_FLAGS = {"--quiet": "quiet", "-q": "quiet", "--verbose": "verbose", "-v": "verbose"}
 
 
 def _parse_exec(args: list[str]) -> tuple[dict[str, str | bool], list[str]] | None:
@@ -23,7 +27,7 @@ def _parse_exec(args: list[str]) -> tuple[dict[str, str | bool], list[str]] | No
         if a == "--":
             return opts, args[i + 1 :]
         if a in _FLAGS:
-            opts["quiet"] = True
+            opts[_FLAGS[a]] = True
         elif "=" in a and a.split("=", 1)[0] in _VALUED:
             name, value = a.split("=", 1)
             opts["config" if name == "-c" else name.lstrip("-")] = value
@@ -59,6 +63,18 @@ def main() -> None:
     cli_main()
 
 
+def config_line(cfg: Config) -> str:
+    """What `exec -v` says first: which config file it used (or why none) and the store it talks to."""
+    from .paths import default_store_uri
+
+    uri = cfg.get("store", "uri")
+    store = f"store {uri}" if uri else f"the local store {default_store_uri()}"
+    if cfg.path is None:
+        where = "no config file (no --config, no $BOOTSEER_CONFIG, no bootseer.toml from here up to /)"
+        return f"bootseer: {where}; {store}"
+    return f"bootseer: config {cfg.path.resolve()}; {store}"
+
+
 def _fast_restore(opts: dict[str, str | bool]) -> None:
     from .commands.restore import restore_verb
     from .config import load
@@ -80,6 +96,8 @@ def _fast_exec(opts: dict[str, str | bool], command: list[str]) -> None:
     def body() -> None:
         overrides = {("store", "uri"): opts.get("store"), ("exec", "quiet"): True if opts.get("quiet") else None}
         cfg = load(opts.get("config"), overrides)  # type: ignore[arg-type]
+        if opts.get("verbose"):
+            print(config_line(cfg), file=sys.stderr, flush=True)
         skip = {s.strip() for s in str(opts.get("skip") or "").split(",") if s.strip()}
         execute(Settings.from_config(cfg), command, skip)
 

@@ -13,6 +13,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,10 +65,14 @@ class RunInfo:
     run_dir: Path
 
     @classmethod
-    def new(cls) -> RunInfo:
-        job = _first_env("BOOTSEER_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
-        if not job or job == "none":  # torchrun's default rdzv id is the literal "none"
-            job = time.strftime("job-%Y%m%d-%H%M%S")
+    def new(cls, command: Sequence[str] = ()) -> RunInfo:
+        """This start's identity. The job comes from the launcher's command line or the scheduler
+        (launcher.job_id_hint); with neither, a generated id unique to this start (time + randomness), so
+        that unrelated jobs starting in the same second are never merged."""
+        from .launcher import job_id_hint
+
+        hint = job_id_hint(command, os.environ)
+        job = hint[0] if hint else time.strftime("job-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         node = os.environ.get("BOOTSEER_NODE") or socket.gethostname()
         rank_text = _first_env("NODE_RANK", "GROUP_RANK", "SLURM_NODEID", "RANK") or "0"
         try:

@@ -41,7 +41,7 @@ def execute(settings: Settings, command: list[str], skip: set[str] | None = None
     active = [s.name for s in run_order() if s.name not in skip and s.wanted(settings)]
     env: Mapping[str, str] = os.environ
     if active:
-        run = RunInfo.new()
+        run = RunInfo.new(command)
         ctx = StageContext(settings=settings, run=run, command=command, quiet=quiet)
         results = run_stages(ctx, skip)
         if not quiet:

@@ -5,8 +5,9 @@
 `bootseer exec` runs before torchrun sets LOCAL_WORLD_SIZE for its workers, so the count is read from
 what the launcher is about to be told: `--nproc-per-node N` (torchrun), `--num_gpus N` (deepspeed),
 `--num_processes N` (accelerate, per machine when `--num_machines` is given), then the scheduler's
-and the container's environment. The report uses it for "GPU time wasted". Import-free on purpose:
-it runs on the `exec` fast path.
+and the container's environment. The report uses it for "GPU time wasted". `job_id_hint` reads the
+job's identity the same way: what every node of one job shares and no other job has. Import-free on
+purpose: it runs on the `exec` fast path.
 """
 
 from __future__ import annotations
@@ -70,6 +71,37 @@ def gpus_hint(command: Sequence[str], environ: Mapping[str, str]) -> tuple[int, 
         devices = environ.get(name, "").strip()
         if devices and devices.lower() not in ("none", "void", "all", "-1"):
             return len([d for d in devices.split(",") if d.strip()]), f"${name}"
+    return None
+
+
+# torchrun (and `python -m torch.distributed.run`, and launchers that forward its options) names the job
+_RDZV_ID_FLAGS = ("--rdzv-id", "--rdzv_id")
+# set by hand or by a template; torchrun's own options as environment variables; the schedulers' job ids.
+# deepspeed and accelerate have no job-id option of their own: under a scheduler its variable names the job.
+_JOB_ENV = (
+    "BOOTSEER_JOB_ID",
+    "PET_RDZV_ID",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "LSB_JOBID",
+    "PBS_JOBID",
+    "FLUX_JOB_ID",
+)
+
+
+def job_id_hint(command: Sequence[str], environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """(job id, where it came from): $BOOTSEER_JOB_ID, else the launcher's `--rdzv-id`, else a scheduler's
+    variable; None when nothing names the job. torchrun's default rendezvous id, "none", names nothing."""
+    explicit = environ.get("BOOTSEER_JOB_ID", "").strip()
+    if explicit and explicit != "none":
+        return explicit, "$BOOTSEER_JOB_ID"
+    rdzv = (_option(command, _RDZV_ID_FLAGS) or "").strip()
+    if rdzv and rdzv != "none":
+        return rdzv, "command line"
+    for name in _JOB_ENV[1:]:
+        value = environ.get(name, "").strip()
+        if value and value != "none":
+            return value, f"${name}"
     return None
 
 

@@ -1,40 +1,71 @@
-"""`bootseer init`: render the files under templates/ (shipped inside the package).
+"""`bootseer init`: render the files under templates/ (shipped inside the package, hooks included).
 
 Placeholders are `{{NAME}}` or `{{NAME|default}}`; `--set NAME=VALUE` fills them. A placeholder with
-no value and no default is an error naming it, so a rendered file never carries a hole.
+no value and no default is an error naming it, so a rendered file never carries a hole; a `--set` name
+the template does not know is an error listing the ones it does, so a typo never goes unnoticed.
+
+The hooks (entrypoint wrapper, Kubernetes init script, Slurm prolog) live in templates/hooks/ and are
+rendered under their bare names (`--template entrypoint.sh`): a pip install carries them, so a Dockerfile
+or a node's provisioning writes them with `bootseer init` instead of needing a checkout of this repository.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import tempfile
 from importlib import resources
 from pathlib import Path
 
 from .errors import ConfigError
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Z0-9_]+)\s*(?:\|([^}]*))?\}\}")
+_HOOKS = "hooks"
 
 
 def _dir() -> Path:
     return Path(str(resources.files("bootseer_cli") / "templates"))
 
 
-def available() -> dict[str, str]:
-    """Template name -> its first comment line."""
-    out = {}
-    for p in sorted(_dir().iterdir()):
-        if p.is_file() and not p.name.startswith("."):
-            first = p.read_text(encoding="utf-8").splitlines()[0] if p.stat().st_size else ""
-            out[p.name] = first.lstrip("#/ -").strip()
+def _files() -> dict[str, Path]:
+    """Template name -> its file: the top-level templates, then the hooks under their bare names."""
+    out: dict[str, Path] = {}
+    for folder in (_dir(), _dir() / _HOOKS):
+        if folder.is_dir():
+            for p in sorted(folder.iterdir()):
+                if p.is_file() and not p.name.startswith("."):
+                    out.setdefault(p.name, p)
     return out
 
 
-def render(name: str, values: dict[str, str]) -> str:
-    path = _dir() / name
-    if "/" in name or not path.is_file():
+def _about(path: Path) -> str:
+    """The first comment line that is not a shebang (`#!/bin/bash` says nothing about the template)."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#!"):
+            continue
+        return line.lstrip("#/ -").strip()
+    return ""
+
+
+def available() -> dict[str, str]:
+    """Template name -> its first comment line."""
+    return {name: _about(p) for name, p in _files().items()}
+
+
+def names_in(text: str) -> list[str]:
+    """The placeholder names a template knows, in order of first use."""
+    return list(dict.fromkeys(m.group(1) for m in _PLACEHOLDER.finditer(text)))
+
+
+def _source(name: str) -> str:
+    path = _files().get(name)
+    if "/" in name or path is None:
         raise ConfigError(f"no template {name!r} (bootseer init --list shows them)")
-    text = path.read_text(encoding="utf-8")
+    return path.read_text(encoding="utf-8")
+
+
+def render(name: str, values: dict[str, str]) -> str:
+    text = _source(name)
     missing: list[str] = []
 
     def fill(m: re.Match[str]) -> str:
@@ -53,18 +84,31 @@ def render(name: str, values: dict[str, str]) -> str:
 
 
 def render_to(name: str, dest: Path, assignments: list[str], force: bool = False) -> Path:
+    """Render into dest atomically, creating its folders (`init .github/workflows/x.yml` on a fresh repo)."""
     values = {}
     for a in assignments:
         if "=" not in a:
             raise ConfigError(f"--set {a!r}: expected KEY=VALUE")
         k, v = a.split("=", 1)
         values[k.strip().upper()] = v
+    known = names_in(_source(name))
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"template {name} has no {unknown[0]} (--set takes: {', '.join(known) or 'nothing'})")
     text = render(name, values)
     if dest.exists() and not force:
         raise ConfigError(f"{dest} exists (use --force to overwrite)")
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    if name.endswith(".sh"):
-        os.chmod(tmp, 0o755)
-    os.replace(tmp, dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create {dest.parent}: {e.strerror}") from None
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755 if name.endswith(".sh") else 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return dest

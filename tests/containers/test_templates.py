@@ -37,7 +37,7 @@ def test_listed_and_rendered_by_init(tmp_path: Path) -> None:
     r = init(tmp_path, "k8s-job.yaml", f"IMAGE={PINNED}", "STORE=file:///shared/bootseer", "NODES=4", "gpus=2")
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "k8s-job.yaml").read_text()
-    assert "{{" not in text and "completions: 4" in text and "nvidia.com/gpu: 2" in text
+    assert "{{" not in text and "completions: 4" in text and 'nvidia.com/gpu: "2"' in text
     r = init(tmp_path, "slurm-job.sbatch", f"IMAGE={PINNED}", "STORE=x")
     assert r.returncode == 0 and (tmp_path / "slurm-job.sbatch").stat().st_mode & 0o111 == 0  # not *.sh
 
@@ -58,7 +58,8 @@ def test_kubernetes_job_wiring() -> None:
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert c["image"] == PINNED and env["BOOTSEER_IMAGE"] == c["image"]  # pinned, and the key follows it
         assert env["BOOTSEER_STORE"] == VALUES["STORE"]
-        assert c["envFrom"][0]["secretRef"]["name"] == "bootseer-store"  # the store's credentials
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+        assert refs["AWS_SECRET_ACCESS_KEY"] == {"name": "bootseer-store", "key": "AWS_SECRET_ACCESS_KEY"}
         assert {"name": "bootseer-cache", "mountPath": "/bootseer-cache"} in c["volumeMounts"]
     assert train["command"] == ["bootseer", "exec", "--"] and train["args"][0] == "torchrun"
     assert init_c["command"][-1] == "/usr/local/bin/bootseer-k8s-init"
@@ -66,10 +67,53 @@ def test_kubernetes_job_wiring() -> None:
     init_env = {e["name"]: e.get("value") for e in init_c["env"]}
     train_env = {e["name"]: e.get("value") for e in train["env"]}
     assert train_env["BOOTSEER_STORE_CACHE_DIR"] == init_env["BOOTSEER_WARM_DIR"] + "/blobs"
-    # FUSE for checkpoint mounts.
-    assert "SYS_ADMIN" in train["securityContext"]["capabilities"]["add"]
-    assert {"name": "fuse", "mountPath": "/dev/fuse"} in train["volumeMounts"]
-    assert any(v.get("hostPath", {}).get("path") == "/dev/fuse" for v in pod["volumes"])
+    # One node identity per pod (two pods on one host are two nodes), not the host's name.
+    node = next(e for e in train["env"] if e["name"] == "BOOTSEER_NODE")
+    assert node["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # FUSE for checkpoint mounts: the documented route, with its trade-off stated next to it.
+    assert train["securityContext"]["privileged"] is True
+    assert "Trade-off" in render("k8s-job.yaml", VALUES)
+
+
+def _check_fields(data: object, kind: str, where: str) -> None:
+    """Every key of `data` is a field of the Kubernetes client's model `kind`, recursively (typos fail)."""
+    import kubernetes.client
+
+    if kind.lower().startswith("list["):
+        assert isinstance(data, list), where
+        for i, item in enumerate(data):
+            _check_fields(item, kind[5:-1], f"{where}[{i}]")
+        return
+    model = getattr(kubernetes.client, kind, None)
+    if model is None:  # str, int, bool, object, Dict[str, str]: a scalar or a free-form map
+        return
+    assert isinstance(data, dict), where
+    by_json = {json_name: attr for attr, json_name in model.attribute_map.items()}
+    for key, value in data.items():
+        assert key in by_json, f"{where}.{key} is not a field of {kind}"
+        _check_fields(value, model.openapi_types[by_json[key]], f"{where}.{key}")
+
+
+def test_kubernetes_objects_match_the_api_schema() -> None:
+    """The rendered objects deserialize into the Kubernetes client's models with no unknown field."""
+    import kubernetes.client
+
+    for doc in yaml.safe_load_all(render("k8s-job.yaml", VALUES)):
+        kind = {"Service": "V1Service", "Job": "V1Job"}[doc["kind"]]
+        _check_fields(doc, kind, doc["kind"])
+        obj = getattr(kubernetes.client, kind).from_dict(doc)  # the client's own validation: types, required
+        assert obj.metadata.name == "train"
+    with pytest.raises(AssertionError, match="is not a field of V1Container"):
+        _check_fields({"containers": [{"name": "x", "imagePullSecret": "y"}]}, "V1PodSpec", "spec")
+
+
+def test_github_workflow_keeps_secrets_out_of_scripts() -> None:
+    gh = yaml.safe_load(render("github-actions-prewarm.yml", {"IMAGE": "registry.example/train"}))
+    steps = gh["jobs"]["prewarm"]["steps"]
+    for step in steps:
+        assert "secrets." not in step.get("run", ""), step["run"]  # an inline ${{ secrets.X }} lands in the script
+    login = next(s for s in steps if "docker login" in s.get("run", ""))
+    assert login["env"]["REGISTRY_PASSWORD"] == "${{ secrets.REGISTRY_PASSWORD }}"
 
 
 def test_ci_jobs_run_prewarm() -> None:
@@ -95,6 +139,29 @@ def test_slurm_script_is_shellcheck_clean(tmp_path: Path) -> None:
     assert "#SBATCH --nodes=2" in text
 
 
+def test_slurm_script_speaks_pyxis(tmp_path: Path) -> None:
+    """Run the batch script with stand-ins for Slurm's srun/scontrol (no Slurm here) that record their argv:
+    the image is in enroot's REGISTRY#IMAGE form and the job directory is mounted as the workdir."""
+    bin_dir, job = tmp_path / "bin", tmp_path / "job dir"
+    bin_dir.mkdir()
+    job.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > "$SRUN_ARGV"\n')
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho node1\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "train.sbatch"
+    script.write_text(render("slurm-job.sbatch", VALUES))
+    argv_file = tmp_path / "argv"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SRUN_ARGV": str(argv_file), "SLURM_SUBMIT_DIR": str(job)}
+    subprocess.run(["bash", str(script)], env=env | {"USER": "u"}, check=True, cwd=job)
+    argv = argv_file.read_text().splitlines()
+    assert "--container-image=registry.example:5000#team/train@sha256:" + "ab" * 32 in argv
+    mounts = next(a for a in argv if a.startswith("--container-mounts="))
+    assert f"{job}:{job}" in mounts.split("=", 1)[1].split(",")
+    assert f"--container-workdir={job}" in argv
+    assert argv[argv.index("--") + 1] == "torchrun"
+
+
 @pytest.mark.parametrize("hook", sorted(p.name for p in (REPO / "hooks").glob("*.sh")))
 def test_hooks_are_shellcheck_clean(hook: str) -> None:
     assert shutil.which("shellcheck"), "apt-get install shellcheck"
@@ -108,3 +175,57 @@ def test_dockerfile_snippet_renders() -> None:
     assert text.splitlines()[3] == "FROM registry.example/train:1.0"
     assert "pip install --no-cache-dir  bootseer" in text
     assert 'ENTRYPOINT ["/usr/local/bin/bootseer-entrypoint"]' in text
+
+
+def test_wheel_ships_the_hooks(tmp_path: Path) -> None:
+    """`pip install bootseer` carries the hooks: they are package data, not files of a checkout."""
+    import sys
+    import zipfile
+
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*pip_wheel, "-w", str(tmp_path), str(REPO)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("bootseer-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for hook in ("entrypoint.sh", "k8s-init.sh", "slurm-prolog.sh"):
+        assert f"bootseer_cli/templates/hooks/{hook}" in names
+
+
+@pytest.mark.parametrize("hook", ["entrypoint.sh", "k8s-init.sh", "slurm-prolog.sh"])
+def test_init_renders_the_hooks(tmp_path: Path, hook: str) -> None:
+    dest = tmp_path / "bin" / "bootseer-hook"
+    r = subprocess.run(["bootseer", "init", str(dest), "--template", hook], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert dest.stat().st_mode & 0o111 and dest.read_bytes() == (REPO / "hooks" / hook).read_bytes()
+    subprocess.run(["bash", "-n", str(dest)], check=True)
+    subprocess.run(["sh", "-n", str(dest)], check=True)
+
+
+def test_dockerfile_installs_the_hooks_from_the_wheel() -> None:
+    text = render("Dockerfile.bootseer", {"BASE_IMAGE": "x:1"})
+    assert "COPY" not in text.replace("{{SOURCE|}}", "")  # nothing needed from a checkout
+    assert "bootseer init /usr/local/bin/bootseer-entrypoint --template entrypoint.sh" in text
+
+
+def test_init_rejects_an_unknown_name(tmp_path: Path) -> None:
+    r = init(tmp_path, "k8s-job.yaml", f"IMAGE={PINNED}", "STORE=x", "bogus=1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "has no BOGUS" in r.stderr and "IMAGE" in r.stderr and "NODES" in r.stderr  # what it does know
+    assert not (tmp_path / "k8s-job.yaml").exists()
+
+
+def test_init_list_describes_each_template() -> None:
+    about = available()
+    assert about["slurm-job.sbatch"].startswith("Slurm batch script")
+    assert about["entrypoint.sh"].startswith("bootseer container entrypoint")
+    assert not any(line.startswith("!") for line in about.values())
+
+
+def test_init_creates_missing_folders(tmp_path: Path) -> None:
+    dest = tmp_path / ".github" / "workflows" / "x.yml"
+    r = subprocess.run(
+        ["bootseer", "init", str(dest), "--template", "github-actions-prewarm.yml", "--set", "IMAGE=r/t"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(dest.read_text())["name"] == "bootseer prewarm"
+    assert [p.name for p in dest.parent.iterdir()] == ["x.yml"]  # no temp file left behind

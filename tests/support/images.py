@@ -248,7 +248,7 @@ def ensure_base(client: Any) -> str:
 def _source_files() -> list[Path]:
     """What the Dockerfile snippet installs from: the project as a user would check it out."""
     files = [p for p in (REPO_ROOT / "pyproject.toml", REPO_ROOT / "README.md") if p.is_file()]
-    for top in ("src", "templates", "hooks"):
+    for top in ("src", "templates"):
         for p in sorted((REPO_ROOT / top).rglob("*")):
             if "__pycache__" in p.parts or ".egg-info" in str(p) or p.suffix == ".pyc":
                 continue
@@ -292,7 +292,6 @@ def ensure_app(client: Any, base: str) -> str:
         readme = ctx / "bootseer-src/README.md"
         if not readme.exists():  # pyproject names it; a checkout always has one
             readme.write_text("bootseer\n")
-        shutil.copytree(REPO_ROOT / "hooks", ctx / "hooks")
         (ctx / "Dockerfile").write_text(dockerfile)
         try:
             client.images.build(path=str(ctx), tag=tag, network_mode="none", rm=True, forcerm=True)

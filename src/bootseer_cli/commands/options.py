@@ -16,11 +16,20 @@ from ..settings import Settings
 
 ConfigOpt = Annotated[
     Path | None,
-    typer.Option("--config", "-c", help="bootseer.toml to use (default: ./bootseer.toml or $BOOTSEER_CONFIG)."),
+    typer.Option(
+        "--config",
+        "-c",
+        metavar="FILE",
+        help="bootseer.toml to use (default: $BOOTSEER_CONFIG, else the nearest bootseer.toml from here up).",
+    ),
 ]
 StoreOpt = Annotated[
     str | None,
-    typer.Option("--store", help="Store URI (file://…, s3://…, hdfs://…); overrides [store] uri and $BOOTSEER_STORE."),
+    typer.Option(
+        "--store",
+        metavar="URI",
+        help="Store URI (file://…, s3://…, hdfs://…); overrides [store] uri and $BOOTSEER_STORE.",
+    ),
 ]
 # A verb names this parameter `as_json` (`json` would shadow the module); the flag is `--json`.
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]

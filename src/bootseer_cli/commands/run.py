@@ -15,23 +15,33 @@ import typer
 from .options import ConfigOpt, StoreOpt, load_config
 
 SkipOpt = Annotated[
-    str | None, typer.Option("--skip", help="Stages not to run, comma-separated: image,env,checkpoint.")
+    str | None,
+    typer.Option("--skip", metavar="STAGES", help="Stages not to run, comma-separated: image,env,checkpoint."),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No summary line ($BOOTSEER_QUIET=1).")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Say which config file and store are used.")]
 
 
 def exec_(
-    command: Annotated[list[str] | None, typer.Argument(help="The launcher and its arguments, after --.")] = None,
+    # Hidden from the Arguments table (typer prints its Python type there); the usage line and the
+    # docstring name it.
+    command: Annotated[list[str] | None, typer.Argument(metavar="COMMAND", hidden=True)] = None,
     config: ConfigOpt = None,
     store: StoreOpt = None,
     skip: SkipOpt = None,
     quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
-    """Run the configured stages, then exec COMMAND in place (same pid, exit status, signals)."""
+    """Run the configured stages, then exec COMMAND (the launcher and its arguments, after --) in place
+    (same pid, exit status, signals)."""
     from ..launch import execute
     from ..settings import Settings
 
     cfg = load_config(config, store, exec__quiet=True if quiet else None)
+    if verbose:
+        from ..entry import config_line
+
+        typer.echo(config_line(cfg), err=True)
     skipped = {s.strip() for s in (skip or "").split(",") if s.strip()}
     execute(Settings.from_config(cfg), list(command or []), skipped)
 

@@ -25,12 +25,13 @@ if TYPE_CHECKING:
 def init(
     path: Annotated[Path, typer.Argument(help="Where to write it.")] = Path("bootseer.toml"),
     template: Annotated[
-        str, typer.Option("--template", "-t", help="Template to render (see --list).")
+        str, typer.Option("--template", "-t", metavar="NAME", help="Template to render (see --list).")
     ] = "bootseer.toml",
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List the templates and exit.")] = False,
     values: Annotated[
-        list[str] | None, typer.Option("--set", help="KEY=VALUE substituted for {{KEY}} in the template.")
+        list[str] | None,
+        typer.Option("--set", metavar="KEY=VALUE", help="Substituted for {{KEY}} in the template (repeatable)."),
     ] = None,
 ) -> None:
     """Write a commented bootseer.toml (or another template) to start from."""
@@ -56,13 +57,39 @@ def _config_json(cfg: Config) -> str:
 
 
 def _config_text(cfg: Config) -> str:
-    """TOML-looking lines with each value's source as a comment (what a user pastes into an issue)."""
+    """Valid TOML with each value's source as a comment (what a user pastes into an issue, or into a file).
+
+    An unset value is a comment saying what applies instead, so the output parses and shows the store
+    actually used."""
+    from ..paths import blob_cache_dir, default_store_uri
+
     lines = [f"# config file: {cfg.path or '(none: defaults and environment only)'}"]
     for section, keys in cfg.settings.items():
         lines.append(f"[{section}]")
-        lines.extend(f"{key} = {json.dumps(s.value)}    # {s.source}" for key, s in keys.items())
+        for key, s in keys.items():
+            if s.value is not None:
+                lines.append(f"{key} = {_toml_value(s.value)}    # {s.source}")
+            elif (section, key) == ("store", "uri"):
+                lines.append(f"# {key} = (unset: the local store {default_store_uri()})")
+            elif (section, key) == ("store", "cache_dir"):
+                lines.append(f"# {key} = (unset: {blob_cache_dir()})")
+            else:
+                lines.append(f"# {key} = (unset)")
         lines.append("")
     return "\n".join(lines)
+
+
+def _toml_value(v: object) -> str:
+    """A TOML literal for a config value (str, bool, number, list of those)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return "nan" if v != v else ("inf" if v > 0 else "-inf")
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))  # a JSON string is a TOML basic string
 
 
 def keys(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
