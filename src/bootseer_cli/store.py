@@ -36,6 +36,7 @@ from urllib.parse import urlparse
 
 from .digests import sha256_file
 from .errors import IntegrityError, StoreError
+from .redact import redact, redact_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -92,12 +93,16 @@ class Store:
     """A bootseer store at a pyarrow.fs URI (`file:///…`, `s3://bucket/prefix?endpoint_override=…`)."""
 
     def __init__(self, uri: str, settle_s: float = 1.0) -> None:
-        self.uri = uri
+        # `uri` is the display form (no credentials): every message uses it. The full URI, which may
+        # carry a secret, stays private: it opens the filesystem and is handed to a child process
+        # only through its environment or a 0600 file (`uri_with_credentials`).
+        self._full_uri = uri
+        self.uri = redact(uri)
         self.settle_s = settle_s
         scheme = urlparse(uri).scheme
         if scheme not in SUPPORTED_SCHEMES:
             raise StoreError(
-                f"store URI {uri!r}: unknown scheme {scheme!r} (use file://, s3://, gs://, hdfs:// or a path)"
+                f"store URI {self.uri!r}: unknown scheme {scheme!r} (use file://, s3://, gs://, hdfs:// or a path)"
             )
         import pyarrow as pa
         import pyarrow.fs as pafs
@@ -111,7 +116,7 @@ class Store:
             else:
                 self.fs, self.root = pafs.FileSystem.from_uri(uri)
         except (StoreError, OSError, ValueError, pa.ArrowException) as e:  # pyarrow's text is useful
-            raise StoreError(f"store {uri!r}: {e}") from None
+            raise StoreError(f"store {self.uri!r}: {redact_text(str(e))}") from None
         self.root = self.root.rstrip("/")
         self.kind = self.fs.type_name  # "local", "s3", "gcs", "hdfs", …
         self.is_local = self.kind == "local"
@@ -119,7 +124,11 @@ class Store:
             try:
                 Path(self.root).mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise StoreError(f"store {uri!r}: cannot create {self.root}: {e.strerror}") from None
+                raise StoreError(f"store {self.uri!r}: cannot create {self.root}: {e.strerror}") from None
+
+    def uri_with_credentials(self) -> str:
+        """The full URI, secret included: only for a child's environment or a 0600 file, never argv or text."""
+        return self._full_uri
 
     # ---- generic paths -------------------------------------------------------------------------
     def path(self, rel: str) -> str:
@@ -521,10 +530,10 @@ def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, str]:
         elif name in ("connect_timeout", "request_timeout"):
             kwargs[name] = float(value)
         else:
-            raise StoreError(f"store URI {uri!r}: unknown S3 option {name!r}")
+            raise StoreError(f"store URI {redact(uri)!r}: unknown S3 option {name!r}")
     bucket = parsed.hostname or ""
     if not bucket:
-        raise StoreError(f"store URI {uri!r}: no bucket")
+        raise StoreError(f"store URI {redact(uri)!r}: no bucket")
     return pafs.S3FileSystem(**kwargs), f"{bucket}{parsed.path}".rstrip("/")
 
 

@@ -50,8 +50,22 @@ def config_(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt =
     typer.echo(_config_json(cfg) if as_json else _config_text(cfg))
 
 
+def _shown(value: object) -> object:
+    """A value as `config` shows it: URIs (the store's, checkpoint targets) without their credentials."""
+    from ..redact import redact
+
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [_shown(v) for v in value]
+    return value
+
+
 def _config_json(cfg: Config) -> str:
-    doc = {s: {k: {"value": v.value, "source": v.source} for k, v in keys.items()} for s, keys in cfg.settings.items()}
+    doc = {
+        s: {k: {"value": _shown(v.value), "source": v.source} for k, v in keys.items()}
+        for s, keys in cfg.settings.items()
+    }
     return json.dumps({"file": str(cfg.path) if cfg.path else None, "settings": doc}, indent=2)
 
 
@@ -60,7 +74,7 @@ def _config_text(cfg: Config) -> str:
     lines = [f"# config file: {cfg.path or '(none: defaults and environment only)'}"]
     for section, keys in cfg.settings.items():
         lines.append(f"[{section}]")
-        lines.extend(f"{key} = {json.dumps(s.value)}    # {s.source}" for key, s in keys.items())
+        lines.extend(f"{key} = {json.dumps(_shown(s.value))}    # {s.source}" for key, s in keys.items())
         lines.append("")
     return "\n".join(lines)
 
