@@ -129,7 +129,7 @@ class Store:
             else:
                 self.fs, self.root = pafs.FileSystem.from_uri(uri)
         except (StoreError, OSError, ValueError, pa.ArrowException) as e:  # pyarrow's text is useful
-            raise StoreError(f"store {self.uri!r}: {redact_text(str(e))}") from None
+            raise StoreError(f"store {self.uri!r}: {_open_error(scheme, e)}") from None
         self.root = self.root.rstrip("/")
         self.kind = self.fs.type_name  # "local", "s3", "gcs", "hdfs", …
         self.is_local = self.kind == "local"
@@ -622,6 +622,22 @@ class Store:
                 raise StoreError(f"store {self.uri}: a probe object did not read back")
         finally:
             self.delete(rel)
+
+
+def _open_error(scheme: str, e: Exception) -> str:
+    """Why a store did not open, in one line: pyarrow's text (redacted), or, when HDFS's native
+    client (libhdfs, or the JVM it needs) is missing, which it is and how to install it, instead of
+    the dozens of dlopen lines pyarrow lists."""
+    text = redact_text(str(e))
+    if scheme in ("hdfs", "viewfs"):
+        missing = next((lib for lib in ("libhdfs", "libjvm") if f"load {lib}" in text), None)
+        if missing:
+            return (
+                f"cannot load {missing}, which pyarrow needs for HDFS: install Java and Hadoop's libhdfs, "
+                "then set JAVA_HOME, ARROW_LIBHDFS_DIR (the directory of libhdfs.so) and "
+                "CLASSPATH=$(hadoop classpath --glob)"
+            )
+    return text
 
 
 def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, str]:
