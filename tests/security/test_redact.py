@@ -53,3 +53,17 @@ def test_store_errors_carry_no_secret() -> None:
     with pytest.raises(StoreError) as e:
         Store("s3://AKID:SECRET@bucket/p?nonsense=1&token=TOK")
     assert "SECRET" not in str(e.value) and "AKID" not in str(e.value) and "TOK" not in str(e.value)
+
+
+def test_a_manifest_records_the_same_target_for_the_full_and_the_shown_uri() -> None:
+    """push records `public_uri(target.uri)` (redacted); a reader maps configured full URIs through
+    `public_uri` too: both must agree, and neither may carry a secret."""
+    from bootseer_cli.stripe.catalog import public_uri
+
+    full = "s3://AKID:SECRET@ckpt-a/x?endpoint_override=127.0.0.1:1&scheme=http&session_token=TOK"
+    shown = Store(full).uri
+    assert (
+        public_uri(full)
+        == public_uri(shown)
+        == "s3://ckpt-a/x?endpoint_override=127.0.0.1:1&scheme=http&session_token=***"
+    )
