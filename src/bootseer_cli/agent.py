@@ -55,7 +55,16 @@ class Agent:
         self._lock = threading.Lock()
 
     def log(self, msg: str) -> None:
-        print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+        """A line of agent.log; any URI in it (an exception's text, a traceback) loses its credentials."""
+        from .redact import redact_text
+
+        print(f"{time.strftime('%H:%M:%S')} {redact_text(msg)}", flush=True)
+
+    @property
+    def store_uri(self) -> str | None:
+        """The store URI: from the environment `exec` gave the agent (it may carry credentials, which
+        never go into agent.json), or from an older spec's `store_uri`; None: the local default."""
+        return self.spec.get("store_uri") or os.environ.get("BOOTSEER_STORE") or None
 
     @property
     def settings(self) -> Settings:
@@ -70,7 +79,7 @@ class Agent:
                 from .settings import Settings
 
                 cfg_file = self.spec.get("config_file")
-                cfg = load(Path(cfg_file) if cfg_file else None, {("store", "uri"): self.spec.get("store_uri")})
+                cfg = load(Path(cfg_file) if cfg_file else None, {("store", "uri"): self.store_uri})
                 self._settings = Settings.from_config(cfg)
             return self._settings
 
@@ -81,7 +90,7 @@ class Agent:
             if self._store is None:
                 from .store import open_store
 
-                self._store = open_store(self.spec.get("store_uri"))
+                self._store = open_store(self.store_uri)
             return self._store
 
     @property

@@ -238,6 +238,8 @@ def load(
             text = path.read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:

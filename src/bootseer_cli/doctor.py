@@ -26,16 +26,22 @@ class Check:
 
 
 def check_store(settings: StoreSettings) -> Check:
+    from .redact import redact, redact_text
     from .store import open_store
 
-    uri = settings.uri or "(local default)"
+    uri = redact(settings.uri) if settings.uri else "(local default)"
     try:
         store = open_store(settings.uri)
         store.check_writable()
     # StoreError for what bootseer recognises; pyarrow raises OSError for I/O and ValueError
     # (ArrowInvalid) for a URI or bucket it rejects.
     except (BootseerError, OSError, ValueError) as e:
-        return Check("store", "fail", f"{uri}: {e}", "check [store] uri, the credentials and that the server is up")
+        return Check(
+            "store",
+            "fail",
+            f"{uri}: {redact_text(str(e))}",
+            "check [store] uri, the credentials and that the server is up",
+        )
     return Check("store", "ok", f"{store.uri} is reachable and writable")
 
 

@@ -39,7 +39,9 @@ def run_guarded(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except BootseerError as e:
-        print(f"bootseer: error: {e}", file=sys.stderr)
+        from .redact import redact_text  # defence in depth: no URI's credentials in an error line
+
+        print(f"bootseer: error: {redact_text(str(e))}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("bootseer: interrupted", file=sys.stderr)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .paths import runs_dir
+from .redact import redact_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -81,7 +82,9 @@ class RunInfo:
             rank = 0
         run = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
         run_dir = runs_dir() / run
-        run_dir.mkdir(parents=True, exist_ok=True)
+        runs_dir().mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(mode=0o700)  # private: the agent's files and logs live here (a new name: never followed)
+        os.chmod(run_dir, 0o700)  # whatever the umask
         info = cls(job=_clean(job), node=_clean(node), rank=rank, run=run, run_dir=run_dir)
         (run_dir / "run.json").write_text(json.dumps(info.as_dict()))
         return info
@@ -109,7 +112,7 @@ def _clean(name: str) -> str:
 
 def append(events_file: Path, event: dict[str, Any]) -> None:
     line = (json.dumps(event, sort_keys=True) + "\n").encode()
-    fd = os.open(events_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(events_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line)
     finally:
@@ -131,6 +134,8 @@ def record(
     detail: str = "",
     **extra: Any,
 ) -> dict[str, Any]:
+    # Defence in depth: a reason or detail is free text (often an exception's), and the events are
+    # uploaded to the shared store, so any URI in them loses its credentials here.
     event: dict[str, Any] = {
         **run.as_dict(),
         "stage": stage,
@@ -142,11 +147,11 @@ def record(
         "bytes": int(bytes),
         "bytes_from_store": int(bytes_from_store),
         "bytes_from_peers": int(bytes_from_peers),
-        "reason": reason,
-        "detail": detail,
+        "reason": redact_text(reason),
+        "detail": redact_text(detail),
     }
     if extra:
-        event["extra"] = json.dumps(extra, sort_keys=True, default=str)
+        event["extra"] = redact_text(json.dumps(extra, sort_keys=True, default=str))
     append(run.events_file, event)
     return event
 

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import BootseerError
@@ -136,14 +137,24 @@ def _launcher_facts(command: list[str]) -> dict[str, Any]:
 
 
 def _spawn_agent(ctx: StageContext, launcher_pid: int) -> None:
-    """Start the agent detached (double fork: reparented to init, never a zombie of the launcher)."""
+    """Start the agent detached (double fork: reparented to init, never a zombie of the launcher).
+
+    The store URI may carry credentials: agent.json (0600) names it redacted, for a human, and the
+    full URI reaches the agent only through its environment (BOOTSEER_STORE), never a file or argv.
+    """
+    from .redact import redact
+
+    uri = ctx.settings.store.uri
     spec = {
-        "store_uri": ctx.settings.store.uri,
+        "store": redact(uri) if uri else None,
         "launcher_pid": launcher_pid,
         "tasks": ctx.agent_tasks,
         "config_file": str(ctx.settings.config_path) if ctx.settings.config_path else None,
     }
-    (ctx.run.run_dir / "agent.json").write_text(json.dumps(spec, default=str))
+    _write_private(ctx.run.run_dir / "agent.json", json.dumps(spec, default=str))
+    env = {k: v for k, v in os.environ.items() if k != "BOOTSEER_STORE"}
+    if uri:
+        env["BOOTSEER_STORE"] = uri
     argv = [sys.executable, "-m", "bootseer_cli", "agent", "--run-dir", str(ctx.run.run_dir)]
     log = ctx.run.run_dir / "agent.log"
     sys.stdout.flush()
@@ -153,16 +164,23 @@ def _spawn_agent(ctx: StageContext, launcher_pid: int) -> None:
         try:
             os.setsid()
             if os.fork() == 0:
-                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 null = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(null, 0)
                 os.dup2(fd, 1)
                 os.dup2(fd, 2)
                 os.closerange(3, 1 << 16)
-                os.execv(sys.executable, argv)
+                os.execve(sys.executable, argv, env)
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a new file readable by this user only (created 0600, not chmod-ed after the fact)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _upload_quietly(ctx: StageContext) -> None:

@@ -88,12 +88,18 @@ class StageContext:
         return cache_for(self.settings.store)
 
     def warn(self, msg: str) -> None:
-        """Warnings are loud even under --quiet: a fallback is something a user must see."""
-        print(f"bootseer: warning: {msg}", file=sys.stderr, flush=True)
+        """Warnings are loud even under --quiet: a fallback is something a user must see.
+
+        Any URI in the text loses its credentials (messages often carry an exception's text)."""
+        from .redact import redact_text
+
+        print(f"bootseer: warning: {redact_text(msg)}", file=sys.stderr, flush=True)
 
     def info(self, msg: str) -> None:
         if not self.quiet:
-            print(f"bootseer: {msg}", file=sys.stderr, flush=True)
+            from .redact import redact_text
+
+            print(f"bootseer: {redact_text(msg)}", file=sys.stderr, flush=True)
 
     def add_agent_task(self, kind: str, **params: Any) -> None:
         self.agent_tasks.append({"kind": kind, **params})

@@ -17,6 +17,9 @@ create-if-absent on object stores, so there a lease is taken by writing a unique
 a settle time and reading it back: of several nodes that write within the settle window, exactly
 one (the last writer) reads back its own id. The guarantee holds as long as a write completes within
 `settle_s` (default 1 s; raise it for slow stores). Expired leases are taken over the same way.
+A lease records its TTL; its holder renews it (every TTL/3 in the keepers) and releases it only
+while it is still the owner (compare, then write), and a reader allows for clock skew: see
+`Store.lease_live` and `LEASE_SKEW_S`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from urllib.parse import urlparse
 
 from .digests import sha256_file
 from .errors import IntegrityError, StoreError
+from .redact import redact, redact_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -49,6 +53,10 @@ SUPPORTED_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss
 _OBJECT_STORES = ("s3", "gcs")
 
 Progress = Callable[[int], None]
+
+# Clock-skew allowance of leases (see `Store.lease_live`): a lease holds until its expiry plus
+# min(TTL/2, this), so nodes whose clocks differ by less never take each other's live lease.
+LEASE_SKEW_S = 30.0
 
 
 def blob_path(digest: str) -> str:
@@ -66,17 +74,23 @@ def _safe_key(key: str) -> str:
 
 @dataclass
 class Lease:
+    """A lease this process took. `renew` and `release` act only while it is still the owner:
+    `lost` turns True once a renewal found another owner (or an expired lease), and then the
+    holder must assume another node is doing the work."""
+
     store: Store
     key: str
     owner: str
     expires: float
+    ttl_s: float = 0.0
+    lost: bool = False
 
     def release(self) -> None:
         self.store.release_lease(self)
 
-    def renew(self, ttl_s: float) -> None:
-        self.expires = time.time() + ttl_s
-        self.store._write_lease_doc(self.key, self.owner, self.expires)
+    def renew(self, ttl_s: float) -> bool:
+        """Extend the lease by `ttl_s`; False (and `lost`) when it is no longer ours."""
+        return self.store.renew_lease(self, ttl_s)
 
 
 @dataclass(frozen=True)
@@ -92,12 +106,16 @@ class Store:
     """A bootseer store at a pyarrow.fs URI (`file:///…`, `s3://bucket/prefix?endpoint_override=…`)."""
 
     def __init__(self, uri: str, settle_s: float = 1.0) -> None:
-        self.uri = uri
+        # `uri` is the display form (no credentials): every message uses it. The full URI, which may
+        # carry a secret, stays private: it opens the filesystem and is handed to a child process
+        # only through its environment or a 0600 file (`uri_with_credentials`).
+        self._full_uri = uri
+        self.uri = redact(uri)
         self.settle_s = settle_s
         scheme = urlparse(uri).scheme
         if scheme not in SUPPORTED_SCHEMES:
             raise StoreError(
-                f"store URI {uri!r}: unknown scheme {scheme!r} (use file://, s3://, gs://, hdfs:// or a path)"
+                f"store URI {self.uri!r}: unknown scheme {scheme!r} (use file://, s3://, gs://, hdfs:// or a path)"
             )
         import pyarrow as pa
         import pyarrow.fs as pafs
@@ -111,7 +129,7 @@ class Store:
             else:
                 self.fs, self.root = pafs.FileSystem.from_uri(uri)
         except (StoreError, OSError, ValueError, pa.ArrowException) as e:  # pyarrow's text is useful
-            raise StoreError(f"store {uri!r}: {e}") from None
+            raise StoreError(f"store {self.uri!r}: {_open_error(scheme, e)}") from None
         self.root = self.root.rstrip("/")
         self.kind = self.fs.type_name  # "local", "s3", "gcs", "hdfs", …
         self.is_local = self.kind == "local"
@@ -119,7 +137,11 @@ class Store:
             try:
                 Path(self.root).mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise StoreError(f"store {uri!r}: cannot create {self.root}: {e.strerror}") from None
+                raise StoreError(f"store {self.uri!r}: cannot create {self.root}: {e.strerror}") from None
+
+    def uri_with_credentials(self) -> str:
+        """The full URI, secret included: only for a child's environment or a 0600 file, never argv or text."""
+        return self._full_uri
 
     # ---- generic paths -------------------------------------------------------------------------
     def path(self, rel: str) -> str:
@@ -408,24 +430,57 @@ class Store:
     def _lease_rel(self, key: str) -> str:
         return f"leases/{_safe_key(key)}"
 
-    def _write_lease_doc(self, key: str, owner: str, expires: float) -> None:
-        doc = {"owner": owner, "expires": expires, "host": socket.gethostname(), "pid": os.getpid()}
-        self.put_bytes(self._lease_rel(key), json.dumps(doc).encode())
+    @staticmethod
+    def _lease_doc(owner: str, expires: float, ttl_s: float) -> bytes:
+        doc = {"owner": owner, "expires": expires, "ttl": ttl_s, "host": socket.gethostname(), "pid": os.getpid()}
+        return json.dumps(doc).encode()
 
     def read_lease(self, key: str) -> dict[str, Any] | None:
         data = self.get_bytes(self._lease_rel(key))
         if data is None:
             return None
         try:
-            return json.loads(data)
+            doc = json.loads(data)
         except ValueError:
             return {"owner": "", "expires": 0.0}  # a torn lease is a stale lease
+        return doc if isinstance(doc, dict) else {"owner": "", "expires": 0.0}
+
+    def lease_live(self, key: str, doc: dict[str, Any] | None, now: float | None = None) -> bool:
+        """Whether a lease document still holds, by this node's clock, allowing for clock skew.
+
+        A lease holds until `expires + skew`, skew = min(TTL/2, LEASE_SKEW_S): a node whose clock
+        runs ahead of the holder's by less than that never takes a live lease. An expiry more than
+        TTL + skew in the future means the writer's clock runs ahead; such a lease is held, but only
+        until TTL + skew after the store's own modification time of the lease, so a fast clock
+        cannot keep a dead holder's lease for longer than one TTL (plus skew).
+        """
+        if not doc:
+            return False
+        now = time.time() if now is None else now
+        try:
+            expires, ttl = float(doc.get("expires") or 0), float(doc.get("ttl") or 0)
+        except (TypeError, ValueError):
+            return False
+        skew = min(ttl / 2, LEASE_SKEW_S)
+        if now > expires + skew:
+            return False
+        if ttl and expires > now + ttl + skew:
+            written = self._mtime(self._lease_rel(key))
+            return written is None or now <= written + ttl + skew
+        return True
+
+    def _mtime(self, rel: str) -> float | None:
+        try:
+            info = self.fs.get_file_info(self.path(rel))
+        except OSError:
+            return None
+        return info.mtime.timestamp() if info.mtime is not None else None
 
     def try_lease(self, key: str, ttl_s: float) -> Lease | None:
         """Take the single-flight lease for `key`, or None if another live owner holds it."""
         owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         expires = time.time() + ttl_s
-        doc = json.dumps({"owner": owner, "expires": expires, "host": socket.gethostname(), "pid": os.getpid()})
+        doc = self._lease_doc(owner, expires, ttl_s)
         if self.is_local:
             full = Path(self.path(self._lease_rel(key)))
             full.parent.mkdir(parents=True, exist_ok=True)
@@ -433,50 +488,127 @@ class Store:
                 # Write the whole document under a private name, then hard-link it into place:
                 # link() fails if the lease exists, and a reader never sees a half-written lease.
                 tmp = full.with_name(f".{full.name}.{uuid.uuid4().hex[:8]}")
-                tmp.write_text(doc)
+                tmp.write_bytes(doc)
                 try:
                     os.link(tmp, full)
                 except FileExistsError:
                     current = self.read_lease(key)
-                    if current is not None and current.get("expires", 0) > time.time():
+                    if self.lease_live(key, current):
                         return None
-                    self._remove_stale_local(full, (current or {}).get("owner"))
+                    self._remove_stale_local(key, full, (current or {}).get("owner"))
                     continue
                 finally:
                     tmp.unlink(missing_ok=True)
-                return Lease(self, key, owner, expires)
+                return Lease(self, key, owner, expires, ttl_s)
             return None
         current = self.read_lease(key)
-        if current is not None and current.get("expires", 0) > time.time():
+        if self.lease_live(key, current):
             return None
-        self._write_lease_doc(key, owner, expires)
+        self.put_bytes(self._lease_rel(key), doc)
         time.sleep(self.settle_s)
         current = self.read_lease(key)
         if current is not None and current.get("owner") == owner:
-            return Lease(self, key, owner, expires)
+            return Lease(self, key, owner, expires, ttl_s)
         return None
 
-    @staticmethod
-    def _remove_stale_local(full: Path, stale_owner: str | None) -> None:
+    def _remove_stale_local(self, key: str, full: Path, stale_owner: str | None) -> None:
         """Move a stale lease aside (rename is atomic: one taker wins); if what was moved turns out
         to be a fresh lease that another taker created meanwhile, put it back."""
-        aside = full.with_name(f"{full.name}.stale-{uuid.uuid4().hex[:8]}")
-        try:
-            os.rename(full, aside)
-        except FileNotFoundError:
+        aside = self._move_aside(full)
+        if aside is None:
             return
         try:
             moved = json.loads(aside.read_text() or "{}")
         except ValueError:
             moved = {}
-        if moved.get("owner") != stale_owner and moved.get("expires", 0) > time.time():
+        if moved.get("owner") != stale_owner and self.lease_live(key, moved):
             with contextlib.suppress(FileExistsError):
                 os.link(aside, full)
         aside.unlink(missing_ok=True)
 
-    def release_lease(self, lease: Lease) -> None:
+    @staticmethod
+    def _move_aside(full: Path) -> Path | None:
+        """Rename the lease file to a private name: of several processes, exactly one gets it."""
+        aside = full.with_name(f".{full.name}.aside-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(full, aside)
+        except FileNotFoundError:
+            return None
+        return aside
+
+    def _still_ours(self, lease: Lease) -> bool:
+        """Compare before a write: the lease names this owner and has not expired by this clock
+        (an expired lease may be in the middle of being taken over, so it is not ours to touch)."""
         current = self.read_lease(lease.key)
-        if current is not None and current.get("owner") == lease.owner:
+        return (
+            bool(current) and current.get("owner") == lease.owner and float(current.get("expires") or 0) > time.time()
+        )
+
+    def renew_lease(self, lease: Lease, ttl_s: float) -> bool:
+        """Extend `lease` if it is still ours (compare, then write); False and `lease.lost` otherwise.
+
+        On a local store the compare and the write are atomic: the lease file is renamed aside (one
+        process gets it), checked, and the renewed document linked into place, which fails rather
+        than overwrite a lease another node created meanwhile. On an object store the read and the
+        write are two requests; a taker only acts on an expired lease (by its clock, with the skew
+        allowance), and the owner renews only a lease that has not expired by its own clock, so the
+        window needs a clock skew beyond the allowance.
+        """
+        if lease.lost or not self._still_ours(lease):
+            lease.lost = True
+            return False
+        expires = time.time() + ttl_s
+        doc = self._lease_doc(lease.owner, expires, ttl_s)
+        if self.is_local:
+            if not self._swap_local(lease, doc):
+                lease.lost = True
+                return False
+        else:
+            self.put_bytes(self._lease_rel(lease.key), doc)
+        lease.expires, lease.ttl_s = expires, ttl_s
+        return True
+
+    def _swap_local(self, lease: Lease, doc: bytes | None) -> bool:
+        """Atomically replace (or, `doc` None, remove) our own lease file; False: it was not ours."""
+        full = Path(self.path(self._lease_rel(lease.key)))
+        aside = self._move_aside(full)
+        if aside is None:
+            return False
+        try:
+            try:
+                moved = json.loads(aside.read_text() or "{}")
+            except ValueError:
+                moved = {}
+            if moved.get("owner") != lease.owner:
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, full)  # someone else's: put it back
+                return False
+            if doc is None:
+                return True
+            tmp = full.with_name(f".{full.name}.{uuid.uuid4().hex[:8]}")
+            tmp.write_bytes(doc)
+            try:
+                os.link(tmp, full)  # fails if a taker created a lease in the instant it was aside
+            except FileExistsError:
+                return False
+            finally:
+                tmp.unlink(missing_ok=True)
+            return True
+        finally:
+            aside.unlink(missing_ok=True)
+
+    def release_lease(self, lease: Lease) -> None:
+        """Remove the lease if it is still ours; never a lease another node has taken over.
+
+        Local store: atomic (rename aside, check, remove). Object store: compare, then delete; the
+        delete is skipped once the lease has expired by this clock (a taker may be acting on it),
+        so deleting a taker's lease needs a clock skew beyond the allowance (see `lease_live`).
+        """
+        if lease.lost or not self._still_ours(lease):
+            return
+        if self.is_local:
+            self._swap_local(lease, None)
+        else:
             self.delete(self._lease_rel(lease.key))
 
     # ---- health --------------------------------------------------------------------------------
@@ -490,6 +622,22 @@ class Store:
                 raise StoreError(f"store {self.uri}: a probe object did not read back")
         finally:
             self.delete(rel)
+
+
+def _open_error(scheme: str, e: Exception) -> str:
+    """Why a store did not open, in one line: pyarrow's text (redacted), or, when HDFS's native
+    client (libhdfs, or the JVM it needs) is missing, which it is and how to install it, instead of
+    the dozens of dlopen lines pyarrow lists."""
+    text = redact_text(str(e))
+    if scheme in ("hdfs", "viewfs"):
+        missing = next((lib for lib in ("libhdfs", "libjvm") if f"load {lib}" in text), None)
+        if missing:
+            return (
+                f"cannot load {missing}, which pyarrow needs for HDFS: install Java and Hadoop's libhdfs, "
+                "then set JAVA_HOME, ARROW_LIBHDFS_DIR (the directory of libhdfs.so) and "
+                "CLASSPATH=$(hadoop classpath --glob)"
+            )
+    return text
 
 
 def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, str]:
@@ -521,10 +669,10 @@ def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, str]:
         elif name in ("connect_timeout", "request_timeout"):
             kwargs[name] = float(value)
         else:
-            raise StoreError(f"store URI {uri!r}: unknown S3 option {name!r}")
+            raise StoreError(f"store URI {redact(uri)!r}: unknown S3 option {name!r}")
     bucket = parsed.hostname or ""
     if not bucket:
-        raise StoreError(f"store URI {uri!r}: no bucket")
+        raise StoreError(f"store URI {redact(uri)!r}: no bucket")
     return pafs.S3FileSystem(**kwargs), f"{bucket}{parsed.path}".rstrip("/")
 
 

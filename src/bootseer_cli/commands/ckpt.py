@@ -212,10 +212,10 @@ def mount(
     targets = list(settings.checkpoint.targets)
     mp = str(mountpoint.expanduser().absolute())
     if foreground:
-        spec = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri, "targets": targets}
+        spec = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri_with_credentials(), "targets": targets}
         spec["options"] = _options(memory, threads)
         raise typer.Exit(serve(spec))
-    pid = mount_detached(m, mp, st.uri, targets=targets, options=_options(memory, threads))
+    pid = mount_detached(m, mp, st.uri_with_credentials(), targets=targets, options=_options(memory, threads))
     typer.echo(f"mounted {m.name}:{m.tag} at {mp} (server pid {pid}; `bootseer ckpt umount {mp}` to unmount)")
 
 

@@ -51,8 +51,22 @@ def config_(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt =
     typer.echo(_config_json(cfg) if as_json else _config_text(cfg))
 
 
+def _shown(value: object) -> object:
+    """A value as `config` shows it: URIs (the store's, checkpoint targets) without their credentials."""
+    from ..redact import redact
+
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [_shown(v) for v in value]
+    return value
+
+
 def _config_json(cfg: Config) -> str:
-    doc = {s: {k: {"value": v.value, "source": v.source} for k, v in keys.items()} for s, keys in cfg.settings.items()}
+    doc = {
+        s: {k: {"value": _shown(v.value), "source": v.source} for k, v in keys.items()}
+        for s, keys in cfg.settings.items()
+    }
     return json.dumps({"file": str(cfg.path) if cfg.path else None, "settings": doc}, indent=2)
 
 
@@ -68,7 +82,7 @@ def _config_text(cfg: Config) -> str:
         lines.append(f"[{section}]")
         for key, s in keys.items():
             if s.value is not None:
-                lines.append(f"{key} = {_toml_value(s.value)}    # {s.source}")
+                lines.append(f"{key} = {_toml_value(_shown(s.value))}    # {s.source}")
             elif (section, key) == ("store", "uri"):
                 lines.append(f"# {key} = (unset: the local store {default_store_uri()})")
             elif (section, key) == ("store", "cache_dir"):

@@ -164,8 +164,9 @@ def prewarm(
         keys = keys_for(settings, image.pinned)
         out = Published(image=image, image_key=keys.image.digest, env_key=None, removed_leftovers=removed)
         say(f"bootseer: image {image_ref} is {image.pinned} ({image.source})")
-        env = container_environment(settings, image.pinned, store.uri, environ)
-        run = _Runner.for_store(client, image, env, store.uri, files, say)
+        # The containers reach the store with its credentials through their environment only.
+        env = container_environment(settings, image.pinned, store.uri_with_credentials(), environ)
+        run = _Runner.for_store(client, image, env, store.uri_with_credentials(), files, say)
         if settings.env.setup:
             _publish_env(run, store, keys, out, say)
         if probe_argv:

@@ -47,18 +47,28 @@ def lease_key(env_key: str) -> str:
 
 
 class LeaseKeeper:
-    """Renews a single-flight lease in the background while a long setup runs."""
+    """Renews a single-flight lease in the background while a long setup runs.
+
+    A renewal happens only while the lease is still ours (`Store.renew_lease` compares first): once
+    it finds another owner, which took the lease over after ours expired (a stalled node), the keeper
+    stops, sets `lost`, and never overwrites the new owner's lease; the release at the end is then
+    a no-op. The work goes on (the snapshot it publishes is content-addressed, so a duplicate is
+    harmless), but the single flight is over, which `lost` tells.
+    """
 
     def __init__(self, lease: Lease, ttl_s: float) -> None:
         self.lease = lease
         self.ttl_s = ttl_s
+        self.lost = threading.Event()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, name="bootseer-lease", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
             with contextlib.suppress(BootseerError, OSError, ValueError):  # a missed renewal: try again later
-                self.lease.renew(self.ttl_s)
+                if not self.lease.renew(self.ttl_s):
+                    self.lost.set()
+                    return
 
     def __enter__(self) -> LeaseKeeper:
         self._t.start()

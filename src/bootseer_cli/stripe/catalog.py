@@ -27,14 +27,17 @@ from .layout import LATEST, MANIFEST, Manifest, check_name, ckpt_prefix, latest_
 
 
 def public_uri(uri: str) -> str:
-    """The URI without user:password, as recorded in a manifest."""
+    """The URI without user:password and with secret-looking query values masked, as recorded in a
+    manifest (the same for a full URI and for a `Store.uri`, which is already redacted)."""
+    from ..redact import redact
+
     p = urlparse(uri)
     if p.username or p.password:
         host = p.hostname or ""
         if p.port:
             host = f"{host}:{p.port}"
-        return urlunparse(p._replace(netloc=host))
-    return uri
+        uri = urlunparse(p._replace(netloc=host))
+    return redact(uri)
 
 
 class Targets:

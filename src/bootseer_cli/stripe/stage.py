@@ -52,7 +52,7 @@ def _mount(ctx: StageContext, m: Manifest, extra: dict[str, Any]) -> StageResult
         pid = mount_detached(
             m,
             mp,
-            ctx.store.uri,
+            ctx.store.uri_with_credentials(),  # into the server's 0600 spec file, never its argv
             targets=list(ctx.settings.checkpoint.targets),
             owner_pid=os.getpid(),  # exec keeps this pid for the launcher
             log_path=ctx.run.run_dir / "ckpt-mount.log",

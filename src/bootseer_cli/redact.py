@@ -1,0 +1,63 @@
+"""Redacted display forms of URIs: what bootseer may print, log, record or upload.
+
+A store URI may carry credentials (`s3://KEY:SECRET@bucket/…`, `?session_token=…`). Messages,
+stage events (uploaded to the shared store), reports, `config`, `doctor`, and the agent's files must
+show where the store is without the secret, so every such text goes through `redact` (one URI) or
+`redact_text` (free text that may contain URIs). The full URI stays in memory (`Store`) and reaches a
+child process only through its environment or a 0600 file, never its argv.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+MASK = "***"
+
+# Query parameters whose values are (or may be) secrets, compared after lower-casing and removing
+# "-" and "_": secret_key, access_key, session_token, password, token, sig, signature, X-Amz-…
+_SECRET_NAMES = ("secret", "password", "passwd", "pwd", "token", "sig", "signature", "credential", "accesskey", "key")
+_SECRET_EXACT = ("sig", "key", "pwd", "auth", "authorization", "sas")
+
+# A URI inside free text: a scheme, "://", then anything up to white space or a quote/bracket.
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
+
+
+def _secret_name(name: str) -> bool:
+    n = name.lower().replace("-", "").replace("_", "")
+    return n in _SECRET_EXACT or any(s in n for s in _SECRET_NAMES if len(s) > 3)
+
+
+def redact(uri: str) -> str:
+    """`uri` with user info and secret-looking query values replaced by `***`.
+
+    A text that is not a URI (a local path) comes back unchanged. A URI that cannot be parsed is
+    masked after its scheme, since it cannot be told apart from one that carries a secret.
+    """
+    if "://" not in uri:
+        return uri
+    try:
+        parts = urlsplit(uri)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return uri.split("://", 1)[0] + "://" + MASK
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{MASK}@{host}" + (f":{port}" if port else "")
+    query = "&".join(_redact_pair(pair) for pair in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _redact_pair(pair: str) -> str:
+    """One `name=value` of a query: kept as written (so the redacted form of a URI without secrets
+    is the URI itself), or with its value masked when the name looks like a secret's."""
+    name, eq, _ = pair.partition("=")
+    return f"{name}={MASK}" if eq and _secret_name(unquote(name)) else pair
+
+
+def redact_text(text: str) -> str:
+    """Free text (an error message, a warning, a log line) with every URI in it redacted."""
+    if "://" not in text:
+        return text
+    return _URI_IN_TEXT.sub(lambda m: redact(m.group(0)), text)
