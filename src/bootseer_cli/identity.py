@@ -87,8 +87,11 @@ def env_roots(env: EnvSettings) -> list[str]:
     return [os.path.realpath(r) for r in resolve_roots(env)]
 
 
-def keys_for(settings: Settings, environ: Mapping[str, str] | None = None) -> Keys:
-    """Both keys for these settings on this machine: gather the facts, then `keys.compute`."""
+def keys_for(settings: Settings, environ: Mapping[str, str] | None = None, roots: list[str] | None = None) -> Keys:
+    """Both keys for these settings on this machine: gather the facts, then `keys.compute`.
+
+    `roots`: the env's roots as the node sees them, when computed elsewhere (`prewarm` outside the
+    image, whose interpreter prefix and working directory differ from this process's)."""
     env = settings.env
     return compute(
         env,
@@ -96,7 +99,7 @@ def keys_for(settings: Settings, environ: Mapping[str, str] | None = None) -> Ke
         digest_files(env_file_names(env), env.base_dir),
         key_env_values(env, environ),
         platform.machine(),
-        env_roots(env),
+        env_roots(env) if roots is None else roots,
     )
 
 
