@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ImageIdentity",
     "digest_files",
+    "env_roots",
     "gather_rootfs_fingerprint",
     "key_env_values",
     "keys_for",
@@ -78,8 +79,19 @@ def key_env_values(env: EnvSettings, environ: Mapping[str, str] | None = None) -
     return {name: environ.get(name) for name in env.key_env}
 
 
-def keys_for(settings: Settings, environ: Mapping[str, str] | None = None) -> Keys:
-    """Both keys for these settings on this machine: gather the facts, then `keys.compute`."""
+def env_roots(env: EnvSettings) -> list[str]:
+    """The env's roots as the key knows them: absolute, symlinks resolved (`./.venv` and `/opt/venv`
+    are two envs; one directory reached by two names is one)."""
+    from .envsnap.setup import resolve_roots
+
+    return [os.path.realpath(r) for r in resolve_roots(env)]
+
+
+def keys_for(settings: Settings, environ: Mapping[str, str] | None = None, roots: list[str] | None = None) -> Keys:
+    """Both keys for these settings on this machine: gather the facts, then `keys.compute`.
+
+    `roots`: the env's roots as the node sees them, when computed elsewhere (`prewarm` outside the
+    image, whose interpreter prefix and working directory differ from this process's)."""
     env = settings.env
     return compute(
         env,
@@ -87,6 +99,7 @@ def keys_for(settings: Settings, environ: Mapping[str, str] | None = None) -> Ke
         digest_files(env_file_names(env), env.base_dir),
         key_env_values(env, environ),
         platform.machine(),
+        env_roots(env) if roots is None else roots,
     )
 
 

@@ -62,9 +62,12 @@ def env_key_doc(
     files: dict[str, str],
     key_env: dict[str, str | None],
     machine: str,
+    roots: list[str] | None = None,
 ) -> dict[str, Any]:
-    """`files` maps each file the setup names to the sha256 of its bytes."""
-    return {
+    """`files` maps each file the setup names to the sha256 of its bytes; `roots` are the resolved,
+    absolute directories the env lives in (one setup into `/opt/venv` and into `./.venv` are two envs:
+    a snapshot of one cannot be restored into the other)."""
+    doc = {
         "v": FORMAT_VERSION,
         "kind": "env",
         "image": image_key,
@@ -73,6 +76,9 @@ def env_key_doc(
         "key_env": dict(sorted(key_env.items())),
         "machine": machine,
     }
+    if roots is not None:
+        doc["roots"] = list(roots)
+    return doc
 
 
 _INSTALLERS = re.compile(r"^(pip[0-9.]*|uv|conda|mamba|micromamba|pdm|poetry)$")
@@ -185,10 +191,12 @@ def compute(
     files: dict[str, str],
     key_env: dict[str, str | None],
     machine: str,
+    roots: list[str] | None = None,
 ) -> Keys:
     """Both keys, from the gathered facts: `files` maps each of `env_file_names(env)` to its sha256,
     `key_env` each `[env] key_env` name to its value (None when unset), `machine` is the CPU
-    architecture. `identity.keys_for(settings)` gathers them on this machine."""
+    architecture, `roots` the env's resolved absolute roots. `identity.keys_for(settings)` gathers
+    them on this machine."""
     image_key = make_key(image_key_doc(image.digest, None if image.digest else image.fingerprint))
-    env_key = make_key(env_key_doc(image_key.digest, list(env.setup), files, key_env, machine))
+    env_key = make_key(env_key_doc(image_key.digest, list(env.setup), files, key_env, machine, roots))
     return Keys(image=image_key, env=env_key, image_source=image.source)

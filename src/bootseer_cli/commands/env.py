@@ -31,16 +31,24 @@ def _warn(msg: str) -> None:
 def baseline(config: ConfigOpt = None, store: StoreOpt = None) -> None:
     """Record the state of the env roots before a setup (for `bootseer snapshot`)."""
     from ..envsnap import manifest
+    from ..envsnap.journal import recover
+    from ..envsnap.lock import tree_lock
     from ..envsnap.setup import baseline_path, resolve_roots, take_baseline
     from ..identity import keys_for
 
-    cfg = load_config(config, store)
-    settings = Settings.from_config(cfg)
+    settings = Settings.from_config(load_config(config, store))
     roots = resolve_roots(settings.env)
-    m = take_baseline(roots, settings.store, lambda msg: typer.echo(f"bootseer: {msg}", err=True))
     # The key as of before the setup: a setup into the base prefix changes the image fingerprint, and
     # fresh nodes (which compute the key before their setup) must find the snapshot under this one.
-    manifest.save(m, baseline_path(roots), roots, {"env_key": keys_for(settings).env.digest})
+    key = keys_for(settings).env.digest
+
+    def say(msg: str) -> None:
+        typer.echo(f"bootseer: {msg}", err=True)
+
+    with tree_lock(roots, say, _warn):
+        recover(roots, say)  # a restore killed part way: put the tree back before recording it
+        m = take_baseline(roots, settings.store, say)
+    manifest.save(m, baseline_path(roots), roots, {"env_key": key})
     typer.echo(f"baseline of {len(m)} entries under {', '.join(roots)} saved")
 
 
@@ -64,8 +72,7 @@ def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt
     from ..identity import keys_for
     from ..store import open_store
 
-    cfg = load_config(config, store)
-    settings = Settings.from_config(cfg)
+    settings = Settings.from_config(load_config(config, store))
     roots = resolve_roots(settings.env)
     path = baseline_path(roots)
     if not path.exists():
@@ -121,10 +128,10 @@ def _entries_doc(settings: Settings, st: Store, ref: dict[str, Any]) -> dict[str
 
     from ..cache import cache_for
     from ..envsnap.format import read_meta
-    from ..envsnap.snapshot import fetch_verified
+    from ..envsnap.snapshot import entries_hint, fetch_verified
 
     fetched = fetch_verified(settings.p2p, st, cache_for(settings.store), ref["blob"], ref.get("size"))
-    meta = read_meta(Path(fetched.path))
+    meta = read_meta(Path(fetched.path), entries_hint(ref))
     return {"entries": [e.row() for e in meta.entries], "deletion_paths": list(meta.deletions)}
 
 

@@ -2,12 +2,16 @@
 
 `bootseer restore || (setup && bootseer snapshot)` runs in front of every start, so this verb is on
 the fast path (see entry.py); `commands/env.py` registers the same function as a typer command.
+Whatever fails, it says so in one line and exits non-zero (never a traceback): the caller's `||`
+then runs the setup.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from ..errors import BootseerError
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -16,8 +20,22 @@ EXIT_MISS = 3
 
 
 def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]) -> int:
-    """`bootseer restore`: 0 when the env is present or restored, 3 when the store has no snapshot."""
+    """`bootseer restore`: 0 when the env is present or restored, 3 when the store has no snapshot, 1
+    (or the error's own code) when anything else fails."""
+    try:
+        return _restore(cfg, out, err)
+    except BootseerError as e:
+        err(f"bootseer: error: {e}")
+        return e.exit_code
+    except Exception as e:  # one line, never a traceback: the caller runs the setup instead
+        err(f"bootseer: error: restore failed: {type(e).__name__}: {e}"[:500])
+        return 1
+
+
+def _restore(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]) -> int:
     from ..cache import cache_for
+    from ..envsnap.journal import recover
+    from ..envsnap.lock import tree_lock
     from ..envsnap.setup import resolve_roots
     from ..envsnap.snapshot import restore
     from ..envsnap.stamp import stamp_state
@@ -29,13 +47,15 @@ def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], N
     settings = Settings.from_config(cfg)
     roots = resolve_roots(settings.env)
     key = keys_for(settings).env.digest
-    ok, why = stamp_state(roots, key)
-    if ok:
-        out(f"env {key[:16]} already present")
-        return 0
-    if why.startswith("stale"):
-        err(f"bootseer: warning: {why}")
-    r = restore(settings.p2p, open_store(settings.store.uri), cache_for(settings.store), key, roots)
+    with tree_lock(roots, lambda m: err(f"bootseer: {m}"), lambda m: err(f"bootseer: warning: {m}")):
+        recover(roots, lambda m: err(f"bootseer: {m}"))
+        ok, why = stamp_state(roots, key)
+        if ok:
+            out(f"env {key[:16]} already present")
+            return 0
+        if why.startswith("stale"):
+            err(f"bootseer: warning: {why}")
+        r = restore(settings.p2p, open_store(settings.store.uri), cache_for(settings.store), key, roots)
     if r is None:
         err(f"no snapshot for env {key[:16]}")
         return EXIT_MISS

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import stat
 import threading
 import uuid
@@ -28,11 +29,26 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BootseerError, IntegrityError
-from .format import HARDLINK, ArchiveEntry, Frame, Meta, Progress, Reader, TarMember, UnsafeArchive, next_member
+from . import journal
+from .format import BLOCK, HARDLINK, ArchiveEntry, Frame, Meta, Progress, Reader, TarMember, UnsafeArchive, next_member
 from .manifest import DIR, FILE, SYMLINK, UNDO_PREFIX, under
 
 ONE_SHOT_MAX = 64 << 20  # frames up to this raw size are decompressed in one call
 MODE_MASK = 0o777  # setuid/setgid/sticky bits from a store are not honoured
+
+
+FAULT_ENV = "BOOTSEER_TEST_RESTORE_FAULT"  # tests: SIGKILL the process group at a named point
+SPACE_SLACK = 1 << 20  # free space kept beyond the snapshot's files (metadata blocks, the stamp)
+
+
+def _fault(point: str) -> None:
+    """A test hook: at `point`, kill this restore's whole process group, as a crash would."""
+    if os.environ.get(FAULT_ENV) == point:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+class NoSpace(BootseerError):
+    """The filesystem under a root has too little free space for the snapshot (nothing was written)."""
 
 
 class RestoreError(BootseerError):
@@ -122,7 +138,48 @@ def plan(meta: Meta, roots: list[str]) -> Plan:
         deletions.append(p)
     files = sum(1 for e in entries.values() if e.kind != DIR)
     raw = sum(e.size for e in entries.values())
+    _check_frames_bound(meta.frames, entries)
     return Plan(roots, entries, deletions, meta.frames, files, raw)
+
+
+def _check_frames_bound(frames: tuple[Frame, ...], entries: dict[str, ArchiveEntry]) -> None:
+    """The frames may decompress to no more than the listed entries take in a tar stream (each
+    file's size in whole blocks, headers and long-name records, the end blocks): a blob cannot
+    expand beyond what its metadata admits. A tar writer may pad its end to a 20-block record."""
+    allowed = 20 * BLOCK * max(1, len(frames))
+    for e in entries.values():
+        allowed += e.size + (-e.size % BLOCK) + 3 * BLOCK + 2 * (len(e.path) + len(e.extra)) + 2 * BLOCK
+    total = sum(f.raw for f in frames)
+    if total > allowed:
+        raise IntegrityError(f"snapshot frames hold {total} bytes, more than its listed entries take ({allowed})")
+
+
+def _nearest_existing(path: str) -> str:
+    while not os.path.lexists(path) and path != "/":
+        path = os.path.dirname(path)
+    return path
+
+
+def check_space(p: Plan) -> None:
+    """Before the first write: every filesystem under the roots has room for the snapshot's files
+    (each rounded up to a 4 KiB block), else NoSpace, saying how much is needed and free."""
+    from ..units import fmt_bytes
+
+    need: dict[int, int] = {}
+    where: dict[int, str] = {}
+    for e in p.entries.values():
+        root = max((r for r in p.roots if under(e.path, [r])), key=len)
+        dev = os.stat(_nearest_existing(root)).st_dev
+        need[dev] = need.get(dev, 0) + e.size + (-e.size % 4096) + (4096 if e.kind == DIR else 0)
+        where.setdefault(dev, root)
+    for dev, n in need.items():
+        vfs = os.statvfs(_nearest_existing(where[dev]))
+        has = vfs.f_bavail * vfs.f_frsize
+        if n + SPACE_SLACK > has:
+            raise NoSpace(
+                f"not enough free space under {where[dev]}: the snapshot needs {fmt_bytes(n + SPACE_SLACK)}, "
+                f"has {fmt_bytes(has)}"
+            )
 
 
 # ---- the shared state of one extraction, and writing one path ---------------------------------
@@ -142,6 +199,8 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     abort: threading.Event = field(default_factory=threading.Event)
     umask: int = 0o022
+    members: int = 0  # members this process applied (for the test fault hook)
+    new: set[str] = field(default_factory=set)  # what the journal says this extraction creates
 
 
 def _ensure_parent(st: _State, parent: str, trusted: bool = False) -> None:
@@ -297,10 +356,14 @@ def _apply_member(st: _State, m: TarMember, r: Reader, streamed: bool, room: int
     parent = e.path.rpartition("/")[0]
     if parent not in st.ok_parents and e.kind != HARDLINK:
         _ensure_parent(st, parent)  # every parent is checked once: no writing through a symlink
+    st.members += 1
+    _fault(f"member:{st.members}")
     if e.kind == FILE:
+        if m.size != e.size:  # the metadata's listed size bounds what a member may write
+            raise IntegrityError(f"snapshot member {e.path!r} holds {m.size} bytes, its listing says {e.size}")
         if m.padded > room:
             raise IntegrityError(f"snapshot member {e.path!r} overruns its frame")
-        _write_file(st, ArchiveEntry(e.path, FILE, e.mode, m.size, e.mtime), r, streamed)
+        _write_file(st, e, r, streamed)
         r.read(m.padded - m.size)
         return m.padded
     if e.kind == DIR:
@@ -497,27 +560,31 @@ def _apply_frames(st: _State, blob: Path, threads: int | None, progress: Progres
 
 
 class _Undo:
-    """Renames paths aside before they are replaced or deleted, so a failure can put them back."""
+    """Renames paths aside before they are replaced or deleted, so a failure can put them back.
+
+    The moves are planned first (`plan_moves`), written to the journal with their destinations, and
+    only then carried out: a process killed half way leaves a journal that says where everything is.
+    """
 
     def __init__(self, roots: list[str]) -> None:
         self.roots = roots
-        self.dirs: dict[str, str] = {}
-        self.moved: list[tuple[str, str]] = []
         self.tag = uuid.uuid4().hex[:10]
+        self.dirs: dict[str, str] = {r: os.path.join(r, f"{UNDO_PREFIX}{self.tag}") for r in roots}
+        self.planned: list[tuple[str, str]] = []
+        self.moved: list[tuple[str, str]] = []
 
-    def _dir_for(self, path: str) -> str:
+    def plan_move(self, path: str) -> None:
         root = max((r for r in self.roots if under(path, [r])), key=len)
-        d = self.dirs.get(root)
-        if d is None:
-            d = os.path.join(root, f"{UNDO_PREFIX}{self.tag}")
-            os.mkdir(d, 0o700)
-            self.dirs[root] = d
-        return d
+        self.planned.append((path, os.path.join(self.dirs[root], str(len(self.planned)))))
 
-    def move_aside(self, path: str) -> None:
-        dest = os.path.join(self._dir_for(path), str(len(self.moved)))
-        os.rename(path, dest)
-        self.moved.append((path, dest))
+    def carry_out(self, real_roots: list[str]) -> None:
+        for path, dest in self.planned:
+            _check_real_parent(path, real_roots)
+            d = os.path.dirname(dest)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d, 0o700)
+            os.rename(path, dest)
+            self.moved.append((path, dest))
 
     def restore(self) -> None:
         for path, dest in reversed(self.moved):
@@ -528,7 +595,6 @@ class _Undo:
     def discard(self) -> None:
         for d in self.dirs.values():
             shutil.rmtree(d, ignore_errors=True)
-        self.dirs.clear()
 
 
 def _check_real_parent(path: str, real_roots: list[str]) -> None:
@@ -537,25 +603,49 @@ def _check_real_parent(path: str, real_roots: list[str]) -> None:
         raise UnsafeArchive(f"{path}: its directory resolves to {real}, outside the roots")
 
 
-def _move_aside_replaced(st: _State, undo: _Undo) -> None:
-    """Move aside what the snapshot deletes or replaces (each parent checked first)."""
+def _below(path: str, tops: set[str]) -> bool:
+    parent = os.path.dirname(path)
+    while parent not in ("/", ""):
+        if parent in tops:
+            return True
+        parent = os.path.dirname(parent)
+    return False
+
+
+def _plan_changes(st: _State, undo: _Undo) -> None:
+    """What the extraction will move aside (what the snapshot deletes or replaces) and what it will
+    create (entries and parents that do not exist, or lie below something moved), before any change."""
+    moved: set[str] = set()
     for path in st.plan.deletions:
-        if os.path.lexists(path):
-            _check_real_parent(path, st.real_roots)
-            undo.move_aside(path)
+        if os.path.lexists(path) and not (moved and _below(path, moved)):
+            undo.plan_move(path)
+            moved.add(path)
     for path, e in st.plan.entries.items():
+        if moved and _below(path, moved):
+            continue
         try:
             cur = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             continue
         if e.kind == DIR and stat.S_ISDIR(cur.st_mode):
             continue
-        _check_real_parent(path, st.real_roots)
-        undo.move_aside(path)
+        undo.plan_move(path)
+        moved.add(path)
+    kept: set[str] = set(st.plan.roots)
+    for path in st.plan.entries:
+        p = path
+        while p not in kept and p not in st.new:
+            if p not in moved and not (moved and _below(p, moved)) and os.path.lexists(p):
+                kept.add(p)
+                break
+            if p not in moved:
+                st.new.add(p)
+            p = os.path.dirname(p)
 
 
 def _rollback(st: _State, undo: _Undo) -> str:
-    """Remove what the extraction created, put back what it moved aside. Returns what was done."""
+    """Remove what the extraction created (a dead worker's paths too: the planned new paths), put
+    back what it moved aside. Returns what was done."""
     st.abort.set()
     errors = 0
     created = sorted(set(st.created) | set(st.made_dirs), key=lambda q: q.count("/"), reverse=True)
@@ -569,6 +659,7 @@ def _rollback(st: _State, undo: _Undo) -> str:
             pass
         except OSError:
             errors += 1
+    errors += journal.undo_paths(st.plan.roots, sorted(st.new), [])
     try:
         undo.restore()
     except OSError:
@@ -598,14 +689,27 @@ def _finish(st: _State) -> None:
 
 
 def _after_rollback(e: BaseException, note: str) -> BaseException:
-    """The error to raise once the tree is put back: archive faults keep their type, others are RestoreError."""
+    """The error to raise once the tree is put back: archive faults keep their type, anything else
+    a malformed blob can provoke (ValueError, RecursionError, zstd's errors …) is an IntegrityError."""
     if isinstance(e, (IntegrityError, UnsafeArchive)):
         return type(e)(f"{e} ({note})")
     if isinstance(e, BootseerError):
         return RestoreError(f"{e} ({note})", undone=True)
     if isinstance(e, OSError):
         return RestoreError(f"restore failed: {e} ({note})", undone=True)
+    if isinstance(e, Exception):
+        return IntegrityError(f"unusable snapshot ({type(e).__name__}: {e}) ({note})")
     return e
+
+
+def _journal_doc(st: _State, undo: _Undo, committed: bool = False) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "committed": committed,
+        "undo_dirs": sorted(undo.dirs.values()),
+        "moves": [list(m) for m in undo.planned],
+        "new": sorted(st.new),
+    }
 
 
 def extract(
@@ -617,22 +721,33 @@ def extract(
 ) -> Extracted:
     """Apply a verified snapshot blob under `roots`: deletions, then the members, all or nothing.
 
-    Raises UnsafeArchive/IntegrityError (nothing written, or undone) or RestoreError.
+    Raises UnsafeArchive/IntegrityError/NoSpace (nothing written, or undone) or RestoreError. The
+    journal (see journal.py) is written before the first change and removed once done or undone;
+    the caller holds the tree lock.
     """
     p = plan(meta, roots)
+    check_space(p)
     st = _State(p, [os.path.realpath(r) for r in p.roots])
     st.umask = os.umask(0o022)
     os.umask(st.umask)
     undo = _Undo(p.roots)
+    _plan_changes(st, undo)
+    journal.write(p.roots, _journal_doc(st, undo))
+    _fault("journal")
     try:
-        _move_aside_replaced(st, undo)
+        undo.carry_out(st.real_roots)
         _apply_frames(st, blob, threads, progress)
         _finish(st)
     except BaseException as e:
         note = _rollback(st, undo)
+        if not note.startswith("undo incomplete"):
+            journal.remove(p.roots)
         err = _after_rollback(e, note)
         if err is e:
             raise
         raise err from None
+    journal.write(p.roots, _journal_doc(st, undo, committed=True))
+    _fault("committed")
     undo.discard()
+    journal.remove(p.roots)
     return Extracted(p.files, p.raw_bytes)

@@ -43,6 +43,8 @@ SKIPPABLE_MAGIC = 0x184D2A5B  # one of the sixteen skippable-frame magics zstd r
 HARDLINK = "h"
 CHUNK_BYTES = 4 << 20  # tar bytes per frame: big enough to compress well, small enough to spread
 BLOCK = 512
+META_FLOOR = 4 << 20  # metadata bytes any snapshot may have, however few its entries
+META_PER_ENTRY = 640  # and per entry beyond that (about 6 MiB per 10,000 entries)
 
 Progress = Callable[[int], None]
 
@@ -79,8 +81,9 @@ class ArchiveEntry:
         if not isinstance(row, list) or len(row) != 6:
             raise UnsafeArchive(f"malformed snapshot entry {row!r}")
         path, kind, mode, size, mtime, extra = row
-        if not isinstance(mode, int) or not isinstance(mtime, int) or not isinstance(size, int) or size < 0:
-            raise UnsafeArchive(f"malformed snapshot entry {row!r}")
+        ints = all(isinstance(x, int) and not isinstance(x, bool) for x in (mode, size, mtime))
+        if not ints or size < 0 or not all(isinstance(x, str) for x in (path, kind, extra)):
+            raise UnsafeArchive(f"malformed snapshot entry {str(row)[:200]}")
         return cls(path, kind, mode, size, mtime, extra)
 
     def row(self) -> list[Any]:
@@ -238,8 +241,10 @@ class ArchiveWriter:
         """A regular file, as it is now (its size and mode from the open descriptor, not the scan)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return False
+        except FileNotFoundError:
+            return False  # vanished since the scan: it is not part of the tree
+        except OSError as e:  # unreadable (permissions …): a snapshot without it would be wrong
+            raise BootseerError(f"cannot snapshot {path}: {e.strerror}; nothing was published") from None
         try:
             st = os.fstat(fd)
             size, mode, mtime = st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns // 10**9
@@ -321,8 +326,14 @@ class ArchiveWriter:
 # ---- reading the metadata ----------------------------------------------------------------------
 
 
-def _trailer_doc(blob: Path) -> Any:
-    """The decoded JSON of the trailer (IntegrityError when there is none or it is corrupt)."""
+def meta_cap(entries: int) -> int:
+    """The most metadata bytes a snapshot of `entries` entries (and deletions) may have."""
+    return META_FLOOR + META_PER_ENTRY * max(0, entries)
+
+
+def _trailer_doc(blob: Path, cap: int) -> tuple[Any, int]:
+    """The decoded JSON of the trailer and its size (IntegrityError when there is none, it is corrupt,
+    or it decompresses to more than `cap` bytes)."""
     import zstandard
 
     try:
@@ -338,9 +349,13 @@ def _trailer_doc(blob: Path) -> Any:
             if n > end - 24:
                 raise IntegrityError(f"{blob.name}: corrupt snapshot trailer")
             f.seek(end - 16 - n)
-            return json.loads(zstandard.ZstdDecompressor().decompress(f.read(n), max_output_size=1 << 31))
-    except (ValueError, zstandard.ZstdError) as e:
-        raise IntegrityError(f"{blob.name}: corrupt snapshot metadata: {e}") from None
+            reader = zstandard.ZstdDecompressor().stream_reader(f.read(n))
+            raw = reader.read(cap + 1)
+            if len(raw) > cap:
+                raise IntegrityError(f"{blob.name}: snapshot metadata is larger than {cap} bytes")
+            return json.loads(raw), len(raw)
+    except (ValueError, RecursionError, zstandard.ZstdError) as e:
+        raise IntegrityError(f"{blob.name}: corrupt snapshot metadata: {type(e).__name__}: {e}"[:300]) from None
 
 
 def _frames(rows: list[Any]) -> tuple[Frame, ...]:
@@ -354,15 +369,27 @@ def _frames(rows: list[Any]) -> tuple[Frame, ...]:
     return frames
 
 
-def read_meta(blob: Path) -> Meta:
-    """The typed metadata of a snapshot blob (checked for shape, not yet for safety: see extract.plan)."""
-    doc = _trailer_doc(blob)
+def read_meta(blob: Path, entries_hint: int | None = None) -> Meta:
+    """The typed metadata of a snapshot blob (checked for shape, not yet for safety: see extract.plan).
+
+    `entries_hint` (from the ref) bounds how far the metadata is decompressed; once parsed, its size
+    must be proportional to the entries it lists (`meta_cap`), so a small blob cannot claim a huge
+    amount of memory.
+    """
+    cap = meta_cap(entries_hint or 0)
+    doc, size = _trailer_doc(blob, cap)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         fmt = doc.get("format") if isinstance(doc, dict) else None
-        raise IntegrityError(f"{blob.name}: unsupported snapshot format {fmt!r}")
+        raise IntegrityError(f"{blob.name}: unsupported snapshot format {str(fmt)[:40]}")
     for key in ("roots", "deletions", "entries", "chunks"):
         if not isinstance(doc.get(key), list):
             raise IntegrityError(f"{blob.name}: snapshot metadata lacks {key!r}")
+    for key in ("roots", "deletions"):
+        if not all(isinstance(x, str) for x in doc[key]):
+            raise IntegrityError(f"{blob.name}: snapshot metadata {key!r} are not all paths")
+    count = len(doc["entries"]) + len(doc["deletions"]) + len(doc["chunks"]) + len(doc["roots"])
+    if size > meta_cap(count):
+        raise IntegrityError(f"{blob.name}: snapshot metadata of {size} bytes is too large for {count} entries")
     info = {k: v for k, v in doc.items() if k not in ("roots", "deletions", "entries", "chunks", "format")}
     return Meta(
         roots=tuple(doc["roots"]),

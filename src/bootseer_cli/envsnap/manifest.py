@@ -24,6 +24,7 @@ FILE, DIR, SYMLINK, OTHER = "f", "d", "l", "o"
 # Names bootseer keeps at the top of a root; never part of a snapshot.
 STAMP_NAME = ".bootseer-env.json"
 CARRIED_NAME = ".bootseer-env.paths"
+JOURNAL_NAME = ".bootseer-env.journal"
 UNDO_PREFIX = ".bootseer-undo-"
 
 
@@ -102,7 +103,7 @@ def scan(roots: Iterable[str | os.PathLike[str]], exclude: Iterable[str] = ()) -
             with it:
                 for e in it:
                     p = e.path
-                    ours = e.name in (STAMP_NAME, CARRIED_NAME) or e.name.startswith(UNDO_PREFIX)
+                    ours = e.name in (STAMP_NAME, CARRIED_NAME) or e.name.startswith((UNDO_PREFIX, JOURNAL_NAME))
                     if (top and ours) or p in skip:
                         continue
                     try:

@@ -316,6 +316,7 @@ def publish(
         "files": cap.files,
         "bytes": cap.raw_bytes,
         "deletions": cap.deletions,
+        "entries": len(cap.entries) + cap.deletions,
         "created": time.time(),
         "creator": socket.gethostname(),
         "roots": roots,
@@ -385,24 +386,56 @@ def restore(
 ) -> Restored | None:
     """Restore the snapshot for `env_key` under `roots`; None when the store has none.
 
-    Raises IntegrityError/UnsafeArchive/RestoreError when the snapshot cannot be used; the tree is
-    then as it was before (the message says so).
+    Raises IntegrityError/UnsafeArchive/NoSpace/RestoreError when the snapshot cannot be used (any
+    other exception a malformed ref or blob provokes is turned into an IntegrityError); the tree is
+    then as it was before (the message says so). The caller holds the tree lock.
     """
-    from ..progress import byte_bar
-    from .extract import extract
-    from .format import read_meta
 
     if ref is None:
         ref = store.read_ref(REF_KIND, env_key)
         if ref is None:
             return None
-    digest = ref.get("blob")
+    digest = ref.get("blob") if isinstance(ref, dict) else None
     if not isinstance(digest, str) or ref.get("format") != FORMAT:
         raise IntegrityError(f"ref env/{env_key[:16]} is malformed or of an unknown format")
+    try:
+        return _restore(p2p, store, cache, env_key, roots, ref, digest, progress, extra_keys)
+    except BootseerError:
+        raise
+    except Exception as e:  # whatever a malformed ref or blob provokes: the snapshot is unusable
+        raise IntegrityError(f"snapshot {digest[:12]} is unusable: {type(e).__name__}: {e}"[:400]) from None
+
+
+def entries_hint(ref: dict[str, Any]) -> int:
+    """How many entries the ref says its blob lists (bounds the metadata read; never trusted further)."""
+    n = ref.get("entries")
+    if isinstance(n, int) and n >= 0:
+        return n
+    files, deletions = ref.get("files"), ref.get("deletions")
+    known = [x for x in (files, deletions) if isinstance(x, int) and x >= 0]
+    return 2 * sum(known)  # refs from before "entries": directories are not counted in "files"
+
+
+def _restore(
+    p2p: P2PSettings,
+    store: Store,
+    cache: BlobCache,
+    env_key: str,
+    roots: list[str],
+    ref: dict[str, Any],
+    digest: str,
+    progress: bool | None,
+    extra_keys: tuple[str, ...],
+) -> Restored:
+    from ..progress import byte_bar
+    from .extract import extract
+    from .format import read_meta
+
     t0 = time.monotonic()
-    fetched = _fetch_or_drop(p2p, store, cache, digest, ref.get("size"), progress)
+    size = ref.get("size") if isinstance(ref.get("size"), int) else None
+    fetched = _fetch_or_drop(p2p, store, cache, digest, size, progress)
     t1 = time.monotonic()
-    meta = read_meta(Path(fetched.path))
+    meta = read_meta(Path(fetched.path), entries_hint(ref))
     if any(not under(r, roots) for r in meta.roots):
         raise IntegrityError(
             f"the snapshot was captured for roots {', '.join(meta.roots)}, which this node's roots "
@@ -411,7 +444,8 @@ def restore(
     switch = switch_deletions(roots, meta, digest)
     remove_stamp(roots)
     planned = replace(meta, deletions=(*meta.deletions, *switch)) if switch else meta
-    with byte_bar(int(ref.get("bytes") or 0) or None, "restore", enabled=progress) as advance:
+    raw = ref.get("bytes")
+    with byte_bar(raw if isinstance(raw, int) and raw > 0 else None, "restore", enabled=progress) as advance:
         ex = extract(Path(fetched.path), planned, roots, progress=advance)
     t2 = time.monotonic()
     write_stamp(roots, [env_key, *extra_keys], digest, meta.entries, meta.deletions)

@@ -5,8 +5,14 @@ Order of preference (DESIGN.md section 2, step 4):
 2. the store has a snapshot for the env key: fetch, verify, restore;
 3. otherwise one node takes the lease, runs the setup, captures and publishes; the others poll the
    ref for up to `[env] wait_s`, then restore what it published, or run the setup themselves;
-4. on any failure of bootseer's own (store down, bad blob): warn, run the setup, go on. Only the
-   user's setup failing stops the start, with the setup's exit status.
+4. on any failure of bootseer's own (store down, bad blob, a snapshot that cannot be read, planned
+   or extracted, whatever exception it raises): warn, run the setup, go on. Only the user's setup
+   failing stops the start, with the setup's exit status.
+
+When the env key itself cannot be computed (a `-r` file that cannot be read), the setup runs as it
+would without bootseer, so it fails with its own message and the start with its status. Everything
+from the stamp check to the new stamp happens under the node-local tree lock (lock.py), after an
+interrupted restore of this tree was put back (journal.py).
 """
 
 from __future__ import annotations
@@ -42,12 +48,40 @@ def _restored_result(r: Restored, note: str = "") -> StageResult:
 
 
 def run_stage(ctx: StageContext) -> StageResult:
-    from . import snapshot as snap
+    from .journal import recover
+    from .lock import tree_lock
     from .setup import resolve_roots
-    from .stamp import stamp_state
 
     roots = resolve_roots(ctx.settings.env)
-    key = ctx.keys.env.digest
+    try:
+        key = ctx.keys.env.digest
+    except StageFatal:
+        raise
+    except Exception as e:  # the key's inputs (a `-r` file …) cannot be read: the setup decides
+        return _setup_as_without_bootseer(ctx, roots, e)
+    with tree_lock(roots, ctx.info, ctx.warn):
+        recover(roots, ctx.info)
+        return _locked_stage(ctx, roots, key)
+
+
+def _setup_as_without_bootseer(ctx: StageContext, roots: list[str], e: Exception) -> StageResult:
+    """No env key: no snapshot can be found or made. Run the setup exactly as without bootseer (on the
+    tree as it is), so a setup that cannot work fails the start with its own message and status."""
+    from .setup import run_setup
+    from .stamp import remove_stamp
+
+    ctx.warn(f"env: no env key ({e}); running the setup as without bootseer")
+    remove_stamp(roots)  # the tree is about to change: whatever it carried is no longer known
+    t0 = time.time()
+    run_setup(ctx.settings.env, ctx.info)
+    return StageResult("setup", summary=f"setup {time.time() - t0:.1f} s (no env key)", cache="miss", reason=str(e))
+
+
+def _locked_stage(ctx: StageContext, roots: list[str], key: str) -> StageResult:
+    """Stamp → restore → single flight, holding the tree lock."""
+    from . import snapshot as snap
+    from .stamp import stamp_state
+
     ok, why = stamp_state(roots, key)
     if ok:
         return StageResult(outcome="present", summary="env present (stamp)", cache="hit")
@@ -56,7 +90,7 @@ def run_stage(ctx: StageContext) -> StageResult:
     try:
         store = ctx.store
         ref = store.read_ref(snap.REF_KIND, key)
-    except (BootseerError, OSError) as e:
+    except Exception as e:  # the store (or its client library) failed in any way: set up locally
         ctx.warn(f"env: store unreachable ({e}); running the setup locally")
         return _local_setup(ctx, roots, key, reason="store unreachable")
     note = ""
@@ -87,8 +121,11 @@ def _try_restore(
 
     try:
         r = snap.restore(ctx.settings.p2p, store, ctx.cache, key, roots, ref=ref)
-    except BootseerError as e:
-        ctx.warn(f"env: could not restore snapshot {str(ref.get('blob', ''))[:12]}: {e}; running the setup instead")
+    except StageFatal:
+        raise
+    except Exception as e:  # restore() normalises to BootseerError; anything else is still not the user's
+        blob = str(ref.get("blob", "")) if isinstance(ref, dict) else "?"
+        ctx.warn(f"env: could not restore snapshot {blob[:12]}: {e}; running the setup instead")
         return None
     if r is None:
         return None
@@ -121,7 +158,7 @@ def _single_flight(
         time.sleep(min(POLL_S, max(0.05, deadline - time.monotonic())))
         try:
             ref = store.read_ref(snap.REF_KIND, key)
-        except BootseerError:
+        except Exception:  # a read that failed is a poll that saw nothing yet
             ref = None
         if ref is not None:
             result = _try_restore(ctx, store, key, roots, ref)
@@ -212,7 +249,7 @@ def _stamp_after_setup(ctx: StageContext, roots: list[str], key: str, baseline: 
 
     after = scan(roots, excluded_paths(ctx.settings.store))
     d = diff(baseline, after)
-    write_stamp(roots, [key], None, entries_of(after, d.changed), d.deleted)
+    write_stamp(roots, [key], None, entries_of(after, d.changed, baseline), d.deleted)
 
 
 def _local_setup(ctx: StageContext, roots: list[str], key: str, reason: str) -> StageResult:

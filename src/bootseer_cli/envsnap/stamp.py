@@ -55,24 +55,44 @@ def read_carried(roots: list[str]) -> dict[str, Any] | None:
 
 def strip_carried(roots: list[str], info: Callable[[str], None]) -> None:
     """Before a setup on a tree that carries another env: remove what that env added (so the new
-    baseline is the image again, and the new snapshot does not lean on the old env's files)."""
+    baseline is the image again, and the new snapshot does not lean on the old env's files).
+
+    Files and links go first; then the directories the env created, deepest first, each once it is
+    empty (bytecode caches Python wrote into them since count as the env's).
+    """
     doc = read_carried(roots)
     if doc is None:
         return
     paths = [p for p in doc["paths"] if isinstance(p, str) and under(p, roots) and p not in roots]
     removed = 0
-    for p in sorted(paths, key=lambda q: q.count("/")):
+    dirs = []
+    for p in paths:
         if not os.path.lexists(p):
             continue
         if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(p)
-        removed += 1
+            dirs.append(p)
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+            removed += 1
+    for d in sorted(dirs, key=lambda q: q.count("/"), reverse=True):
+        if _remove_if_empty(d):
+            removed += 1
     carried_path(roots).unlink(missing_ok=True)
     if removed:
         info(f"env: removed {removed} path(s) of the env this tree carried before")
+
+
+def _remove_if_empty(d: str) -> bool:
+    """Remove directory `d` if nothing but bytecode caches is left in it."""
+    with contextlib.suppress(OSError):
+        pycache = os.path.join(d, "__pycache__")
+        only_bytecode = os.path.isdir(pycache) and not os.path.islink(pycache)
+        if only_bytecode and all(n.endswith((".pyc", ".pyo")) for n in os.listdir(pycache)):
+            shutil.rmtree(pycache)
+        os.rmdir(d)
+        return True
+    return False
 
 
 def switch_deletions(roots: list[str], meta: Meta, digest: str) -> list[str]:
@@ -149,8 +169,12 @@ def stamp_state(roots: list[str], env_key: str) -> tuple[bool, str]:
     return True, ""
 
 
-def entries_of(after: Manifest, changed: list[str]) -> list[ArchiveEntry]:
-    """Entries (as the archive lists them) for a stamp written without an archive."""
+def entries_of(after: Manifest, changed: list[str], before: Manifest) -> list[ArchiveEntry]:
+    """Entries (as the archive lists them) for a stamp written without an archive: what the setup
+    changed, directories included when the setup created them (not in `before`), so that switching
+    away from this env removes them too."""
     return [
-        ArchiveEntry(p, after[p].kind, after[p].mode, after[p].size, 0, "") for p in changed if after[p].kind != DIR
+        ArchiveEntry(p, after[p].kind, after[p].mode, after[p].size, 0, "")
+        for p in changed
+        if after[p].kind != DIR or p not in before
     ]
