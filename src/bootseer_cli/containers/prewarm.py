@@ -18,6 +18,7 @@ the host's network ("host"). Containers never use the default bridge.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import posixpath
 import shlex
@@ -168,7 +169,7 @@ def prewarm(
         env = container_environment(settings, image.pinned, store.uri_with_credentials(), environ)
         run = _Runner.for_store(client, image, env, store.uri_with_credentials(), files, say)
         if settings.env.setup:
-            _publish_env(run, store, keys, out, say)
+            _publish_env(run, store, run.env_key(), out, say)
         if probe_argv:
             _record_probe(run, store, keys, out, str(probe), probe_argv, with_setup=bool(settings.env.setup))
         else:
@@ -188,9 +189,8 @@ def _probe_argv(settings: Settings, probe: str | None) -> list[str]:
     return probe_argv
 
 
-def _publish_env(run: _Runner, store: Store, keys: Keys, out: Published, say: Callable[[str], None]) -> None:
+def _publish_env(run: _Runner, store: Store, env_key: str, out: Published, say: Callable[[str], None]) -> None:
     """Container 1: `bootseer exec` runs the setup (on a miss) and publishes; then check the ref is there."""
-    env_key = keys.env.digest
     out.env_key = env_key
     out.env_was_there = store.read_ref("env", env_key) is not None
     if out.env_was_there:
@@ -276,7 +276,23 @@ class _Runner:
             res.exit_code,
         )
 
-    def _run(self, step: str, command: list[str]) -> RunResult:
+    def env_key(self) -> str:
+        """The env key as a node of this image computes it (`bootseer keys --json` in a container).
+
+        The key holds the env's roots as the node resolves them (the image's interpreter prefix, the
+        container's working directory), which this host cannot know: the node's own answer is the key
+        its starts will look up."""
+        res = self._run("keys", ["bootseer", "keys", "--json"], echo=False)
+        try:
+            return str(json.loads(res.output[res.output.index("{") :])["env"]["digest"])
+        except (ValueError, KeyError, TypeError):
+            raise BootseerError(
+                f"`bootseer keys --json` failed inside a container of {self.image.ref} "
+                f"(exit status {res.exit_code}): {_tail(res.output, 3)}",
+                res.exit_code or 1,
+            ) from None
+
+    def _run(self, step: str, command: list[str], echo: bool = True) -> RunResult:
         return run_container(
             self.client,
             self.image.pinned,
@@ -287,5 +303,5 @@ class _Runner:
             network_mode=self.network,
             working_dir=WORKDIR,
             name_hint=step,
-            echo=lambda line: self.say(f"  {line}"),
+            echo=(lambda line: self.say(f"  {line}")) if echo else None,
         )
