@@ -70,6 +70,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "origin_mbps": (float, 0.0),
         "deadline_s": (float, 30.0),
         "host": (str, None),  # address to listen on and announce; None: the one that routes to the store
+        "listen": (str, None),  # address the listener binds; None: the announced address (never all interfaces)
     },
     "report": {
         "gpus_per_node": (int, 8),

@@ -82,6 +82,7 @@ class P2PSettings:
     origin_mbps: float = 0.0
     deadline_s: float = 30.0
     host: str | None = None  # address to listen on and announce; None: the one that routes to the store
+    listen: str | None = None  # address the listener binds; None: the announced one (0.0.0.0 only if set so)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ class Settings:
                 origin_mbps=float(g("p2p", "origin_mbps")),
                 deadline_s=float(g("p2p", "deadline_s")),
                 host=g("p2p", "host"),
+                listen=g("p2p", "listen"),
             ),
             report=ReportSettings(
                 gpus_per_node=int(g("report", "gpus_per_node"))
