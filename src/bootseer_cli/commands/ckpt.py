@@ -206,10 +206,12 @@ def mount(
     store: StoreOpt = None,
 ) -> None:
     """Mount a checkpoint read-only (FUSE); detached unless --foreground. Undo with `ckpt umount`."""
+    from ..stripe.catalog import Targets
     from ..stripe.mount import mount_detached, serve
 
     settings, st, m = _open(ref, config, store)
     targets = list(settings.checkpoint.targets)
+    Targets(st, targets).check(m)  # the manifest's targets are not trusted: refused here, not in the server
     mp = str(mountpoint.expanduser().absolute())
     if foreground:
         spec = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri, "targets": targets}

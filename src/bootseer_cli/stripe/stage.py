@@ -30,11 +30,12 @@ def run_stage(ctx: StageContext) -> StageResult:
     Errors (no such checkpoint, an unreachable store, a failed pull) propagate: `launch.run_stages`
     warns and starts the job without a checkpoint.
     """
-    from .catalog import load_manifest
+    from .catalog import Targets, load_manifest
 
     ck = ctx.settings.checkpoint
     assert ck.name, "the stage table runs this stage only when [checkpoint] name is set"
     m = load_manifest(ctx.store, ck.name, ck.tag)
+    Targets(ctx.store, list(ck.targets)).check(m)  # the manifest's targets are not trusted
     extra: dict[str, Any] = {"checkpoint": f"{m.name}:{m.tag}", "mode": ck.mode}
     if ck.mode == "mount":
         result = _mount(ctx, m, extra)
