@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import Config
+from .paths import default_mountpoint
 
 
 def _resolve(base_dir: Path, p: str) -> str:
@@ -66,11 +67,13 @@ class EnvSettings:
 class CheckpointSettings:
     name: str | None = None
     tag: str = "latest"
-    mountpoint: str = "/tmp/bootseer-ckpt"  # resolved against the config file's directory
+    # resolved against the config file's directory; default: a private per-user runtime directory
+    mountpoint: str = field(default_factory=default_mountpoint)
     mode: str = "mount"
     targets: tuple[str, ...] = ()
     stripes: int = 4
     cell_size: int = 1 << 20
+    allow_other: bool = False  # FUSE allow_other: other local users may read the mount
 
 
 @dataclass(frozen=True)
@@ -150,11 +153,12 @@ class Settings:
             checkpoint=CheckpointSettings(
                 name=g("checkpoint", "name"),
                 tag=g("checkpoint", "tag") or "latest",
-                mountpoint=_resolve(base, g("checkpoint", "mountpoint")),
+                mountpoint=_resolve(base, g("checkpoint", "mountpoint") or default_mountpoint()),
                 mode=g("checkpoint", "mode"),
                 targets=tuple(g("checkpoint", "targets")),
                 stripes=int(g("checkpoint", "stripes")),
                 cell_size=int(g("checkpoint", "cell_size")),
+                allow_other=bool(g("checkpoint", "allow_other")),
             ),
             p2p=P2PSettings(
                 enabled=bool(g("p2p", "enabled")),
