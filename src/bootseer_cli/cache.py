@@ -2,6 +2,14 @@
 
 A restart on the same node then costs no transfer at all. Recency is the file's mtime, touched on
 every hit, so the cache needs no index file that could be torn by a crash.
+
+Every hit is verified (sha256) before it is returned: a hit whose bytes fail is dropped, and the
+caller fetches it again from its next source (swarm, store), so a corrupt entry costs one refetch
+instead of failing every later start. Hashing on hit, rather than trusting a "verified" marker keyed
+by inode, size and mtime, because the failure this guards against (a flipped byte on disk, a stray
+write that keeps the size) changes none of those, and mtime is rewritten on every hit anyway. The
+cost is one sequential read of the blob, which also warms the page cache for the reader that comes
+next; that is far cheaper than a start that fails, or runs without its checkpoint, on a wrong byte.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .digests import sha256_file
 from .settings import StoreSettings
 from .store import Store, blob_path
 
@@ -35,13 +44,31 @@ class BlobCache:
         return self.root / blob_path(digest).removeprefix("blobs/")
 
     def get(self, digest: str) -> Path | None:
-        """The cached file, its recency refreshed; None on a miss."""
+        """The cached file, verified and its recency refreshed; None on a miss or a corrupt entry."""
         p = self.path(digest)
         try:
             _touch(p)
+            before = p.stat()
+            if sha256_file(p) == digest:
+                return p
         except FileNotFoundError:
             return None
-        return p
+        self._drop(p, before.st_ino, digest)
+        return None
+
+    @staticmethod
+    def _drop(p: Path, ino: int, digest: str) -> None:
+        """Remove a corrupt entry, unless a good copy replaced it (another inode) while it was hashed."""
+        import sys
+
+        with contextlib.suppress(FileNotFoundError):
+            if p.stat().st_ino == ino:
+                p.unlink()
+        print(
+            f"bootseer: warning: cached blob {digest[:12]} failed its sha256 check; dropped, fetching it again",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def fetch(self, store: Store, digest: str, progress: Callable[[int], None] | None = None) -> tuple[Path, int]:
         """The blob from the cache, else from the store (verified). Returns (path, bytes transferred)."""

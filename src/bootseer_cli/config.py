@@ -56,11 +56,12 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     "checkpoint": {
         "name": (str, None),
         "tag": (str, "latest"),
-        "mountpoint": (str, "/tmp/bootseer-ckpt"),
+        "mountpoint": (str, None),  # None: <private runtime dir>/ckpt (paths.default_mountpoint)
         "mode": (str, "mount"),
         "targets": ("list[str]", []),
         "stripes": (int, 4),
         "cell_size": (int, 1 << 20),
+        "allow_other": (bool, False),  # let other users read the mount (multi-user containers)
     },
     "p2p": {
         "enabled": (bool, False),
@@ -70,6 +71,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "origin_mbps": (float, 0.0),
         "deadline_s": (float, 30.0),
         "host": (str, None),  # address to listen on and announce; None: the one that routes to the store
+        "listen": (str, None),  # address the listener binds; None: the announced address (never all interfaces)
     },
     "report": {
         "gpus_per_node": (int, 8),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import platformdirs
@@ -22,3 +23,26 @@ def blob_cache_dir() -> Path:
 
 def runs_dir() -> Path:
     return cache_root() / "runs"
+
+
+def runtime_dir() -> Path:
+    """The private per-user runtime directory (for mount points): never a shared, predictable path.
+
+    `$XDG_RUNTIME_DIR/bootseer` when the session has one (0700, the user's own); for root
+    `/run/bootseer/<uid>`; for other users platformdirs' runtime dir (`/run/user/<uid>/bootseer`)
+    when its parent exists, else a `runtime` directory under the user's own cache root. Created
+    0700 (and checked) when a mount point under it is prepared (`stripe.mount.safe_mountpoint`).
+    """
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "bootseer"
+    uid = os.geteuid()
+    if uid == 0:
+        return Path("/run/bootseer") / str(uid)
+    user_run = Path(platformdirs.user_runtime_dir("bootseer", appauthor=False))
+    return user_run if user_run.parent.is_dir() else cache_root() / "runtime"
+
+
+def default_mountpoint() -> str:
+    """`[checkpoint] mountpoint` when the config does not set one."""
+    return str(runtime_dir() / "ckpt")

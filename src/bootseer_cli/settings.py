@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import Config
+from .paths import default_mountpoint
 
 
 def _resolve(base_dir: Path, p: str) -> str:
@@ -66,11 +67,13 @@ class EnvSettings:
 class CheckpointSettings:
     name: str | None = None
     tag: str = "latest"
-    mountpoint: str = "/tmp/bootseer-ckpt"  # resolved against the config file's directory
+    # resolved against the config file's directory; default: a private per-user runtime directory
+    mountpoint: str = field(default_factory=default_mountpoint)
     mode: str = "mount"
     targets: tuple[str, ...] = ()
     stripes: int = 4
     cell_size: int = 1 << 20
+    allow_other: bool = False  # FUSE allow_other: other local users may read the mount
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class P2PSettings:
     origin_mbps: float = 0.0
     deadline_s: float = 30.0
     host: str | None = None  # address to listen on and announce; None: the one that routes to the store
+    listen: str | None = None  # address the listener binds; None: the announced one (0.0.0.0 only if set so)
 
 
 @dataclass(frozen=True)
@@ -149,11 +153,12 @@ class Settings:
             checkpoint=CheckpointSettings(
                 name=g("checkpoint", "name"),
                 tag=g("checkpoint", "tag") or "latest",
-                mountpoint=_resolve(base, g("checkpoint", "mountpoint")),
+                mountpoint=_resolve(base, g("checkpoint", "mountpoint") or default_mountpoint()),
                 mode=g("checkpoint", "mode"),
                 targets=tuple(g("checkpoint", "targets")),
                 stripes=int(g("checkpoint", "stripes")),
                 cell_size=int(g("checkpoint", "cell_size")),
+                allow_other=bool(g("checkpoint", "allow_other")),
             ),
             p2p=P2PSettings(
                 enabled=bool(g("p2p", "enabled")),
@@ -163,6 +168,7 @@ class Settings:
                 origin_mbps=float(g("p2p", "origin_mbps")),
                 deadline_s=float(g("p2p", "deadline_s")),
                 host=g("p2p", "host"),
+                listen=g("p2p", "listen"),
             ),
             report=ReportSettings(
                 gpus_per_node=int(g("report", "gpus_per_node"))

@@ -59,7 +59,7 @@ def test_stripes_spread_over_several_s3_targets(s3_factory, plain_ckpt: Path, tm
     for i, ref in enumerate(m.stripes):  # each stripe object is on its own server
         assert targets[i % 3].blob_size(ref.digest) == ref.size
         assert not any(targets[j].has_blob(ref.digest) for j in range(3) if j != i % 3)
-    r = pull(catalog.load_manifest(main, "model"), catalog.Targets(main), tmp_path / "out")
+    r = pull(catalog.load_manifest(main, "model"), catalog.Targets(main, [t.uri for t in targets]), tmp_path / "out")
     assert r.bytes == m.total_size
     assert same_tree(plain_ckpt, tmp_path / "out")
     assert "secret" not in json.dumps(m.to_doc()).lower()

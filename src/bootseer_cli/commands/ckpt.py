@@ -206,16 +206,21 @@ def mount(
     store: StoreOpt = None,
 ) -> None:
     """Mount a checkpoint read-only (FUSE); detached unless --foreground. Undo with `ckpt umount`."""
-    from ..stripe.mount import mount_detached, serve
+    from ..stripe.catalog import Targets
+    from ..stripe.mount import mount_detached, resolve_mountpoint, serve
 
     settings, st, m = _open(ref, config, store)
     targets = list(settings.checkpoint.targets)
-    mp = str(mountpoint.expanduser().absolute())
+    Targets(st, targets).check(m)  # the manifest's targets are not trusted: refused here, not in the server
+    mp = resolve_mountpoint(mountpoint.expanduser())
+    allow_other = settings.checkpoint.allow_other
     if foreground:
         spec = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri_with_credentials(), "targets": targets}
-        spec["options"] = _options(memory, threads)
+        spec.update(options=_options(memory, threads), allow_other=allow_other)
         raise typer.Exit(serve(spec))
-    pid = mount_detached(m, mp, st.uri_with_credentials(), targets=targets, options=_options(memory, threads))
+    pid = mount_detached(
+        m, mp, st.uri_with_credentials(), targets=targets, options=_options(memory, threads), allow_other=allow_other
+    )
     typer.echo(f"mounted {m.name}:{m.tag} at {mp} (server pid {pid}; `bootseer ckpt umount {mp}` to unmount)")
 
 
@@ -223,9 +228,10 @@ def mount(
 def umount(mountpoint: Annotated[Path, typer.Argument(help="The mount point.")]) -> None:
     """Unmount a checkpoint mount (also a stale one whose server died)."""
     from ..errors import BootseerError
+    from ..stripe.mount import resolve_mountpoint
     from ..stripe.mount import umount as do_umount
 
-    mp = str(mountpoint.expanduser().absolute())
+    mp = resolve_mountpoint(mountpoint.expanduser())
     if not do_umount(mp):
         raise BootseerError(f"{mp} is not mounted")
     typer.echo(f"unmounted {mp}")

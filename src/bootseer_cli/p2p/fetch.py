@@ -95,7 +95,7 @@ def get_node(p2p: P2PSettings, store: Store) -> Node:
 
             host = local_host(p2p, store)
             try:
-                swarm = Swarm(p2p.host or "0.0.0.0", p2p.port, announce_host=host)
+                swarm = Swarm(p2p.listen or host, p2p.port, announce_host=host)
             except OSError as e:
                 raise NoSwarm(str(e)) from None
             _node = Node(swarm, store, p2p)

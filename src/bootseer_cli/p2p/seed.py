@@ -61,7 +61,7 @@ def run_seed(task: dict[str, Any], agent: Agent) -> None:
         return
     store = agent.store
     host = local_host(p2p, store)
-    swarm = Swarm(p2p.host or "0.0.0.0", p2p.port, announce_host=host)
+    swarm = Swarm(p2p.listen or host, p2p.port, announce_host=host)
     seeding: Seeding = []
     try:
         _add_blobs(task.get("blobs", []), cache_for(settings.store), swarm, store, agent, seeding)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse, urlunparse
+from urllib.parse import parse_qsl, urlparse, urlunparse
 
 from ..errors import IntegrityError, StoreError
 from ..store import Store, blob_path
@@ -40,20 +41,55 @@ def public_uri(uri: str) -> str:
     return redact(uri)
 
 
+def target_key(uri: str) -> str:
+    """What identifies a target when matching a manifest's record: scheme, host (or bucket), path and
+    the endpoint (`endpoint_override`: two S3 servers may each have a `bucket/stripes`).
+
+    User info and every other query value are left out: a manifest comes from a shared store and is
+    not trusted, so what a target is opened with always comes from this node's configuration. The
+    endpoint only selects among configured targets; a recorded endpoint is never connected to itself.
+    """
+    p = urlparse(uri)
+    if p.scheme in ("", "file"):
+        return "file://" + os.path.normpath(os.path.abspath(p.path)) if p.path else ""
+    host = (p.hostname or "") + (f":{p.port}" if p.port else "")
+    endpoint = dict(parse_qsl(p.query)).get("endpoint_override", "").lower()
+    return f"{p.scheme}://{host}/{p.path.strip('/')}" + (f" at {endpoint}" if endpoint else "")
+
+
 class Targets:
-    """Opens each stripe target once; `""` and the main store's own URI are the main store."""
+    """Opens each stripe target once, through this node's configuration only.
+
+    A manifest's target URI is untrusted: it is matched (by `target_key`) to the main store or to a
+    configured `[checkpoint] targets` entry and opened through that entry's URI. A target that matches
+    neither is refused before anything is opened, so a manifest can neither make this node create a
+    directory nor send a request (with its credentials) to a host the manifest chose.
+    """
 
     def __init__(self, store: Store, configured: list[str] | None = None) -> None:
         self.store = store
-        self.configured = {public_uri(u): u for u in (configured or [])}
+        self.configured = {target_key(u): u for u in (configured or [])}
         self._open: dict[str, Store] = {}
 
     def get(self, recorded: str) -> Store:
-        if recorded == "" or recorded == public_uri(self.store.uri):
+        if recorded == "":
             return self.store
-        if recorded not in self._open:
-            self._open[recorded] = Store(self.configured.get(recorded, recorded))
-        return self._open[recorded]
+        key = target_key(recorded)
+        if key == target_key(self.store.uri):
+            return self.store
+        if key not in self.configured:
+            raise StoreError(
+                f"checkpoint stripe target {key} is neither the store nor a configured [checkpoint] targets "
+                "entry; add it to [checkpoint] targets if it is yours"
+            )
+        if key not in self._open:
+            self._open[key] = Store(self.configured[key])
+        return self._open[key]
+
+    def check(self, m: Manifest) -> None:
+        """Refuse a manifest naming an unknown target before any stripe is read (see `get`)."""
+        for recorded in {s.target for s in m.stripes}:
+            self.get(recorded)
 
 
 def load_manifest(store: Store, name: str, tag: str = "latest") -> Manifest:

@@ -19,6 +19,7 @@ import json
 import os
 import select
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -107,21 +108,92 @@ def umount(mountpoint: str | Path, lazy_ok: bool = True) -> bool:
     raise BootseerError(f"cannot unmount {mp}: {last}")
 
 
-def prepare_mountpoint(mountpoint: str | Path) -> str:
-    """An absolute, existing, unmounted directory; a stale bootseer mount there is cleaned first."""
+class MountpointError(BootseerError):
+    """A mount point refused for safety (a symlink, another user's entry): neither mount nor pull there."""
+
+
+def resolve_mountpoint(mountpoint: str | Path) -> str:
+    """The one path used to mount, look up in mountinfo and unmount: the parent resolved (symlinks in
+    it followed once, e.g. /var/run → /run) and the last component as written, never followed."""
     mp = os.path.abspath(mountpoint)
+    parent, name = os.path.split(mp)
+    if not name:
+        raise MountpointError(f"mount point {mp}: not a directory that can be mounted over")
+    return os.path.join(os.path.realpath(parent), name)
+
+
+def _mkdir_private(path: str) -> None:
+    """Create missing directories up to `path`, each 0700 with os.mkdir (which never follows a link
+    at the last component), then check each one we made with lstat."""
+    missing = []
+    p = path
+    while not os.path.lexists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass  # made concurrently: the lstat checks below still apply
+        except OSError as e:
+            raise BootseerError(f"mount point {path}: cannot create {d}: {e.strerror}") from None
+        _check_owned(d, "directory")
+
+
+def _check_owned(path: str, what: str) -> os.stat_result:
+    """lstat `path`: a real directory (not a symlink) owned by this user, else MountpointError."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(path)
+        raise MountpointError(f"{what} {path} is a symbolic link (to {target}); refusing to mount over its target")
+    if not stat.S_ISDIR(st.st_mode):
+        raise MountpointError(f"{what} {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise MountpointError(f"{what} {path} is owned by uid {st.st_uid}, not by this user; refusing it")
+    return st
+
+
+def _check_parent(parent: str) -> None:
+    """Nobody else may replace the mount point between our checks and the mount: the parent is ours
+    or root's, and when others can write to it, it has the sticky bit (then only we can rename ours)."""
+    st = os.stat(parent)
+    if st.st_uid not in (0, os.geteuid()):
+        raise MountpointError(f"mount point parent {parent} is owned by uid {st.st_uid}; refusing it")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise MountpointError(f"mount point parent {parent} is writable by others and not sticky; refusing it")
+
+
+def safe_mountpoint(mountpoint: str | Path) -> str:
+    """The resolved mount point (see `resolve_mountpoint`), an existing directory owned by this user.
+
+    Missing directories are created 0700 without following links; a symlink, or an entry owned by
+    another user, is refused (`MountpointError`), so a local user cannot point root's mount at /etc.
+    """
+    mp = resolve_mountpoint(mountpoint)
+    _mkdir_private(os.path.dirname(mp))
+    _check_parent(os.path.dirname(mp))
+    try:
+        os.mkdir(mp, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise BootseerError(f"mount point {mp}: {e.strerror}") from None
+    try:
+        _check_owned(mp, "mount point")
+    except OSError as e:  # e.g. ENOTCONN: a dead mount of someone else's over it
+        raise BootseerError(f"mount point {mp}: {e.strerror}") from None
+    return mp
+
+
+def prepare_mountpoint(mountpoint: str | Path) -> str:
+    """A safe (`safe_mountpoint`), unmounted directory; a stale bootseer mount there is cleaned first."""
+    mp = resolve_mountpoint(mountpoint)
     info = mount_info(mp)
     if info is not None:
         if not is_ours(info):
             raise BootseerError(f"{mp} is already a mount point ({info['fstype']} {info['source']})")
         umount(mp)
-    try:
-        os.makedirs(mp, exist_ok=True)
-    except OSError as e:
-        raise BootseerError(f"mount point {mp}: {e.strerror}") from None
-    if not os.path.isdir(mp):
-        raise BootseerError(f"mount point {mp}: not a directory")
-    return mp
+    return safe_mountpoint(mp)
 
 
 def _watch_owner(pid: int, mountpoint: str) -> None:
@@ -178,8 +250,10 @@ def serve(spec: dict[str, Any]) -> int:
         "kernel_cache": True,
         "default_permissions": True,
     }
-    if os.geteuid() == 0:
-        options["allow_other"] = True  # the launcher may run as another user than the agent
+    if spec.get("allow_other"):
+        # [checkpoint] allow_other: other local users (a launcher running as another user in a
+        # multi-user container) may read the mount; off by default, so only its owner (and root) can
+        options["allow_other"] = True
     try:
         mfusepy.FUSE(fs, mp, **options)
     except RuntimeError as e:
@@ -201,6 +275,7 @@ def mount_detached(
     owner_pid: int | None = None,
     log_path: Path | None = None,
     timeout: float = 30.0,
+    allow_other: bool = False,
 ) -> int:
     """Start the server in its own session; returns its pid once the mount is visible."""
     mp = prepare_mountpoint(mountpoint)
@@ -211,6 +286,7 @@ def mount_detached(
         "targets": targets or [],
         "options": options or {},
         "owner_pid": owner_pid,
+        "allow_other": allow_other,
     }
     fd, spec_path = tempfile.mkstemp(prefix="bootseer-mount-", suffix=".json")
     with os.fdopen(fd, "w") as f:  # mode 0600: target URIs may carry credentials

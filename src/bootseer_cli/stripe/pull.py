@@ -103,6 +103,7 @@ def pull(
     advance = advance or (lambda _n: None)
     if is_current(dest, m):
         return PullResult(dest, 0, skipped=True)
+    targets.check(m)  # an unknown target is refused before anything is created or opened
     if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())) and not replace:
         raise BootseerError(f"{dest} already exists (use --force to replace it)")
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,10 @@ No stripe is ever staged on local disk, so a checkpoint as large as the disk can
 
 The manifest is written after every stripe is in place, and the `latest` hint after the manifest:
 a reader never finds a tag whose stripes are not all there.
+
+A stripe object already on its target with the right size is not trusted by its size: it is read
+back and hashed, and replaced when it does not match (a torn or corrupted object would otherwise be
+published under a new tag that can never be read). That costs one read of each unchanged stripe.
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..digests import sha256_file
+from ..digests import CHUNK, sha256_file
 from ..errors import BootseerError, ConfigError, IntegrityError, StoreError
-from ..store import Store
+from ..store import Store, blob_path
 from .catalog import public_uri, write_latest
 from .layout import (
     MAX_CELL,
@@ -184,6 +188,7 @@ class _Striper:
         A transient server error (seen on loopback S3 servers under concurrent multipart uploads)
         costs a retry of this stripe, not the whole push; corrupt data is never retried.
         """
+        _drop_if_corrupt(self.target_of(s), digest, self.size_of(s))
         for attempt in range(UPLOAD_TRIES):
             chunks = (self.source.read(lo, n) for _, lo, n in self.cells_of(s))
             try:
@@ -195,6 +200,23 @@ class _Striper:
                 if attempt == UPLOAD_TRIES - 1:
                     raise
                 time.sleep(0.5 * 2**attempt)
+
+
+def _drop_if_corrupt(target: Store, digest: str, size: int) -> None:
+    """Delete blob `digest` from `target` when it is there with the right size but other bytes, so
+    the upload that follows replaces it (`put_blob_stream` skips an object of the right size)."""
+    rel = blob_path(digest)
+    try:
+        if not target.exists(rel) or target.size(rel) != size:
+            return
+        h = hashlib.sha256()
+        with target.fs.open_input_stream(target.path(rel)) as src:
+            while chunk := src.read(CHUNK):
+                h.update(chunk)
+    except OSError as e:
+        raise StoreError(f"cannot check stripe blob {digest[:12]} on its target: {e}") from None
+    if h.hexdigest() != digest:
+        target.delete(rel)
 
 
 def _check_args(store: Store, name: str, tag: str | None, stripes: int, cell_size: int) -> str:

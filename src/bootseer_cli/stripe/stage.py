@@ -30,24 +30,28 @@ def run_stage(ctx: StageContext) -> StageResult:
     Errors (no such checkpoint, an unreachable store, a failed pull) propagate: `launch.run_stages`
     warns and starts the job without a checkpoint.
     """
-    from .catalog import load_manifest
+    from .catalog import Targets, load_manifest
+    from .mount import prepare_mountpoint
 
     ck = ctx.settings.checkpoint
     assert ck.name, "the stage table runs this stage only when [checkpoint] name is set"
     m = load_manifest(ctx.store, ck.name, ck.tag)
+    Targets(ctx.store, list(ck.targets)).check(m)  # the manifest's targets are not trusted
+    # Resolved once, and this one path is used to mount, look up and unmount (or to pull into); a
+    # symlink or another user's directory there is refused (MountpointError): no mount, no pull.
+    mp = prepare_mountpoint(ck.mountpoint)
     extra: dict[str, Any] = {"checkpoint": f"{m.name}:{m.tag}", "mode": ck.mode}
     if ck.mode == "mount":
-        result = _mount(ctx, m, extra)
+        result = _mount(ctx, m, mp, extra)
         if result is not None:
             return result
-    return _pull(ctx, m, extra)
+    return _pull(ctx, m, mp, extra)
 
 
-def _mount(ctx: StageContext, m: Manifest, extra: dict[str, Any]) -> StageResult | None:
+def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> StageResult | None:
     """The detached mount, owned by this pid (the launcher's after execvp); None: no mount here, pull."""
     from .mount import mount_detached
 
-    mp = ctx.settings.checkpoint.mountpoint
     try:
         pid = mount_detached(
             m,
@@ -56,6 +60,7 @@ def _mount(ctx: StageContext, m: Manifest, extra: dict[str, Any]) -> StageResult
             targets=list(ctx.settings.checkpoint.targets),
             owner_pid=os.getpid(),  # exec keeps this pid for the launcher
             log_path=ctx.run.run_dir / "ckpt-mount.log",
+            allow_other=ctx.settings.checkpoint.allow_other,
         )
     except BootseerError as e:
         ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {mp} ({e}); pulling it instead")
@@ -66,7 +71,7 @@ def _mount(ctx: StageContext, m: Manifest, extra: dict[str, Any]) -> StageResult
     return StageResult("mounted", summary=f"mounted {m.name}:{m.tag}", extra=extra)
 
 
-def _pull(ctx: StageContext, m: Manifest, extra: dict[str, Any]) -> StageResult:
+def _pull(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> StageResult:
     """Pull to the mountpoint; with [p2p] on, whole stripes through the node cache and the swarm."""
     from ..progress import byte_bar
     from .catalog import Targets
@@ -77,7 +82,7 @@ def _pull(ctx: StageContext, m: Manifest, extra: dict[str, Any]) -> StageResult:
         r = pull(
             m,
             Targets(ctx.store, list(ck.targets)),
-            Path(ck.mountpoint),
+            Path(mp),
             replace=True,
             p2p=p2p,
             cache=ctx.cache,
