@@ -125,7 +125,7 @@ def project(d: Path, setup: list[str] | None = None) -> Path:
     setup = setup or ["pip install --no-index --no-deps -r requirements.txt"]
     (d / "bootseer.toml").write_text(
         "[env]\nsetup = [" + ", ".join(json.dumps(s) for s in setup) + "]\n"
-        f'files = ["{whl.name}"]\n\n[image]\nrecord = "auto"\n'
+        f'files = ["{whl.name}"]\n\n[image]\nenabled = true\n'
     )
     return d / "bootseer.toml"
 
