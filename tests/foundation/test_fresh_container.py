@@ -86,3 +86,30 @@ def test_doctor_warns_when_the_hostname_does_not_resolve(tmp_path: Path) -> None
         env=env,
     )
     assert {c["name"]: c for c in json.loads(r.stdout)}["hostname"]["status"] == "ok"
+
+
+@pytest.mark.skipif(shutil.which("ip") is None, reason="needs ip(8) to bring up the namespace's loopback")
+def test_doctor_hostname_check_is_bounded_when_the_resolver_never_answers(tmp_path: Path) -> None:
+    """A resolver that swallows queries (timeout 5 s × 2 attempts in resolv.conf): the check gives up at 2 s.
+
+    In a network namespace of its own, a UDP socket on 127.0.0.1:53 reads queries and never replies."""
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.1\noptions timeout:5 attempts:2\n")
+    sink = (
+        "import socket, time; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+        "s.bind(('127.0.0.1', 53)); time.sleep(60)"
+    )
+    probe = (
+        "import json, time; from bootseer_cli.doctor import check_hostname; "
+        "t = time.monotonic(); c = check_hostname(); print(json.dumps({'took': time.monotonic() - t, **c.__dict__}))"
+    )
+    py = shlex.quote(sys.executable)
+    script = (
+        "ip link set lo up && hostname nosuchhost-xyz && mount --make-rprivate / && "
+        f"mount --bind {resolv} /etc/resolv.conf && {{ {py} -c {shlex.quote(sink)} & }} && sleep 0.5 && "
+        f"{py} -c {shlex.quote(probe)}; kill $!"
+    )
+    r = _in_namespaces(["--net", "--uts", "--mount"], script, tmp_path, dict(os.environ))
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["status"] == "warn" and "no answer within 2 s" in out["detail"], out
+    assert 1.9 <= out["took"] < 3.5, out
