@@ -37,6 +37,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "agent": (bool, True),
     },
     "image": {
+        "enabled": (bool, False),  # also on when the user sets record or roots (to a value of their own)
         "ref": (str, None),
         "roots": ("list[str]", None),
         "record": (str, "auto"),

@@ -133,6 +133,38 @@ def check_p2p(settings: P2PSettings) -> Check:
     )
 
 
+def check_hostname(timeout_s: float = 2.0) -> Check:
+    """Does this node's hostname resolve? torchrun's rendezvous looks it up and hangs for minutes when not
+    (`--network none`, a container without --hostname/--add-host). Bounded: the lookup runs in a daemon
+    thread, so a resolver that never answers costs `timeout_s`, not the resolver's own timeouts."""
+    import threading
+
+    name = socket.gethostname()
+    outcome: list[BaseException | None] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            socket.getaddrinfo(name, None)
+            outcome.append(None)
+        except (OSError, UnicodeError) as e:
+            outcome.append(e)
+        done.set()
+
+    threading.Thread(target=lookup, name="doctor-hostname", daemon=True).start()
+    done.wait(timeout_s)
+    if outcome and outcome[0] is None:
+        return Check("hostname", "ok", f"{name} resolves")
+    why = str(outcome[0]) if outcome else f"no answer within {timeout_s:g} s"
+    return Check(
+        "hostname",
+        "warn",
+        f"the hostname {name} does not resolve: {why}",
+        "add the hostname to /etc/hosts or run the container with --hostname/--add-host; "
+        "torchrun's rendezvous would hang on it",
+    )
+
+
 def run_checks(settings: Settings) -> list[Check]:
     """Every check, in the order `bootseer doctor` prints them."""
     return [
@@ -141,4 +173,5 @@ def run_checks(settings: Settings) -> list[Check]:
         check_cache(settings.store),
         check_docker(),
         check_p2p(settings.p2p),
+        check_hostname(),
     ]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import BootseerError
 from .events import RunInfo, record
-from .launcher import gpus_hint, node_rank_hint, resolve_command
+from .launcher import check_command, gpus_hint, node_rank_hint, resolve_command
 from .settings import Settings
 from .stage import STAGE_NAMES, StageContext, StageFatal, StageResult, run_order
 from .units import fmt_seconds
@@ -31,32 +31,48 @@ StageRow = tuple[str, StageResult | None, float]
 
 
 def execute(settings: Settings, command: list[str], skip: set[str] | None = None) -> None:
-    """Run the wanted stages, then replace this process with `command`. Returns only on error."""
+    """Run the wanted stages, then replace this process with `command`. Returns only on error.
+
+    The launcher is resolved after the stages, in the environment it will get: the env stage may be
+    what creates it (`bootseer exec -- /opt/venv/bin/torchrun …` in a fresh container).
+    """
     t0 = time.time()
-    resolve_command(command)
+    check_command(command)
     skip = set(skip or ()) | set(settings.exec.skip)
     unknown = skip - set(STAGE_NAMES)
     if unknown:
         raise BootseerError(f"--skip: unknown stage {sorted(unknown)[0]!r} (stages: {', '.join(STAGE_NAMES)})", 2)
     quiet = settings.exec.quiet
     active = [s.name for s in run_order() if s.name not in skip and s.wanted(settings)]
-    env: Mapping[str, str] = os.environ
-    if active:
-        run = RunInfo.new(command)
-        ctx = StageContext(settings=settings, run=run, command=command, quiet=quiet)
-        results = run_stages(ctx, skip)
-        if not quiet:
-            print(summary_line(results, time.time() - t0), file=sys.stderr, flush=True)
-        env = _launcher_environ(ctx)
-        from .delivery import handoff
+    if not active:
+        _exec(command, resolve_command(command), os.environ)
+        return
+    run = RunInfo.new(command)
+    ctx = StageContext(settings=settings, run=run, command=command, quiet=quiet)
+    results = run_stages(ctx, skip)
+    if not quiet:
+        print(summary_line(results, time.time() - t0), file=sys.stderr, flush=True)
+    env = _launcher_environ(ctx)
+    from .delivery import handoff
 
-        ctx.agent_tasks.extend(handoff())  # blobs fetched through the swarm: the agent keeps seeding them
-        record(run, "bootseer", t0, time.time(), "done", detail=f"{len(active)} stage(s)", **_launcher_facts(command))
-        if settings.exec.agent:
-            _spawn_agent(ctx, os.getpid())
-        else:
-            _upload_quietly(ctx)
-    _exec(command, env)
+    ctx.agent_tasks.extend(handoff())  # blobs fetched through the swarm: the agent keeps seeding them
+    try:
+        exe = resolve_command(command, env)
+    except BootseerError as e:  # the stages' work is kept (published, seeded); only the launch fails
+        record(run, "bootseer", t0, time.time(), "failed", reason=str(e))
+        _hand_over(ctx)
+        raise
+    record(run, "bootseer", t0, time.time(), "done", detail=f"{len(active)} stage(s)", **_launcher_facts(command))
+    _hand_over(ctx)
+    _exec(command, exe, env)
+
+
+def _hand_over(ctx: StageContext) -> None:
+    """What continues after exec: the agent (seeding, uploads), or the events uploaded here."""
+    if ctx.settings.exec.agent:
+        _spawn_agent(ctx, os.getpid())
+    else:
+        _upload_quietly(ctx)
 
 
 def run_stages(ctx: StageContext, skip: set[str]) -> list[StageRow]:
@@ -193,13 +209,14 @@ def _upload_quietly(ctx: StageContext) -> None:
         ctx.warn(f"could not upload the stage events to {ctx.settings.store.uri or 'the local store'}: {e}")
 
 
-def _exec(command: list[str], env: Mapping[str, str]) -> None:
+def _exec(command: list[str], exe: str, env: Mapping[str, str]) -> None:
+    """Replace this process with the launcher at `exe` (already resolved), argv as the user wrote it."""
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvpe(command[0], command, env)
+        os.execve(exe, command, env)
     except FileNotFoundError:
-        raise BootseerError(f"{command[0]}: command not found", 127) from None
+        raise BootseerError(f"{command[0]}: No such file or directory", 127) from None
     except PermissionError:
         raise BootseerError(f"{command[0]}: Permission denied", 126) from None
     except OSError as e:

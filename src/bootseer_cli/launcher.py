@@ -105,10 +105,20 @@ def job_id_hint(command: Sequence[str], environ: Mapping[str, str]) -> tuple[str
     return None
 
 
-def resolve_command(command: Sequence[str]) -> str:
-    """The executable the launcher resolves to, or a shell-like error (127 not found, 126 not runnable)."""
+def check_command(command: Sequence[str]) -> None:
+    """An empty command is a usage error, found before any stage runs (exit 2)."""
     if not command:
         raise BootseerError("no command given: bootseer exec [OPTIONS] -- COMMAND [ARGS]…", 2)
+
+
+def resolve_command(command: Sequence[str], environ: Mapping[str, str] | None = None) -> str:
+    """The executable the launcher resolves to, or a shell-like error (127 not found, 126 not runnable).
+
+    Called after the stages, with the launcher's own environment: the env stage may create the
+    launcher (`/opt/venv/bin/torchrun`) or, some day, change PATH. A name not found says the PATH
+    searched, since "command not found" alone does not tell a user which PATH the launcher had.
+    """
+    check_command(command)
     exe = command[0]
     if os.sep in exe:
         if not os.path.exists(exe):
@@ -116,7 +126,8 @@ def resolve_command(command: Sequence[str]) -> str:
         if not os.access(exe, os.X_OK) or os.path.isdir(exe):
             raise BootseerError(f"{exe}: Permission denied", 126)
         return exe
-    found = shutil.which(exe)
+    path = (os.environ if environ is None else environ).get("PATH", os.defpath)
+    found = shutil.which(exe, path=path)
     if found is None:
-        raise BootseerError(f"{exe}: command not found", 127)
+        raise BootseerError(f"{exe}: command not found (PATH={path})", 127)
     return found

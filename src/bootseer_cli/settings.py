@@ -39,7 +39,7 @@ class ExecSettings:
 
 @dataclass(frozen=True)
 class ImageSettings:
-    enabled: bool = False  # any explicit [image] setting turns the stage on
+    enabled: bool = False  # `enabled = true`, or `record`/`roots` set by the user: see _image_enabled
     ref: str | None = None
     roots: tuple[str, ...] | None = None
     record: str = "auto"
@@ -47,6 +47,22 @@ class ImageSettings:
     prefetch_threads: int = 64
     prefetch_mbps: float = 0.0
     foreground_s: float = 10.0
+
+
+def _image_enabled(cfg: Config) -> bool:
+    """The image stage runs only when asked: its first start evicts the roots' page cache and records.
+
+    `enabled` decides when the user set it; else `record` or `roots` set by the user to a value other
+    than the default turn it on. A key that restates its default (`bootseer init` writes a few) never does.
+    """
+    from .config import SCHEMA
+
+    if cfg.source("image", "enabled") != "default":
+        return bool(cfg.get("image", "enabled"))
+    return any(
+        cfg.source("image", key) != "default" and cfg.get("image", key) != SCHEMA["image"][key][1]
+        for key in ("record", "roots")
+    )
 
 
 @dataclass(frozen=True)
@@ -132,7 +148,7 @@ class Settings:
             ),
             exec=ExecSettings(quiet=bool(g("exec", "quiet")), skip=tuple(g("exec", "skip")), agent=g("exec", "agent")),
             image=ImageSettings(
-                enabled=any(s.source != "default" for s in cfg.settings["image"].values()),
+                enabled=_image_enabled(cfg),
                 ref=g("image", "ref"),
                 roots=tuple(image_roots) if image_roots is not None else None,
                 record=g("image", "record"),

@@ -138,7 +138,7 @@ def main() -> None:
     job.mkdir()
     (job / "requirements.txt").write_text("\n".join(NEEDED) + "\n")
     setup = f"pip install --no-index --find-links {index.url} -r requirements.txt"
-    (job / "bootseer.toml").write_text(f'[env]\nsetup = ["{setup}"]\n\n[image]\nrecord = "auto"\n')
+    (job / "bootseer.toml").write_text(f'[env]\nsetup = ["{setup}"]\n\n[image]\nenabled = true\n')
     common = {"BOOTSEER_IMAGE": image.pinned, "BOOTSEER_EXEC_AGENT": "0", **S3_ENV}
 
     rows = []

@@ -83,7 +83,7 @@ def write_project(d: Path, setup: list[str], requirements: str = "tinypkg==1.0\n
     (d / "requirements.txt").write_text(requirements)
     lines = ", ".join(f'"{s}"' for s in setup)
     cfg = d / "bootseer.toml"
-    cfg.write_text(f"[env]\nsetup = [{lines}]\n{extra}")
+    cfg.write_text(f'[env]\nroots = ["/usr/local"]\nsetup = [{lines}]\n{extra}')  # where pip installs
     return cfg
 
 
@@ -124,8 +124,8 @@ def project(d: Path, setup: list[str] | None = None) -> Path:
     (d / "requirements.txt").write_text(f"{WORKDIR}/{whl.name}\n")
     setup = setup or ["pip install --no-index --no-deps -r requirements.txt"]
     (d / "bootseer.toml").write_text(
-        "[env]\nsetup = [" + ", ".join(json.dumps(s) for s in setup) + "]\n"
-        f'files = ["{whl.name}"]\n\n[image]\nrecord = "auto"\n'
+        '[env]\nroots = ["/usr/local"]\nsetup = [' + ", ".join(json.dumps(s) for s in setup) + "]\n"
+        f'files = ["{whl.name}"]\n\n[image]\nenabled = true\n'
     )
     return d / "bootseer.toml"
 
@@ -159,3 +159,46 @@ def prewarmed(test_image: images.TestImage, tmp_path_factory: pytest.TempPathFac
     assert r.returncode == 0, r.stderr
     assert (root / "github_output").read_text().strip() == f"pinned={test_image.pinned}"
     return Prewarmed(job=job, store_dir=store_dir, out=json.loads((job / "prewarm.json").read_text()), stderr=r.stderr)
+
+
+DEBIAN_PACKAGES = ("python3", "python3-venv", "python3-pip")  # a plain Debian 12 with its Python
+DEBIAN_MIRROR = os.environ.get("BOOTSEER_TEST_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+
+
+@pytest.fixture(scope="session")
+def debian12_base(docker_client: Any) -> str:
+    """A plain Debian 12 image with its own python3 (PEP 668 marked), made without any registry.
+
+    `debootstrap --variant=minbase` then `docker import`, cached in the engine by its inputs and the
+    packages in images.CACHE_DIR/debootstrap, so only the first run on a machine pays (about a minute).
+    Debian's mirror is the one network use: the packages a user's base image would hold anyway.
+    """
+    import hashlib
+    import shutil
+    import tempfile
+
+    import docker.errors
+
+    tag = "bootseer-test-debian12:" + hashlib.sha256(repr((DEBIAN_PACKAGES, "minbase")).encode()).hexdigest()[:12]
+    try:
+        docker_client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    if shutil.which("debootstrap") is None:
+        pytest.skip("debootstrap is not installed (apt-get install debootstrap)")
+    debs = images.CACHE_DIR / "debootstrap"
+    debs.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bootseer-debian-") as tmp:
+        root = Path(tmp) / "rootfs"
+        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}", f"--cache-dir={debs}"]
+        r = subprocess.run([*argv, "bookworm", str(root), DEBIAN_MIRROR], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, f"debootstrap failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
+        archive = Path(tmp) / "rootfs.tar"
+        subprocess.run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(archive), "."], check=True, timeout=300)
+        repo, _, version = tag.partition(":")
+        docker_client.api.import_image(
+            src=str(archive), repository=repo, tag=version, changes=["ENV PATH=/usr/local/bin:/usr/bin:/bin"]
+        )
+    docker_client.images.get(tag)
+    return tag

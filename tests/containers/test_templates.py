@@ -173,7 +173,9 @@ def test_hooks_are_shellcheck_clean(hook: str) -> None:
 def test_dockerfile_snippet_renders() -> None:
     text = render("Dockerfile.bootseer", {"BASE_IMAGE": "registry.example/train:1.0"})
     assert text.splitlines()[3] == "FROM registry.example/train:1.0"
-    assert "pip install --no-cache-dir  bootseer" in text
+    assert "python3 -m venv  /opt/bootseer" in text  # its own venv: a PEP 668 base refuses a system install
+    assert "/opt/bootseer/bin/python -m pip install --no-cache-dir  bootseer" in text
+    assert "ln -sf /opt/bootseer/bin/bootseer /usr/local/bin/bootseer" in text
     assert 'ENTRYPOINT ["/usr/local/bin/bootseer-entrypoint"]' in text
 
 

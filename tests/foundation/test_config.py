@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +107,52 @@ def test_example_is_the_template_and_valid() -> None:
     assert example.read_text() == template.read_text()
     cfg = load(example)
     assert cfg.get("env", "setup") == ["pip install -r requirements.txt"]
+
+
+# ---- the image stage runs only when asked (issue 16) -------------------------------------------
+
+
+def _image_enabled(tmp_path: Path, text: str, environ: dict[str, str] | None = None) -> bool:
+    from bootseer_cli.settings import Settings
+
+    (tmp_path / "bootseer.toml").write_text(text)
+    return Settings.from_config(load(tmp_path / "bootseer.toml", environ=environ or {})).image.enabled
+
+
+def test_image_stage_is_on_only_when_asked(tmp_path: Path) -> None:
+    """Keys restating their defaults never turn it on; `enabled`, or `record`/`roots` of the user's own, do."""
+    assert not _image_enabled(tmp_path, "")
+    assert not _image_enabled(tmp_path, '[image]\nrecord = "auto"\nready = "quiet"\nprefetch_threads = 64\n')
+    assert not _image_enabled(tmp_path, '[image]\nready = "call"\nprefetch_mbps = 100.0\nref = "x@sha256:00"\n')
+    assert _image_enabled(tmp_path, "[image]\nenabled = true\n")
+    assert _image_enabled(tmp_path, '[image]\nrecord = "never"\n')
+    assert _image_enabled(tmp_path, '[image]\nroots = ["/opt/venv"]\n')
+    assert not _image_enabled(tmp_path, '[image]\nenabled = false\nrecord = "always"\n'), "an explicit no wins"
+    assert _image_enabled(tmp_path, "", {"BOOTSEER_IMAGE_ENABLED": "1"})
+    assert not _image_enabled(tmp_path, "", {"BOOTSEER_IMAGE": "x@sha256:00"}), "pinning the image is not asking"
+
+
+def test_init_config_leaves_the_image_stage_off(tmp_path: Path) -> None:
+    """`bootseer init`'s config: exec runs the other stages, the image stage shows `–` and is not run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
+    env.update({"XDG_CACHE_HOME": str(tmp_path / "cache"), "BOOTSEER_EXEC_AGENT": "0"})
+    bootseer = [sys.executable, "-m", "bootseer_cli"]
+    subprocess.run([*bootseer, "init"], cwd=tmp_path, env=env, check=True, capture_output=True, timeout=60)
+    written = (tmp_path / "bootseer.toml").read_text()
+    assert not _image_enabled(tmp_path, written)
+    # the setup of the template installs a requirements.txt: a setup that needs nothing instead
+    (tmp_path / "venv").mkdir()
+    text = written.replace(
+        'setup = ["pip install -r requirements.txt"]', f'setup = ["true"]\nroots = ["{tmp_path}/venv"]'
+    )
+    assert text != written
+    (tmp_path / "bootseer.toml").write_text(text)
+    env["BOOTSEER_STORE"] = (tmp_path / "store").as_uri()
+    r = subprocess.run(
+        [*bootseer, "exec", "--", "true"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert "bootseer: image – | env " in r.stderr, r.stderr
+    runs = list((tmp_path / "cache").rglob("events.jsonl"))
+    stages = {json.loads(line)["stage"] for f in runs for line in f.read_text().splitlines()}
+    assert "env" in stages and "image" not in stages, stages

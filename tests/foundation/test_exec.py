@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -48,13 +49,66 @@ def test_stdin_and_stdout_untouched(tmp_path: Path) -> None:
 def test_missing_and_unrunnable_commands(tmp_path: Path) -> None:
     r = run(["exec", "--", "no-such-command-xyz"], cwd=tmp_path)
     assert r.returncode == 127
-    assert r.stderr.strip() == "bootseer: error: no-such-command-xyz: command not found"
+    assert r.stderr.strip() == f"bootseer: error: no-such-command-xyz: command not found (PATH={os.environ['PATH']})"
     script = tmp_path / "notexec.sh"
     script.write_text("#!/bin/sh\necho hi\n")
     r = run(["exec", "--", str(script)], cwd=tmp_path)
     assert r.returncode == 126 and "Permission denied" in r.stderr
     r = run(["exec"], cwd=tmp_path)
     assert r.returncode == 2 and "no command given" in r.stderr
+
+
+def _env_setup_config(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A bootseer.toml whose [env] setup creates a venv-like dir with an executable `tool`; the node's env."""
+    venv = tmp_path / "venv"
+    tool = venv / "bin" / "tool"
+    script = shlex.quote('#!/bin/sh\necho tool ran "$@"\nexit 5\n')
+    setup = f"mkdir -p {venv}/bin && printf %s {script} > {tool} && chmod +x {tool}"
+    (tmp_path / "bootseer.toml").write_text(
+        f'[store]\nuri = "{(tmp_path / "store").as_uri()}"\n[env]\nroots = ["{venv}"]\nwait_s = 30\n'
+        f"setup = [{json.dumps(setup)}]\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
+    env.update({"XDG_CACHE_HOME": str(tmp_path / "cache"), "BOOTSEER_EXEC_AGENT": "0"})
+    return venv, env
+
+
+def test_launcher_created_by_the_env_stage_runs(tmp_path: Path) -> None:
+    """The env stage creates the launcher: it is resolved after the stages, by path and by name on PATH."""
+    venv, env = _env_setup_config(tmp_path)
+    r = run(["exec", "--", str(venv / "bin" / "tool"), "a", "b"], cwd=tmp_path, env=env)
+    assert r.returncode == 5, r.stderr
+    assert r.stdout == "tool ran a b\n"
+    assert "bootseer: image – | env " in r.stderr
+    # a fresh node (its own cache, the venv gone) restoring it, the launcher named on PATH
+    import shutil
+
+    shutil.rmtree(venv)
+    env.update({"XDG_CACHE_HOME": str(tmp_path / "cache2"), "PATH": f"{venv}/bin:{env['PATH']}"})
+    r = run(["exec", "--", "tool", "c"], cwd=tmp_path, env=env)
+    assert r.returncode == 5, r.stderr
+    assert r.stdout == "tool ran c\n"
+
+
+def test_launcher_still_missing_after_the_stages(tmp_path: Path) -> None:
+    """127 as a shell says it, one line, naming the PATH searched; the stages did run."""
+    venv, env = _env_setup_config(tmp_path)
+    env["PATH"] = "/nonexistent-a:/usr/bin:/bin"  # the setup needs mkdir
+    r = subprocess.run(
+        [sys.executable, "-m", "bootseer_cli", "exec", "--", "no-such-tool"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert r.returncode == 127, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == "bootseer: error: no-such-tool: command not found (PATH=/nonexistent-a:/usr/bin:/bin)"
+    assert "Traceback" not in r.stderr and (venv / "bin" / "tool").exists(), "the stages ran first"
+    r = run(["exec", "--", str(venv / "bin" / "nope")], cwd=tmp_path, env=env | {"PATH": os.environ["PATH"]})
+    assert r.returncode == 127
+    assert r.stderr.strip().splitlines()[-1] == f"bootseer: error: {venv}/bin/nope: No such file or directory"
 
 
 def test_signals_reach_the_command(tmp_path: Path) -> None:

@@ -278,6 +278,8 @@ def ensure_app(client: Any, base: str) -> str:
         {
             "BASE_IMAGE": base,
             "SOURCE": "COPY bootseer-src /tmp/bootseer-src",
+            # bootseer's dependencies are the base's (its site-packages); pip too (no ensurepip here)
+            "VENV_ARGS": "--system-site-packages --without-pip",
             "PIP_ARGS": "--no-index --no-deps --no-build-isolation",
             "BOOTSEER_SPEC": "/tmp/bootseer-src",
         },

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 REF_KIND = "env"
 FORMAT = 1
+# Written by the container runtime (Docker, Podman, the kubelet) when it creates the container, a
+# moment before the setup starts: not the setup's changes, and no other node wants this node's copy.
+RUNTIME_MANAGED = frozenset(("/etc/resolv.conf", "/etc/hostname", "/etc/hosts", "/etc/mtab", "/etc/.pwd.lock"))
 
 
 def lease_key(env_key: str) -> str:
@@ -264,6 +267,7 @@ def capture(
     warn: Callable[[str], None],
     since: float | None = None,
     progress: bool | None = None,
+    info: Callable[[str], None] | None = None,
 ) -> Captured:
     """Write the snapshot of what changed under `roots` since `baseline` into the node cache."""
     from .manifest import diff, scan
@@ -274,6 +278,10 @@ def capture(
     _refuse_unportable(after, d.changed, roots)
     if since is not None:
         outside = outside_changes(since, roots, exclude)
+        managed = [p for p in outside if p in RUNTIME_MANAGED]
+        outside = [p for p in outside if p not in RUNTIME_MANAGED]
+        if managed and info is not None:
+            info(f"env: ignored {', '.join(managed)}: the container runtime writes them, not the setup")
         if outside:
             shown = ", ".join(outside[:8]) + (" …" if len(outside) > 8 else "")
             warn(f"the setup changed {len(outside)} file(s) outside [env] roots; they are not in the snapshot: {shown}")

@@ -203,7 +203,9 @@ def _capture_and_publish(
     from .stamp import write_stamp
 
     try:
-        cap = snap.capture(ctx.settings.store, roots, baseline, key, ctx.cache, ctx.warn, since=started - 1)
+        cap = snap.capture(
+            ctx.settings.store, roots, baseline, key, ctx.cache, ctx.warn, since=started - 1, info=ctx.info
+        )
     except StageFatal:
         raise
     except BootseerError as e:
