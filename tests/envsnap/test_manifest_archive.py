@@ -175,6 +175,27 @@ def test_a_root_the_setup_created_is_restored(tmp_path: Path) -> None:
     assert tree_state(tmp_path, skip=(str(blob),)) == want
 
 
+def test_the_first_root_the_setup_created_is_restored(tmp_path: Path) -> None:
+    """A fresh container has no /opt/venv until the restore makes it: the journal (beside the stamp, in
+    the first root) must not need the root to exist first (it did: every fresh container ran the setup)."""
+    venv = tmp_path / "opt" / "venv"
+    roots = [str(venv)]
+    base = manifest.scan(roots)
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "tool").write_text("#!/bin/sh\n")
+    after = manifest.scan(roots)
+    d = manifest.diff(base, after)
+    blob = tmp_path / "b.tar.zst"
+    w = format.ArchiveWriter(blob)
+    for p in d.changed:
+        w.add(p, after[p])
+    w.finish({"roots": roots, "deletions": d.deleted})
+    want = tree_state(tmp_path, skip=(str(blob),))
+    shutil.rmtree(venv)
+    extract.extract(blob, format.read_meta(blob), roots)
+    assert tree_state(tmp_path, skip=(str(blob),)) == want
+
+
 def test_a_bad_frame_in_a_parallel_restore_undoes_every_worker(tmp_path: Path) -> None:
     """Many frames, extracted by several workers; one frame is broken: all the others' files go away again."""
     root = tmp_path / "env"

@@ -258,16 +258,7 @@ class _Runner:
 
     def __call__(self, step: str, command: list[str], what: str) -> None:
         self.say(f"bootseer: prewarm {step}: {shlex.join(command)}")
-        try:
-            res = self._run(step, command)
-        except BootseerError as e:
-            if e.exit_code == 127 and command[0] == "bootseer":
-                raise BootseerError(
-                    f"bootseer is not installed in {self.image.ref} (install it in the image: "
-                    "bootseer init --template Dockerfile.bootseer)",
-                    127,
-                ) from None
-            raise
+        res = self._run(step, command)
         if res.exit_code == 0:
             return
         raise BootseerError(
@@ -293,6 +284,18 @@ class _Runner:
             ) from None
 
     def _run(self, step: str, command: list[str], echo: bool = True) -> RunResult:
+        try:
+            return self._start(step, command, echo)
+        except BootseerError as e:
+            if e.exit_code == 127 and command[0] == "bootseer":
+                raise BootseerError(
+                    f"bootseer is not installed in {self.image.ref} (install it in the image: "
+                    "bootseer init --template Dockerfile.bootseer)",
+                    127,
+                ) from None
+            raise
+
+    def _start(self, step: str, command: list[str], echo: bool) -> RunResult:
         return run_container(
             self.client,
             self.image.pinned,

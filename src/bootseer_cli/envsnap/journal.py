@@ -27,8 +27,13 @@ def journal_path(roots: list[str]) -> Path:
 
 
 def write(roots: list[str], doc: dict[str, Any]) -> None:
-    """Write the journal durably (temporary name, fsync, rename): it must exist before the first change."""
+    """Write the journal durably (temporary name, fsync, rename): it must exist before the first change.
+
+    A fresh container has no root yet (the restore is what makes `/opt/venv`): the first root is
+    created for the journal, and an interrupted restore leaves at most that empty directory, which
+    the setup then fills as it would have."""
     path = journal_path(roots)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:

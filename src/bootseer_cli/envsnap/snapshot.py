@@ -162,6 +162,21 @@ def _fdinfo_flags(text: str) -> int:
     return 0
 
 
+def _pid1_started() -> float:
+    """When this (container's) PID 1 started, as a wall-clock time; 0 when unknown.
+
+    Nothing written before it started can be the setup's work: in a container started right after its
+    image was built (a CI pre-warm), the image's own files are only a second older than the setup."""
+    try:
+        with open("/proc/1/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    # the boot time from the two clocks (/proc/stat's btime is whole seconds: too coarse here)
+    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return booted + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def outside_changes(since: float, roots: list[str], exclude: list[str], budget_s: float = 1.5) -> list[str]:
     """Files the setup changed outside the roots, looked for (bounded) where setups usually write.
 
@@ -171,6 +186,7 @@ def outside_changes(since: float, roots: list[str], exclude: list[str], budget_s
     """
     import sysconfig
 
+    since = max(since, _pid1_started())
     home = os.path.expanduser("~")
     base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
     places = [base["purelib"], base["platlib"], base["scripts"], "/usr/local", "/opt", "/etc", home]
