@@ -20,8 +20,9 @@ def tests(session: nox.Session) -> None:
 def _floor(name: str) -> str:
     """The lowest version of `name` that pyproject.toml's dependencies allow (its `>=` bound)."""
     import re
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     deps = tomllib.loads(Path("pyproject.toml").read_text())["project"]["dependencies"]
     for dep in deps:
