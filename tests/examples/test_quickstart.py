@@ -69,7 +69,5 @@ def test_run_sh_waits_before_every_venv_removal_and_the_report() -> None:
 def test_quickstart_scripts_are_shellcheck_clean() -> None:
     if not shutil.which("shellcheck"):
         pytest.fail("apt-get install shellcheck")
-    r = subprocess.run(
-        ["shellcheck", "-x", "run.sh", "wait-agents.sh"], cwd=QUICKSTART, capture_output=True, text=True
-    )
+    r = subprocess.run(["shellcheck", "-x", "run.sh", "wait-agents.sh"], cwd=QUICKSTART, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
