@@ -48,6 +48,11 @@ def _mount(ctx: StageContext, m: Manifest, extra: dict[str, Any]) -> StageResult
     from .mount import mount_detached
 
     mp = ctx.settings.checkpoint.mountpoint
+    missing = fuse_missing()
+    if missing:  # say so in one line rather than wait for a mount that cannot appear
+        ctx.warn(f"checkpoint: FUSE unavailable ({missing}); pulling {m.name}:{m.tag} to {mp} instead of mounting")
+        extra["fallback"] = missing
+        return None
     try:
         pid = mount_detached(
             m,
@@ -64,6 +69,24 @@ def _mount(ctx: StageContext, m: Manifest, extra: dict[str, Any]) -> StageResult
     ctx.exports["BOOTSEER_CKPT_DIR"] = mp
     ctx.info(f"checkpoint {m.name}:{m.tag} mounted at {mp}")
     return StageResult("mounted", summary=f"mounted {m.name}:{m.tag}", extra=extra)
+
+
+def fuse_missing(device: str = "/dev/fuse", euid: int | None = None) -> str:
+    """What this node lacks for a FUSE mount ("" when nothing): the device, or (not root) fusermount3."""
+    import shutil
+    import stat
+
+    try:
+        if not stat.S_ISCHR(os.stat(device).st_mode):
+            return f"{device} is not a device"
+    except OSError:
+        return f"{device} is missing"
+    if not os.access(device, os.R_OK | os.W_OK):
+        return f"{device} is not readable and writable by this user"
+    root = (os.geteuid() if euid is None else euid) == 0  # root mounts without the setuid helper
+    if not root and shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
+        return "fusermount3 is not installed (apt-get install fuse3)"
+    return ""
 
 
 def _pull(ctx: StageContext, m: Manifest, extra: dict[str, Any]) -> StageResult:
