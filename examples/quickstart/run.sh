@@ -10,7 +10,17 @@ repo=$(cd "$here/../.." && pwd)
 venv=${BOOTSEER_QUICKSTART_VENV:-$here/.venv}
 export BOOTSEER_JOB_ID=${BOOTSEER_JOB_ID:-quickstart-$(date +%s)}
 
+# shellcheck source-path=SCRIPTDIR source=wait-agents.sh
+. "$here/wait-agents.sh"
+
+agents_done() {
+  # The runs directory as bootseer computes it (platformdirs), asked of the venv's own bootseer.
+  [ -x "$venv/bin/python" ] || return 0
+  wait_for_agents "$("$venv/bin/python" -c 'from bootseer_cli.paths import runs_dir; print(runs_dir())')" "$BOOTSEER_JOB_ID"
+}
+
 new_node() {
+  agents_done # never delete the venv an agent still runs from
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet "$repo"
@@ -28,6 +38,6 @@ bootseer exec -- python job.py
 echo "== 3. a new node: fresh environment, restored from the snapshot"
 new_node
 bootseer exec -- python job.py
-sleep 2  # the agent uploads each start's events when the job has ended
+agents_done # each start's agent uploads its events once the job has ended
 echo "== where the time went"
 bootseer report --job "$BOOTSEER_JOB_ID"

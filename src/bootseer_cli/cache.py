@@ -35,6 +35,22 @@ def _touch(p: Path) -> None:
     os.utime(p, (now, now))
 
 
+def _link_stored(store: Store, src: Path, digest: str, dest: Path) -> bool:
+    """Replace `src` by a hard link to the store's copy of the blob at `dest`; False when not possible."""
+    stored = Path(store.path(blob_path(digest)))
+    tmp = dest.with_name(f".{dest.name}.link-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        if stored.stat().st_size != src.stat().st_size:
+            return False
+        os.link(stored, tmp)
+        os.replace(tmp, dest)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
+    src.unlink(missing_ok=True)
+    return True
+
+
 class BlobCache:
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.root = root
@@ -76,16 +92,21 @@ class BlobCache:
         if hit is not None:
             return hit, 0
         dest = self.path(digest)
-        n = store.fetch_blob(digest, dest, progress=progress)
+        n = store.fetch_blob(digest, dest, progress=progress, link=True)  # one copy with a local store
         _touch(dest)
         self.evict(keep=digest)
         return dest, n
 
-    def adopt(self, src: Path, digest: str) -> Path:
-        """Move a file already known to match `digest` into the cache (e.g. a freshly built snapshot)."""
+    def adopt(self, src: Path, digest: str, store: Store | None = None) -> Path:
+        """Move a file already known to match `digest` into the cache (e.g. a freshly built snapshot).
+
+        When `store` is local and already holds the blob (it was just uploaded), the cache links the
+        stored copy instead and `src` goes, so the node keeps one copy on disk, not two.
+        """
         dest = self.path(digest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(src, dest)
+        if not (store is not None and store.is_local and _link_stored(store, src, digest, dest)):
+            os.replace(src, dest)
         _touch(dest)
         self.evict(keep=digest)
         return dest
@@ -104,6 +125,15 @@ class BlobCache:
 
     def total_bytes(self) -> int:
         return sum(size for _, size, _ in self.entries())
+
+    def linked(self) -> tuple[int, int]:
+        """(count, bytes) of the entries that are hard links shared with the local store: no extra disk."""
+        n = size = 0
+        for _, s, p in self.entries():
+            with contextlib.suppress(FileNotFoundError):
+                if p.stat().st_nlink > 1:
+                    n, size = n + 1, size + s
+        return n, size
 
     def evict(self, keep: str | None = None) -> int:
         """Remove least recently used blobs until the cache fits; returns bytes freed."""

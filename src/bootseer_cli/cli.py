@@ -27,7 +27,7 @@ app = typer.Typer(
 )
 
 # The command modules, in the order their verbs appear in `bootseer --help` (groups follow the verbs).
-COMMAND_MODULES: tuple[str, ...] = ("run", "setup", "hot", "report", "p2p", "prewarm", "ckpt", "env", "cache")
+COMMAND_MODULES: tuple[str, ...] = ("run", "setup", "hot", "report", "p2p", "prewarm", "ckpt", "env", "cache", "gc")
 
 _registered = False
 

@@ -367,10 +367,21 @@ class Store:
             raise IntegrityError(f"blob {digest[:12]} in {self.uri} does not match its digest")
         return data
 
-    def fetch_blob(self, digest: str, dest: Path, progress: Progress | None = None) -> int:
-        """Download a blob to `dest`, verified; `dest` appears only if the digest matches."""
+    def fetch_blob(self, digest: str, dest: Path, progress: Progress | None = None, *, link: bool = False) -> int:
+        """Download a blob to `dest`, verified; `dest` appears only if the digest matches.
+
+        `link=True` (the node cache, which never writes to its files): on a local store `dest` becomes a
+        hard link to the stored blob, verified in place, so the default store and the cache share one
+        copy on disk; across filesystems (or where links are refused) the blob is copied as usual.
+        """
         rel = blob_path(digest)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        if link and self.is_local:
+            n = self._link_blob(digest, dest)
+            if n is not None:
+                if progress:
+                    progress(n)
+                return n
         tmp = dest.with_name(f".{dest.name}.part-{uuid.uuid4().hex[:8]}")
         h = hashlib.sha256()
         n = 0
@@ -395,6 +406,23 @@ class Store:
             tmp.unlink(missing_ok=True)
             raise
         return n
+
+    def _link_blob(self, digest: str, dest: Path) -> int | None:
+        """Hard-link the stored blob to `dest` after hashing it; None when a link is not possible here."""
+        tmp = dest.with_name(f".{dest.name}.link-{uuid.uuid4().hex[:8]}")
+        try:
+            os.link(self.path(blob_path(digest)), tmp)
+        except FileNotFoundError:
+            raise StoreError(f"store {self.uri}: blob {digest[:12]} not found") from None
+        except OSError:
+            return None  # another filesystem (EXDEV), links refused (EPERM, EMLINK): copy instead
+        try:
+            if sha256_file(tmp) != digest:
+                raise IntegrityError(f"blob {digest[:12]} in {self.uri} does not match its digest")
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return dest.stat().st_size
 
     def delete_blob(self, digest: str) -> None:
         self.delete(blob_path(digest))

@@ -66,3 +66,46 @@ def test_exec_starts_the_job_when_the_checkpoint_is_unavailable(tmp_path: Path, 
     r = run_cli("exec", "--config", str(cfg), "--", "python", "-c", "print('started')")
     assert r.returncode == 0 and r.stdout.strip() == "started"
     assert "warning: checkpoint stage failed" in r.stderr and "no tags" in r.stderr
+
+
+_HIDE_FUSE = """
+d=$1; shift
+for n in null zero random urandom full; do touch "$d/$n"; mount --bind "/dev/$n" "$d/$n"; done
+mkdir "$d/shm" && mount -t tmpfs tmpfs "$d/shm"
+mount --rbind "$d" /dev
+exec "$@"
+"""
+
+
+def test_without_dev_fuse_one_warning_then_a_pull(tmp_path: Path, mounts: Path) -> None:
+    """Issue 17, item 3: a node without /dev/fuse (a mount namespace hiding it) says so in one line and pulls."""
+    import shutil
+    import subprocess
+    import sys
+
+    if not shutil.which("unshare"):
+        pytest.fail("util-linux unshare is required")
+    store = file_store(tmp_path)
+    write_random(tmp_path / "src" / "w" / "f.bin", 3 * CELL, 5)
+    push(store, tmp_path / "src", "job", "v1", stripes=2, cell_size=CELL)
+    cfg = _config(tmp_path, store.uri, mounts / "ck", "mount")
+    (tmp_path / "dev").mkdir()
+    cmd = ["unshare", "-m", "sh", "-c", _HIDE_FUSE, "sh", str(tmp_path / "dev")]
+    cmd += [sys.executable, "-m", "bootseer_cli", "exec", "--config", str(cfg), "--", "python", "-c", LAUNCHER]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if "FUSE" in ln]
+    assert len(warnings) == 1 and "/dev/fuse is missing" in warnings[0] and "pulling job:v1" in warnings[0], r.stderr
+    assert "cannot mount" not in r.stderr and "pulled job:v1" in r.stderr
+    assert (mounts / "ck" / "w" / "f.bin").read_bytes() == (tmp_path / "src" / "w" / "f.bin").read_bytes()
+
+
+def test_fuse_missing_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bootseer_cli.stripe.stage import fuse_missing
+
+    assert fuse_missing(str(tmp_path / "nope")) == f"{tmp_path / 'nope'} is missing"
+    (tmp_path / "plain").write_text("")
+    assert fuse_missing(str(tmp_path / "plain")) == f"{tmp_path / 'plain'} is not a device"
+    monkeypatch.setenv("PATH", str(tmp_path))  # no fusermount3 on PATH
+    assert fuse_missing("/dev/null", euid=1000).startswith("fusermount3 is not installed")
+    assert fuse_missing("/dev/null", euid=0) == ""

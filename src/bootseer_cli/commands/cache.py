@@ -54,13 +54,19 @@ def info(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = Fa
     entries = c.entries()
     total = sum(size for _, size, _ in entries)
     oldest = min((t for t, _, _ in entries), default=None)
+    # Entries hard-linked with the local store are one copy on disk: counted once, under the store.
+    linked, linked_bytes = c.linked()
     if as_json:
         doc = {"dir": str(c.root), "blobs": len(entries), "bytes": total, "max_bytes": c.max_bytes}
+        doc |= {"linked": linked, "linked_bytes": linked_bytes, "disk_bytes": total - linked_bytes}
         typer.echo(json.dumps(doc | {"least_recent_use": oldest}, indent=2))
         return
     typer.echo(f"dir     {c.root}")
     typer.echo(f"blobs   {len(entries)}")
     typer.echo(f"size    {fmt_bytes(total)} of {fmt_bytes(c.max_bytes)} ([store] cache_max_gb)")
+    if linked:
+        typer.echo(f"linked  {linked} blob(s), {fmt_bytes(linked_bytes)} shared with the local store (one copy)")
+        typer.echo(f"disk    {fmt_bytes(total - linked_bytes)} beyond the store's copies")
     if oldest is not None:
         typer.echo(f"oldest  last used {fmt_age(oldest)} ago")
 

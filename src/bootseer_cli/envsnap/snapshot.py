@@ -332,7 +332,7 @@ def publish(
 
     with byte_bar(cap.size, "upload", enabled=progress) as advance:
         store.put_blob_file(cap.blob, cap.digest, progress=advance)
-    path = cache.adopt(cap.blob, cap.digest)
+    path = cache.adopt(cap.blob, cap.digest, store)  # a local store: one copy, linked
     extra = delivery.after_publish(p2p, store, cap.digest, path) or {}
     doc = {
         "blob": cap.digest,

@@ -129,6 +129,9 @@ def _try_restore(
         return None
     if r is None:
         return None
+    from ..gc import touch_used
+
+    touch_used(store, snap.REF_KIND, key, ref)  # at most once a day: `bootseer gc` keeps what jobs use
     return _restored_result(r)
 
 

@@ -35,6 +35,7 @@ REMAINING_FILE = "hot-remaining.json"
 
 def run_stage(ctx: StageContext) -> StageResult:
     """Replay the record of this image when there is a usable one, else arrange for a new one."""
+    from ..gc import touch_used
     from .record import load
 
     image = ctx.settings.image
@@ -53,6 +54,7 @@ def run_stage(ctx: StageContext) -> StageResult:
         return StageResult(outcome="fallback", summary="no replay (store)", cache="miss", reason=str(e))
     if found is not None and mode != "always":
         rec, doc = found
+        touch_used(ctx.store, "hot", image_key, doc)  # at most once a day: `bootseer gc` keeps what jobs use
         result = _replay(ctx, rec, doc)
         if result is not None:
             return result

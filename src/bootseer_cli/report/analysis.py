@@ -522,9 +522,16 @@ class Finding:
     node: str = ""
 
 
+FAST_S = 1.0  # a startup below this is "already fast": nothing to fix, nothing marked in red
+
+
+def already_fast(r: JobReport) -> bool:
+    return r.startup_s < FAST_S
+
+
 def verdict(r: JobReport) -> str:
     """One line: the single change that would bring the job's start forward the most."""
-    if r.startup_s < 1.0:
+    if already_fast(r):
         return f"Startup is already fast ({fmt_seconds(r.startup_s)} to the slowest node's ready): nothing to fix."
     found = findings(r)
     if not found:

@@ -26,6 +26,7 @@ from .analysis import (
     StageStats,
     StartRow,
     TrendReport,
+    already_fast,
     percentile,
     slowest,
     why_slow,
@@ -147,16 +148,28 @@ def _table(header: list[str], rows: list[list[str]], left: int = 1, last_left: b
     return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
 
 
+def _first_start_words(r: JobReport) -> str:
+    """The job's first start (the first row of the starts table), and the shown start's when it is another."""
+    first = min((a.started for a in r.attempts), default=r.started)
+    words = f"first start {fmt_time(first)}"
+    return words if abs(r.started - first) < 0.5 else f"{words} · shown start began {fmt_time(r.started)}"
+
+
 def job_text(r: JobReport) -> str:
     which = f"start {r.attempt}" if r.attempt else "latest start of each node"
-    lines = [
-        f"job {r.job} · {r.nodes} node(s) · {which} · {len(r.attempts)} start(s) in all · "
-        f"first start {fmt_time(r.started)}",
-        f"startup {fmt_seconds(r.startup_s)} to the slowest node's ready ({r.slowest_node}); median node ready at "
-        f"{fmt_seconds(r.median_ready_s)}, so it waited {fmt_seconds(r.straggler_wait_s)} for the slowest",
-        f"GPU time wasted {r.gpu_hours_wasted:.2f} GPU-hours ({r.nodes} nodes × {r.gpus_per_node} GPUs "
-        f"[{r.gpus_source}] × {fmt_seconds(r.startup_s)})",
-    ]
+    lines = [f"job {r.job} · {r.nodes} node(s) · {which} · {len(r.attempts)} start(s) in all · {_first_start_words(r)}"]
+    if _straggler(r):
+        lines.append(
+            f"startup {fmt_seconds(r.startup_s)} to the slowest node's ready ({r.slowest_node}); median node ready at "
+            f"{fmt_seconds(r.median_ready_s)}, so it waited {fmt_seconds(r.straggler_wait_s)} for the slowest"
+        )
+    else:
+        lines.append(f"startup {fmt_seconds(r.startup_s)} to the node's ready ({r.slowest_node})")
+    if _counts_gpus(r):
+        lines.append(
+            f"GPU time wasted {r.gpu_hours_wasted:.2f} GPU-hours ({r.nodes} nodes × {r.gpus_per_node} GPUs "
+            f"[{r.gpus_source}] × {fmt_seconds(r.startup_s)})"
+        )
     if r.ready_called < r.nodes:
         lines.append(
             f"note: {r.nodes - r.ready_called} node(s) never called bootseer_cli.ready(); for those, ready = "
@@ -200,6 +213,28 @@ def to_json(report: JobReport | TrendReport) -> str:
 
 
 # ---- SVG timeline ------------------------------------------------------------------------------
+
+
+def _tick_label(t: float, step: float, axis_max: float) -> str:
+    """A tick's label, unique on its axis: one unit for the whole axis (ms below 1 s) and as many decimals as
+    the step needs (`fmt_seconds` rounds 100 ms and 120 ms both to "0.1 s")."""
+    if t == 0:
+        return "0"
+    scale, unit = (1000.0, "ms") if axis_max < 1.0 else (1.0, "s")
+    decimals = next((d for d in range(4) if abs(round(step * scale, d) - step * scale) < 1e-9 * scale), 3)
+    return f"{t * scale:.{decimals}f} {unit}"
+
+
+def axis_ticks(tmax: float) -> tuple[float, list[tuple[float, str]]]:
+    """The time axis up to `tmax` seconds: its end, and its ticks (multiples of a nice step, no float drift)."""
+    step = _nice_step(tmax)
+    axis_max = math.ceil(tmax * 1.02 / step) * step
+    return axis_max, [(i * step, _tick_label(i * step, step, axis_max)) for i in range(round(axis_max / step) + 1)]
+
+
+def _straggler(r: JobReport) -> str:
+    """The node to mark as the straggler: none in a one-node job (nothing to be slower than)."""
+    return r.slowest_node if r.nodes > 1 else ""
 
 
 def _nice_step(span: float, ticks: int = 8) -> float:
@@ -254,10 +289,10 @@ class _Layout(NamedTuple):
 
 def _timeline_layout(r: JobReport) -> _Layout:
     """One row per node up to `MAX_NODE_ROWS`; past that, groups by ready time, then the slowest one by one."""
+    star = _straggler(r)
     if len(r.rows) <= MAX_NODE_ROWS:
         rows = [
-            (f"{'★ ' if row.node == r.slowest_node else ''}{row.node} · r{row.rank}", [row], row.node == r.slowest_node)
-            for row in r.rows
+            (f"{'★ ' if row.node == star else ''}{row.node} · r{row.rank}", [row], row.node == star) for row in r.rows
         ]
         return _Layout(rows, 22 if len(rows) <= 16 else 16, -1, "")
     ordered = sorted(r.rows, key=lambda row: (row.ready, row.node))
@@ -287,8 +322,7 @@ def timeline_svg(r: JobReport, width: int = 1200) -> str:
     others = sorted({seg.stage for row in r.rows for seg in row.segments} - set(COLORS))
     exec_stages = [s for s in ("image", "env", "checkpoint") if any(st.stage == s for st in r.stages)]
     tmax = max([row.ready for row in r.rows] + [seg.end for row in r.rows for seg in row.segments] + [0.001])
-    step = _nice_step(tmax)
-    axis_max = math.ceil(tmax * 1.02 / step) * step
+    axis_max, ticks = axis_ticks(tmax)
     plot_w = width - label_w - right
 
     def x(t: float) -> float:
@@ -304,12 +338,10 @@ def timeline_svg(r: JobReport, width: int = 1200) -> str:
     svg.rect(0, 0, width, height, "#ffffff")
     title = f"job {r.job}: {r.nodes} node(s), startup {fmt_seconds(r.startup_s)} to the slowest node's ready"
     svg.text(10, 18, title + layout.note, ' font-size="14" font-weight="600" fill="#222"')
-    t = 0.0  # the axis and its grid
-    while t <= axis_max + 1e-9:
+    for t, label in ticks:  # the axis and its grid
         gx = x(t)
         svg.add(f'<line x1="{gx:.1f}" y1="{top - 6}" x2="{gx:.1f}" y2="{height - bottom_pad + 4}" stroke="#ececf0"/>')
-        svg.text(gx, top - 10, fmt_seconds(t) if t else "0", ' text-anchor="middle" fill="#666" font-size="11"')
-        t += step
+        svg.text(gx, top - 10, label, ' text-anchor="middle" fill="#666" font-size="11" class="tick"')
     y = _timeline_rows(svg, layout, x, top, width, exec_stages, others)
     _job_start_line(svg, r, x(r.startup_s), top, y, width)
     _legend(svg, r, y + 40, exec_stages, others, aggregated)
@@ -354,7 +386,8 @@ def _job_start_line(svg: _Svg, r: JobReport, jx: float, top: float, y: float, wi
         f'<line x1="{jx:.1f}" y1="{top - 4}" x2="{jx:.1f}" y2="{y + 2}" stroke="{STRAGGLER}" stroke-width="1.5" '
         'stroke-dasharray="5,3"/>'
     )
-    words = f"job starts: {fmt_seconds(r.startup_s)} (slowest node {r.slowest_node} ready)"
+    who = f"slowest node {r.slowest_node}" if _straggler(r) else r.slowest_node
+    words = f"job starts: {fmt_seconds(r.startup_s)} ({who} ready)"
     anchor = "end" if jx + 6.5 * len(words) > width - 10 else "start"
     dx = -4 if anchor == "end" else 4
     svg.text(
@@ -443,7 +476,8 @@ def _legend(svg: _Svg, r: JobReport, y: float, stages: list[str], others: list[s
         lx += 30 + 7 * len(name)
     svg.text(lx + 6, y, "● ready", ' fill="#333"')
     lx += 70
-    svg.text(lx, y, "★ straggler (slowest to ready)", f' fill="{STRAGGLER}" font-weight="700"')
+    if _straggler(r):
+        svg.text(lx, y, "★ straggler (slowest to ready)", f' fill="{STRAGGLER}" font-weight="700"')
     if aggregated:
         svg.text(
             10,
@@ -557,8 +591,8 @@ def job_html(r: JobReport) -> str:
     which = f"start {r.attempt}" if r.attempt else "latest start of each node"
     body = [
         f"<h1>bootseer report · job {_e(r.job)}</h1>",
-        f'<div class="sub">{r.nodes} node(s) · {which} · {len(r.attempts)} start(s) in this job · first start '
-        f"{_e(fmt_time(r.started))} · generated {_e(fmt_time(time.time()))}</div>",
+        f'<div class="sub">{r.nodes} node(s) · {which} · {len(r.attempts)} start(s) in this job · '
+        f"{_e(_first_start_words(r))} · generated {_e(fmt_time(time.time()))}</div>",
         _job_cards(r),
         f'<p class="verdict">{_e(r.verdict)}</p>',
         "<h2>Timeline</h2>",
@@ -578,23 +612,30 @@ def job_html(r: JobReport) -> str:
                 [[str(a.attempt), str(a.nodes), _e(fmt_time(a.started)), fmt_seconds(a.startup_s)] for a in r.attempts],
             )
         )
-    body.append("<footer>bootseer report · times are seconds after the job's first start</footer>")
+    body.append("<footer>bootseer report · timeline times are seconds after the shown start began</footer>")
     return _page(f"bootseer report · {r.job}", body)
 
 
+def _counts_gpus(r: JobReport) -> bool:
+    """GPU time is shown only when something said the job has GPUs (not the assumed default of a CPU job)."""
+    return r.gpus_source != "default"
+
+
 def _job_cards(r: JobReport) -> str:
-    """The headline figures of a job, the ones that call for action marked."""
-    gpu_words = f"GPU time wasted: {r.nodes} × {r.gpus_per_node} GPUs ({r.gpus_source}) × {fmt_seconds(r.startup_s)}"
-    return _cards(
-        [
-            (fmt_seconds(r.startup_s), "startup: job's first start → slowest node ready", True),
-            (r.slowest_node, "slowest node (the straggler)", True),
+    """The headline figures of a job, the ones that call for action marked (none when it is already fast)."""
+    act = not already_fast(r)
+    items = [(fmt_seconds(r.startup_s), "startup: job's first start → slowest node ready", act)]
+    if _straggler(r):
+        items += [
+            (r.slowest_node, "slowest node (the straggler)", act),
             (fmt_seconds(r.median_ready_s), "median node ready", False),
             (fmt_seconds(r.straggler_wait_s), "median node's wait for the slowest", False),
-            (f"{r.gpu_hours_wasted:.2f} GPU-h", gpu_words, False),
-            (f"{r.ready_called}/{r.nodes}", "nodes that called bootseer_cli.ready()", r.ready_called < r.nodes),
         ]
-    )
+    if _counts_gpus(r):
+        words = f"GPU time wasted: {r.nodes} × {r.gpus_per_node} GPUs ({r.gpus_source}) × {fmt_seconds(r.startup_s)}"
+        items.append((f"{r.gpu_hours_wasted:.2f} GPU-h", words, False))
+    items.append((f"{r.ready_called}/{r.nodes}", "nodes that called bootseer_cli.ready()", r.ready_called < r.nodes))
+    return _cards(items)
 
 
 def _stage_table_html(r: JobReport) -> str:
@@ -612,14 +653,15 @@ def _node_table_html(r: JobReport) -> str:
     stage_names = [s.stage for s in r.stages if s.stage not in (TOTAL_STAGE, READY_STAGE)]
     listed = r.rows if r.nodes <= MAX_NODE_ROWS else sorted(r.rows, key=lambda row: -row.ready)[:15]
     rows, classes = [], []
+    star = _straggler(r)
     for row in listed:
         by = {seg.stage: seg.end - seg.start for seg in row.segments}
         rows.append(
-            [_e(("★ " if row.node == r.slowest_node else "") + row.node), str(row.rank), _e(row.run)]
+            [_e(("★ " if row.node == star else "") + row.node), str(row.rank), _e(row.run)]
             + [fmt_seconds(by[n]) if n in by else "–" for n in [*stage_names, TOTAL_STAGE, READY_STAGE]]
             + [fmt_seconds(row.ready), fmt_seconds(row.wait_s)]
         )
-        classes.append("slow" if row.node == r.slowest_node else "")
+        classes.append("slow" if row.node == star else "")
     return _html_table(
         ["node", "rank", "run", *stage_names, "bootseer", "launcher", "ready at", "waited"], rows, classes
     )

@@ -52,6 +52,11 @@ def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> St
     """The detached mount, owned by this pid (the launcher's after execvp); None: no mount here, pull."""
     from .mount import mount_detached
 
+    missing = fuse_missing()
+    if missing:  # say so in one line rather than wait for a mount that cannot appear
+        ctx.warn(f"checkpoint: FUSE unavailable ({missing}); pulling {m.name}:{m.tag} to {mp} instead of mounting")
+        extra["fallback"] = missing
+        return None
     try:
         pid = mount_detached(
             m,
@@ -69,6 +74,24 @@ def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> St
     ctx.exports["BOOTSEER_CKPT_DIR"] = mp
     ctx.info(f"checkpoint {m.name}:{m.tag} mounted at {mp}")
     return StageResult("mounted", summary=f"mounted {m.name}:{m.tag}", extra=extra)
+
+
+def fuse_missing(device: str = "/dev/fuse", euid: int | None = None) -> str:
+    """What this node lacks for a FUSE mount ("" when nothing): the device, or (not root) fusermount3."""
+    import shutil
+    import stat
+
+    try:
+        if not stat.S_ISCHR(os.stat(device).st_mode):
+            return f"{device} is not a device"
+    except OSError:
+        return f"{device} is missing"
+    if not os.access(device, os.R_OK | os.W_OK):
+        return f"{device} is not readable and writable by this user"
+    root = (os.geteuid() if euid is None else euid) == 0  # root mounts without the setuid helper
+    if not root and shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
+        return "fusermount3 is not installed (apt-get install fuse3)"
+    return ""
 
 
 def _pull(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> StageResult:

@@ -1,0 +1,72 @@
+"""`bootseer gc`: give the store's space back (as `docker system prune` does for docker's), by keep policies.
+
+The policies and the safety rules (leases, refs, a second look before blobs go) are in `bootseer_cli.gc`;
+this verb parses the options, prints the plan or the result, and removes this node's old run directories.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from ..units import fmt_age, fmt_bytes
+from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
+
+_KINDS = {
+    "env": "env snapshots",
+    "hot": "hot-block records",
+    "compile": "compile-cache keys",
+    "torrent": "torrent refs",
+    "ckpt": "checkpoint tags",
+    "stripe": "checkpoint stripes on other targets",
+    "events": "event files",
+    "blob": "unreferenced blobs",
+    "run": "run directories (this node)",
+}
+
+
+def gc(
+    keep_days: Annotated[
+        float,
+        typer.Option("--keep-days", metavar="DAYS", help="Keep what was used or written within DAYS."),
+    ] = 30.0,
+    keep_tags: Annotated[
+        int, typer.Option("--keep-tags", metavar="K", help="Keep the newest K tags of each checkpoint name.")
+    ] = 5,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would go and the space freed.")] = False,
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove from the store what the keep policies let go, then the blobs nothing names any more."""
+    from .. import gc as gclib
+    from ..paths import runs_dir
+    from ..store import open_store
+
+    policy = gclib.Policy(keep_days=keep_days, keep_tags=keep_tags)
+    settings = load_settings(config, store)
+    st = open_store(settings.store.uri)
+    plan = gclib.plan(st, policy, runs_root=runs_dir())
+    if not dry_run:
+        plan = gclib.apply(st, plan, list(settings.checkpoint.targets))
+    if as_json:
+        doc = {"store": st.uri, "dry_run": dry_run, "keep_days": keep_days, "keep_tags": keep_tags}
+        doc |= {"freed_bytes": plan.freed_bytes, "removed": [d.as_json() for d in plan.doomed], "held": plan.held}
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    for d in plan.doomed:
+        used = f", idle {fmt_age(d.last_used, policy.now)}" if d.last_used else ""
+        typer.echo(f"{verb} {d.kind:7} {d.name[:48]:48} {fmt_bytes(d.bytes):>9}{used}")
+    for kind, (n, size) in plan.by_kind().items():
+        typer.echo(f"{_KINDS.get(kind, kind)}: {n}, {fmt_bytes(size)}")
+    for why in plan.held:
+        typer.echo(f"kept: {why}")
+    freed = "would free" if dry_run else "freed"
+    typer.echo(f"{freed} {fmt_bytes(plan.freed_bytes)} in {len(plan.doomed)} item(s) from {st.uri}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gc")(gc)
