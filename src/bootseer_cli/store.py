@@ -305,10 +305,13 @@ class Store:
         return self.size(blob_path(digest))
 
     def put_blob_file(self, path: Path, digest: str | None = None, progress: Progress | None = None) -> str:
-        """Upload a local file as a blob; returns its digest. A blob already present is not re-sent."""
+        """Upload a local file as a blob; returns its digest. A blob already present is not re-sent.
+
+        On a local store "present" is checked by digest, not size: the node cache hard-links the
+        store's blobs, so a byte flipped in one is flipped in both, and a republish must mend it."""
         digest = digest or sha256_file(path)
         rel = blob_path(digest)
-        if self.exists(rel) and self.size(rel) == path.stat().st_size:
+        if self.exists(rel) and self.size(rel) == path.stat().st_size and self._present_whole(rel, digest):
             if progress:
                 progress(path.stat().st_size)
             return digest
@@ -322,6 +325,16 @@ class Store:
             raise StoreError(f"store {self.uri}: cannot upload blob {digest[:12]}: {e}") from None
         return digest
 
+    def _present_whole(self, rel: str, digest: str) -> bool:
+        """Whether the stored object of the right size is whole: by digest on a local store (a local
+        read), by size alone on an object store (a download would cost what the upload saves)."""
+        if not self.is_local:
+            return True
+        try:
+            return sha256_file(self.path(rel)) == digest
+        except OSError:
+            return False
+
     def put_blob_stream(
         self, digest: str, chunks: Iterable[bytes], size: int | None = None, progress: Progress | None = None
     ) -> str:
@@ -331,7 +344,7 @@ class Store:
         hashed again on the way; a mismatch removes the object and raises IntegrityError.
         """
         rel = blob_path(digest)
-        if self.exists(rel) and (size is None or self.size(rel) == size):
+        if self.exists(rel) and (size is None or self.size(rel) == size) and self._present_whole(rel, digest):
             if progress and size:
                 progress(size)
             return digest

@@ -119,3 +119,20 @@ def test_push_replaces_a_corrupt_object_of_the_right_size(tmp_path: Path, kind: 
     r = _cli("ckpt", "pull", "job:t2", str(tmp_path / "out"), "--store", uri)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
+
+
+def test_a_republish_mends_a_corrupt_local_blob(tmp_path: Path) -> None:
+    """The node cache hard-links the local store's blobs: a byte flipped in one is flipped in both, so a
+    blob already present with the right size must be checked by digest before a republish skips it."""
+    from bootseer_cli.store import blob_path, open_store
+
+    store = open_store((tmp_path / "store").as_uri())
+    src = tmp_path / "blob"
+    src.write_bytes(b"x" * 10000)
+    digest = store.put_blob_file(src)
+    stored = Path(store.path(blob_path(digest)))
+    data = bytearray(stored.read_bytes())
+    data[5] ^= 1
+    stored.write_bytes(bytes(data))
+    assert store.put_blob_file(src) == digest
+    assert stored.read_bytes() == src.read_bytes()
