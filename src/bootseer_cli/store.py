@@ -368,8 +368,9 @@ class Store:
 
     def put_blob_bytes(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
-        if not self.exists(blob_path(digest)):
-            self.put_bytes(blob_path(digest), data)
+        rel = blob_path(digest)
+        if not (self.exists(rel) and self.size(rel) == len(data) and self._present_whole(rel, digest)):
+            self.put_bytes(rel, data)
         return digest
 
     def get_blob_bytes(self, digest: str) -> bytes:

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +43,18 @@ def _flip(path: Path, offset: int = 100) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
 
 
+@pytest.fixture
+def own_copy_cache() -> Iterator[Path]:
+    """A cache directory on another filesystem than the store (tmpfs), so the cache holds its own copy
+    of each blob, as it does for every store but a local one on the same filesystem (where it hard-links
+    the store's blob: one copy on disk, see test_a_linked_cache_never_serves_a_flipped_byte)."""
+    d = Path(tempfile.mkdtemp(prefix="bootseer-cache-", dir="/dev/shm"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -51,10 +66,10 @@ def _src(tmp_path: Path) -> Path:
     return src
 
 
-def test_flipped_byte_in_a_cached_stripe_is_refetched_and_repaired(tmp_path: Path) -> None:
+def test_flipped_byte_in_a_cached_stripe_is_refetched_and_repaired(tmp_path: Path, own_copy_cache: Path) -> None:
     store = Store((tmp_path / "store").as_uri())
     m = push(store, _src(tmp_path), "job", "t1", stripes=2, cell_size=CELL)
-    cache = BlobCache(tmp_path / "cache", 1 << 30)
+    cache = BlobCache(own_copy_cache, 1 << 30)
     targets = Targets(store)
     pull(m, targets, tmp_path / "d1", p2p=P2PSettings(), cache=cache, whole_stripes=True)
     cached = cache.path(m.stripes[0].digest)
@@ -66,11 +81,11 @@ def test_flipped_byte_in_a_cached_stripe_is_refetched_and_repaired(tmp_path: Pat
     assert _digest(cached) == m.stripes[0].digest, "the cache entry was not repaired"
 
 
-def test_fetch_blob_drops_a_corrupt_hit(tmp_path: Path) -> None:
+def test_fetch_blob_drops_a_corrupt_hit(tmp_path: Path, own_copy_cache: Path) -> None:
     store = Store((tmp_path / "store").as_uri())
     data = os.urandom(300_000)
     digest = store.put_blob_bytes(data)
-    cache = BlobCache(tmp_path / "cache", 1 << 30)
+    cache = BlobCache(own_copy_cache, 1 << 30)
     assert fetch_blob(P2PSettings(), store, digest, cache=cache).source == "store"
     _flip(cache.path(digest))
     got = fetch_blob(P2PSettings(), store, digest, cache=cache)
@@ -78,7 +93,7 @@ def test_fetch_blob_drops_a_corrupt_hit(tmp_path: Path) -> None:
     assert fetch_blob(P2PSettings(), store, digest, cache=cache).source == "cache"  # healed: a hit again
 
 
-def test_corrupt_cached_hot_record_is_refetched(tmp_path: Path) -> None:
+def test_corrupt_cached_hot_record_is_refetched(tmp_path: Path, own_copy_cache: Path) -> None:
     store = Store((tmp_path / "store").as_uri())
     f = tmp_path / "lib.so"
     f.write_bytes(os.urandom(10_000))
@@ -86,11 +101,30 @@ def test_corrupt_cached_hot_record_is_refetched(tmp_path: Path) -> None:
     rec = record.Record("k" * 64, [str(tmp_path)], files={str(f): (st.st_size, st.st_mtime_ns)})
     rec.extents = [(str(f), 0, 4096)]
     doc = record.publish(store, rec)
-    cache = BlobCache(tmp_path / "cache", 1 << 30)
+    cache = BlobCache(own_copy_cache, 1 << 30)
     assert record.load(P2PSettings(), store, cache, rec.image_key) is not None
     _flip(cache.path(doc["blob"]), offset=doc["size"] // 2)
     got = record.load(P2PSettings(), store, cache, rec.image_key)
     assert got is not None and got[0].extents == rec.extents and got[1]["_source"] == "store"
+
+
+def test_a_linked_cache_never_serves_a_flipped_byte(tmp_path: Path) -> None:
+    """On the default local store the cache hard-links the store's blob (one copy on disk): a flipped
+    byte is in both, so there is no good copy to fetch again. It is caught by the digest (never served)
+    and the next publish of the same bytes mends the store (test_a_republish_mends_a_corrupt_local_blob)."""
+    from bootseer_cli.errors import IntegrityError
+
+    store = Store((tmp_path / "store").as_uri())
+    data = os.urandom(300_000)
+    digest = store.put_blob_bytes(data)
+    cache = BlobCache(tmp_path / "cache", 1 << 30)
+    got = fetch_blob(P2PSettings(), store, digest, cache=cache)
+    assert got.path.stat().st_nlink == 2, "one copy on disk: the cache links the store's blob"
+    _flip(cache.path(digest))
+    with pytest.raises(IntegrityError):
+        fetch_blob(P2PSettings(), store, digest, cache=cache)
+    assert store.put_blob_bytes(data) == digest
+    assert fetch_blob(P2PSettings(), store, digest, cache=cache).path.read_bytes() == data
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
