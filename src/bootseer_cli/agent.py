@@ -5,7 +5,8 @@ tasks) and starts `bootseer agent --run-dir D` in its own session. The agent run
 thread (`TASKS` maps a task's kind to its handler), uploads the run's stage events early and again at
 the end, and when the launcher's pid ends (normally, by failure or by SIGKILL) tells every task to
 stop, waits for them to clean up (unmount, stop seeding) and exits. A task handler is
-`handler(task: dict, agent: Agent) -> None` and must return soon after `agent.stopping` is set.
+`handler(task: dict, agent: Agent) -> None` and must return soon after `agent.stopping` is set,
+unless the task is marked `finish` (the env upload): the agent then waits for it to end.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ TASKS: dict[str, str] = {
     "seed": "bootseer_cli.p2p.seed:run_seed",
     "ckpt-umount": "bootseer_cli.stripe.stage:agent_unmount",
     "compile-publish": "bootseer_cli.compilecache.tasks:publish_task",
+    "env-publish": "bootseer_cli.envsnap.agent_tasks:publish_task",
 }
 
 STOP_GRACE_S = 30.0
@@ -175,14 +177,16 @@ def main(run_dir: Path) -> int:
     for task in agent.spec.get("tasks", []):
         t = threading.Thread(target=_run_task, args=(agent, task), name=task.get("kind", "task"), daemon=True)
         t.start()
-        threads.append(t)
+        threads.append((t, bool(task.get("finish"))))
     agent.upload_events()
     agent.wait_launcher()
     agent.log("launcher ended; stopping tasks")
     agent.stopping.set()
     deadline = time.time() + STOP_GRACE_S
-    for t in threads:
-        t.join(max(0.0, deadline - time.time()))
+    for t, finish in threads:
+        # A `finish` task (an upload others wait for under its lease) runs to its end, however long;
+        # if the agent is killed instead, the lease it renews expires and another node does the work.
+        t.join(None if finish else max(0.0, deadline - time.time()))
     agent.upload_events()
     with contextlib.suppress(FileNotFoundError):
         (run_dir / "agent.pid").unlink()

@@ -53,6 +53,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "extra_roots": ("list[str]", []),
         "key_env": ("list[str]", []),
         "wait_s": (float, 600.0),
+        "lease_ttl_s": (float, 60.0),  # the builder's lease: another node builds this long after the builder died
     },
     "checkpoint": {
         "name": (str, None),

@@ -70,6 +70,8 @@ def execute(settings: Settings, command: list[str], skip: set[str] | None = None
 def _hand_over(ctx: StageContext) -> None:
     """What continues after exec: the agent (seeding, uploads), or the events uploaded here."""
     if ctx.settings.exec.agent:
+        for hook in ctx.before_agent:  # e.g. the env stage's lease keeper stops: the agent renews it now
+            hook()
         _spawn_agent(ctx, os.getpid())
     else:
         _upload_quietly(ctx)

@@ -73,6 +73,7 @@ class EnvSettings:
     extra_roots: tuple[str, ...] = ()
     key_env: tuple[str, ...] = ()
     wait_s: float = 600.0
+    lease_ttl_s: float = 60.0  # renewed every third of it while the builder works (and its agent uploads)
     base_dir: Path = field(default_factory=Path.cwd)  # relative paths (roots, -r files) resolve here
 
     def resolve_path(self, p: str) -> Path:
@@ -164,6 +165,7 @@ class Settings:
                 extra_roots=tuple(g("env", "extra_roots")),
                 key_env=tuple(g("env", "key_env")),
                 wait_s=float(g("env", "wait_s")),
+                lease_ttl_s=float(g("env", "lease_ttl_s")),
                 base_dir=base,
             ),
             checkpoint=CheckpointSettings(

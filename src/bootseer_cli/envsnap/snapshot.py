@@ -59,11 +59,13 @@ class LeaseKeeper:
     harmless), but the single flight is over, which `lost` tells.
     """
 
-    def __init__(self, lease: Lease, ttl_s: float) -> None:
+    def __init__(self, lease: Lease, ttl_s: float, on_renew: Callable[[], None] | None = None) -> None:
         self.lease = lease
         self.ttl_s = ttl_s
         self.lost = threading.Event()
         self._stop = threading.Event()
+        self._on_renew = on_renew
+        self._handed_over = False
         self._t = threading.Thread(target=self._run, name="bootseer-lease", daemon=True)
 
     def _run(self) -> None:
@@ -72,6 +74,24 @@ class LeaseKeeper:
                 if not self.lease.renew(self.ttl_s):
                     self.lost.set()
                     return
+                if self._on_renew is not None:
+                    self._on_renew()
+
+    def hand_over(self) -> None:
+        """Keep renewing past the `with` block, and never release: another process takes the lease on.
+
+        Call `stop_renewing` (before exec) when that process is about to take over."""
+        self._handed_over = True
+
+    def stop_renewing(self) -> None:
+        """Stop the renewals and wait for one in flight (an exec part way through a local renewal would
+        leave the lease file moved aside, i.e. free), then renew once more: the lease's full TTL for
+        the next holder to start renewing it. The lease is not released."""
+        self._stop.set()
+        self._t.join(10.0)
+        with contextlib.suppress(BootseerError, OSError, ValueError):  # it still holds until its expiry
+            if not self.lease.lost and not self.lease.renew(self.ttl_s):
+                self.lost.set()
 
     def __enter__(self) -> LeaseKeeper:
         self._t.start()
@@ -79,7 +99,10 @@ class LeaseKeeper:
 
     def __exit__(self, *exc: object) -> None:
         """Stop renewing and release, waiting a few seconds at most: the ref is written before this,
-        so a slow store only delays the lease's expiry for others, never their restore."""
+        so a slow store only delays the lease's expiry for others, never their restore. A keeper
+        handed over (`hand_over`) goes on renewing until `stop_renewing`, and releases nothing."""
+        if self._handed_over:
+            return
         self._stop.set()
 
         def release() -> None:
@@ -317,19 +340,78 @@ def capture(
     )
 
 
+@dataclass(frozen=True)
+class Upload:
+    """What publishing needs of a capture, small enough to hand to the agent in its task (JSON)."""
+
+    blob: Path
+    digest: str
+    size: int
+    files: int
+    raw_bytes: int
+    deletions: int
+    entries: int  # how many entries the blob lists (ref field "entries"), deletions included
+
+    @classmethod
+    def of(cls, cap: Captured) -> Upload:
+        entries = len(cap.entries) + cap.deletions
+        return cls(cap.blob, cap.digest, cap.size, cap.files, cap.raw_bytes, cap.deletions, entries)
+
+    def as_task(self) -> dict[str, Any]:
+        return {**self.__dict__, "blob": str(self.blob)}
+
+    @classmethod
+    def from_task(cls, d: dict[str, Any]) -> Upload:
+        ints = {k: int(d[k]) for k in ("size", "files", "raw_bytes", "deletions", "entries")}
+        return cls(blob=Path(str(d["blob"])), digest=str(d["digest"]), **ints)
+
+
+PENDING_DIR = "pending"
+
+
+def pin_pending(cache: BlobCache, cap: Captured) -> Captured:
+    """Move a capture to `<cache>/pending/`, out of the evictable part of the cache (eviction only
+    walks `sha256/`), until the agent has uploaded it and adopts it into the cache."""
+    pending = cache.root / PENDING_DIR
+    pending.mkdir(parents=True, exist_ok=True)
+    dest = pending / f"{cap.digest}-{uuid.uuid4().hex[:8]}.tar.zst"
+    os.replace(cap.blob, dest)
+    return replace(cap, blob=dest)
+
+
+def sweep_pending(cache: BlobCache, ttl_s: float) -> int:
+    """Remove pending captures whose uploader is gone: the agent touches its blob at every lease
+    renewal (every TTL/3), so a blob untouched for 3 TTLs (10 minutes at least) has no uploader."""
+    pending = cache.root / PENDING_DIR
+    cutoff = time.time() - max(3 * ttl_s, 600.0)
+    removed = 0
+    with contextlib.suppress(FileNotFoundError):
+        for p in pending.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                if p.stat().st_mtime < cutoff:
+                    p.unlink()
+                    removed += 1
+    return removed
+
+
 def publish(
     p2p: P2PSettings,
     store: Store,
     cache: BlobCache,
-    cap: Captured,
+    cap: Captured | Upload,
     env_key: str,
     roots: list[str],
     progress: bool | None = None,
 ) -> Path:
-    """Upload the blob, adopt it into the node cache, then write the ref (last). Returns the cached path."""
+    """Upload the blob, adopt it into the node cache, then write the ref (last). Returns the cached path.
+
+    Called by `exec` before the launcher starts (`[exec] agent = false`, the `snapshot` verb), or by
+    the agent's "env-publish" task (envsnap/agent_tasks.py) with the capture's `Upload`."""
     from .. import delivery
     from ..progress import byte_bar
 
+    if isinstance(cap, Captured):
+        cap = Upload.of(cap)
     with byte_bar(cap.size, "upload", enabled=progress) as advance:
         store.put_blob_file(cap.blob, cap.digest, progress=advance)
     path = cache.adopt(cap.blob, cap.digest, store)  # a local store: one copy, linked
@@ -340,7 +422,7 @@ def publish(
         "files": cap.files,
         "bytes": cap.raw_bytes,
         "deletions": cap.deletions,
-        "entries": len(cap.entries) + cap.deletions,
+        "entries": cap.entries,
         "created": time.time(),
         "creator": socket.gethostname(),
         "roots": roots,

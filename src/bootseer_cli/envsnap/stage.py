@@ -4,7 +4,9 @@ Order of preference (DESIGN.md section 2, step 4):
 1. the tree already carries this env (a stamp whose sentinel files are untouched): nothing to do;
 2. the store has a snapshot for the env key: fetch, verify, restore;
 3. otherwise one node takes the lease, runs the setup, captures and publishes; the others poll the
-   ref for up to `[env] wait_s`, then restore what it published, or run the setup themselves;
+   ref for up to `[env] wait_s`, then restore what it published, or run the setup themselves. With
+   the agent (`[exec] agent`, the default) the builder captures and stamps before exec and the agent
+   uploads while the job starts, renewing the lease until the ref is written (agent_tasks.py);
 4. on any failure of bootseer's own (store down, bad blob, a snapshot that cannot be read, planned
    or extracted, whatever exception it raises): warn, run the setup, go on. Only the user's setup
    failing stops the start, with the setup's exit status.
@@ -27,10 +29,14 @@ from ..units import fmt_bytes
 if TYPE_CHECKING:
     from ..store import Lease, Store
     from .manifest import Manifest
-    from .snapshot import Restored
+    from .snapshot import Captured, LeaseKeeper, Restored
 
-LEASE_TTL_S = 60.0
 POLL_S = 1.0
+
+
+def _lease_ttl(ctx: StageContext) -> float:
+    """`[env] lease_ttl_s`: how long after a builder dies the next node builds (at least 1 s)."""
+    return max(1.0, ctx.settings.env.lease_ttl_s)
 
 
 def _restored_result(r: Restored, note: str = "") -> StageResult:
@@ -146,7 +152,7 @@ def _single_flight(
     announced = False
     while True:
         try:
-            lease = store.try_lease(snap.lease_key(key), LEASE_TTL_S)
+            lease = store.try_lease(snap.lease_key(key), _lease_ttl(ctx))
         except BootseerError as e:
             ctx.warn(f"env: cannot take the build lease ({e}); running the setup locally")
             return _local_setup(ctx, roots, key, reason="lease failed")
@@ -174,11 +180,12 @@ def _single_flight(
 def _build(
     ctx: StageContext, store: Store, key: str, roots: list[str], lease: Lease, note: str, ran: dict[str, bool]
 ) -> StageResult:
-    """Holder of the lease: setup, capture, publish. A failed capture/publish only warns."""
+    """Holder of the lease: setup, capture, publish (or hand the upload and the lease to the agent).
+    A failed capture/publish only warns."""
     from . import snapshot as snap
     from .setup import fresh_setup
 
-    with snap.LeaseKeeper(lease, LEASE_TTL_S):
+    with snap.LeaseKeeper(lease, _lease_ttl(ctx)) as keeper:
         # The lease may have been taken just after another node published: check once more.
         ref = store.read_ref(snap.REF_KIND, key)
         if ref is not None:
@@ -188,7 +195,74 @@ def _build(
         run = fresh_setup(
             ctx.settings.env, ctx.settings.store, roots, ctx.info, on_start=lambda: ran.update(setup=True)
         )
+        if ctx.settings.exec.agent:
+            return _capture_and_hand_over(ctx, keeper, key, roots, run.baseline, run.started, run.seconds, note)
         return _capture_and_publish(ctx, store, key, roots, run.baseline, run.started, run.seconds, note)
+
+
+def _capture(
+    ctx: StageContext, key: str, roots: list[str], baseline: Manifest, started: float, setup_s: float
+) -> Captured | StageResult:
+    """The capture after the lease holder's setup; when it fails, the tree stamped and the result."""
+    from . import snapshot as snap
+
+    try:
+        return snap.capture(
+            ctx.settings.store, roots, baseline, key, ctx.cache, ctx.warn, since=started - 1, info=ctx.info
+        )
+    except StageFatal:
+        raise
+    except BootseerError as e:
+        ctx.warn(f"env: setup done, but not captured: {e}")
+        _stamp_after_setup(ctx, roots, key, baseline)
+        return StageResult("setup", summary=f"setup {setup_s:.1f} s (not captured)", cache="miss", reason=str(e))
+
+
+def _capture_and_hand_over(
+    ctx: StageContext,
+    keeper: LeaseKeeper,
+    key: str,
+    roots: list[str],
+    baseline: Manifest,
+    started: float,
+    setup_s: float,
+    note: str,
+) -> StageResult:
+    """Capture, stamp, and leave the upload to the agent ("env-publish"), which takes the lease on.
+
+    The capture is moved out of the evictable cache until the agent has uploaded it. The keeper goes
+    on renewing until just before the agent starts (`before_agent`), so the lease never lapses between
+    the two holders; the other nodes keep waiting on it until the agent writes the ref and releases it."""
+    from . import snapshot as snap
+    from .stamp import write_stamp
+
+    snap.sweep_pending(ctx.cache, _lease_ttl(ctx))
+    cap = _capture(ctx, key, roots, baseline, started, setup_s)
+    if isinstance(cap, StageResult):
+        return cap
+    cap = snap.pin_pending(ctx.cache, cap)
+    write_stamp(roots, _keys_now(ctx, key), cap.digest, cap.entries, cap.deletion_paths)
+    lease = keeper.lease
+    task_lease = {"key": lease.key, "owner": lease.owner, "expires": lease.expires, "ttl_s": keeper.ttl_s}
+
+    def stop_renewing() -> None:
+        keeper.stop_renewing()
+        task_lease["expires"] = lease.expires  # agent.json is written after this hook
+
+    keeper.hand_over()
+    ctx.before_agent.append(stop_renewing)
+    ctx.add_agent_task(
+        "env-publish", finish=True, env_key=key, roots=roots, upload=snap.Upload.of(cap).as_task(), lease=task_lease
+    )
+    summary = f"setup {setup_s:.1f} s, captured {cap.files} files ({fmt_bytes(cap.size)}); the agent uploads it"
+    return StageResult(
+        outcome="built",
+        summary=summary + (f", {note}" if note else ""),
+        cache="miss",
+        bytes=cap.size,
+        reason=note,
+        extra={"files": cap.files, "setup_s": round(setup_s, 3), "upload": "agent"},
+    )
 
 
 def _capture_and_publish(
@@ -205,16 +279,9 @@ def _capture_and_publish(
     from . import snapshot as snap
     from .stamp import write_stamp
 
-    try:
-        cap = snap.capture(
-            ctx.settings.store, roots, baseline, key, ctx.cache, ctx.warn, since=started - 1, info=ctx.info
-        )
-    except StageFatal:
-        raise
-    except BootseerError as e:
-        ctx.warn(f"env: setup done, but not captured: {e}")
-        _stamp_after_setup(ctx, roots, key, baseline)
-        return StageResult("setup", summary=f"setup {setup_s:.1f} s (not captured)", cache="miss", reason=str(e))
+    cap = _capture(ctx, key, roots, baseline, started, setup_s)
+    if isinstance(cap, StageResult):
+        return cap
     try:
         snap.publish(ctx.settings.p2p, store, ctx.cache, cap, key, roots)
     except BootseerError as e:

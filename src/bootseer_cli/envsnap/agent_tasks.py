@@ -1,0 +1,67 @@
+"""The "env-publish" agent task: upload the env snapshot the builder captured before exec, while the
+job starts, holding the builder's single-flight lease until the ref is written.
+
+Task parameters (set by stage.py `_capture_and_hand_over`): env_key, roots, upload (snapshot.Upload
+as a dict: the pending blob in the node cache and the ref's counts), lease (key, owner, expires,
+ttl_s). The other nodes wait on that lease (stage.py `_single_flight`); the agent renews it (and
+touches the pending blob, so `sweep_pending` knows it has an uploader) and releases it after the ref
+is written, or at once when the upload fails, so the next node builds without waiting for the TTL.
+If the agent dies (the node, SIGKILL), nobody renews: the lease expires after its TTL and the next
+node to take it builds. The task is marked `finish`: the agent waits for it after the launcher ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BootseerError
+from ..events import record as record_event
+from ..units import fmt_bytes, fmt_seconds
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+    from ..store import Lease
+
+
+def _lease_of(task: dict[str, Any], agent: Agent) -> Lease:
+    """The builder's lease, rebuilt from its parts on the agent's own store client."""
+    from ..store import Lease
+
+    d = task["lease"]
+    return Lease(agent.store, str(d["key"]), str(d["owner"]), float(d["expires"]), float(d["ttl_s"]))
+
+
+def publish_task(task: dict[str, Any], agent: Agent) -> None:
+    """Renew the lease, upload, write the ref, release; the pending blob never outlives the task."""
+    from ..cache import cache_for
+    from .snapshot import LeaseKeeper, Upload, publish
+
+    up = Upload.from_task(task["upload"])
+    key = str(task["env_key"])
+    t0 = time.time()
+    try:
+        lease = _lease_of(task, agent)
+        ttl = lease.ttl_s
+        if not lease.renew(ttl):  # expired meanwhile, and maybe taken: the upload is still harmless
+            agent.log(f"env-publish: the lease on env {key[:12]} was lost before the upload; uploading anyway")
+
+        def touch() -> None:
+            with contextlib.suppress(OSError):
+                os.utime(up.blob)
+
+        settings = agent.settings
+        agent.log(f"env-publish: uploading env {key[:12]} ({fmt_bytes(up.size)}), lease renewed every {ttl / 3:.1f} s")
+        with LeaseKeeper(lease, ttl, on_renew=touch):  # released on the way out, after the ref
+            publish(settings.p2p, agent.store, cache_for(settings.store), up, key, [str(r) for r in task["roots"]])
+    except (BootseerError, OSError) as e:  # the lease is released: the next node builds and publishes
+        agent.log(f"env-publish: env {key[:12]} not published: {e}")
+        record_event(agent.run, "env-publish", t0, time.time(), "failed", bytes=up.size, reason=str(e))
+        return
+    finally:
+        up.blob.unlink(missing_ok=True)  # adopted into the cache on success; a failed upload's copy goes
+    took = time.time() - t0
+    agent.log(f"env-publish: env {key[:12]} published, {up.files} files ({fmt_bytes(up.size)}) in {fmt_seconds(took)}")
+    record_event(agent.run, "env-publish", t0, time.time(), "built", bytes=up.size, detail=up.digest)
