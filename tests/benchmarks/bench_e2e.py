@@ -117,16 +117,26 @@ def last_events(run: Run) -> dict[str, dict]:
     return {e["stage"]: e for e in run.events if isinstance(e.get("duration_s"), int | float)}
 
 
+def extra_of(event: dict) -> dict:
+    """An event's stage-specific facts (`extra`: a JSON object, as events.record writes it)."""
+    try:
+        extra = json.loads(event.get("extra") or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return extra if isinstance(extra, dict) else {}
+
+
 def env_parts(env: dict) -> dict[str, float]:
     """The env stage: a restore is one figure; a build is the setup and what bootseer added to it."""
     dur = float(env["duration_s"])
-    if "setup_s" not in env:
+    extra = extra_of(env)
+    if "setup_s" not in extra:
         return {f"env {env.get('outcome', '')}".rstrip(): dur}
-    setup = float(env["setup_s"])
-    if "capture_s" in env:  # the stage may time capture and publish apart (issue 16)
-        out = {"setup": setup, "capture": float(env["capture_s"])}
-        if "publish_s" in env:
-            out["publish"] = float(env["publish_s"])
+    setup = float(extra["setup_s"])
+    if "capture_s" in extra:  # the stage may time capture and publish apart (issue 16)
+        out = {"setup": setup, "capture": float(extra["capture_s"])}
+        if "publish_s" in extra:
+            out["publish"] = float(extra["publish_s"])
         return out
     return {"setup": setup, "capture + publish": dur - setup}
 
@@ -351,6 +361,8 @@ def ratios(b: Bench) -> dict[str, float]:
         w, wo = med_parts(b.parts["e+"]), med_parts(b.parts["e-"])
         out["compile_speedup"] = wo["first compiled step"] / w["first compiled step"]
         out["compiled_startup_cut"] = 1 - m["e+"] / m["e-"]
+    if "e0" in m and "compile" in (first := med_parts(b.parts["e0"])):
+        out["compile_stage_empty_s"] = first["compile"]
     return out
 
 
@@ -374,6 +386,7 @@ def print_ratios(r: dict[str, float]) -> None:
         ("cold_over_without", "(b) cold start / (a) without bootseer: {:.2f}x (goal <= 1.15x)"),
         ("cold_added_before_exec_s", "(b) added before exec beyond the setup: {:.1f} s (goal <= 5 s)"),
         ("compile_speedup", "(e) first compiled step {:.1f}x faster with the compile stage (goal >= 5x)"),
+        ("compile_stage_empty_s", "(e) the compile stage with nothing to restore: {:.2f} s (goal <= 0.2 s)"),
         ("compiled_startup_cut", "(e) the compile stage removes {:.0%} of the compiled job's startup"),
         ("compiled_fresh_cut", "(e) the compiled job with the stage removes {:.0%} of (a)'s (uncompiled) startup"),
     ]
