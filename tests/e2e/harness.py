@@ -262,6 +262,12 @@ class Node:
             path.chmod(0o755)
         return self
 
+    def use_config(self, name: str) -> Node:
+        """Start this node with a config variant of the example (e.g. `bootseer-compile.toml`) in place
+        of its `bootseer.toml`: copied over it, so every start finds it as a user's job would."""
+        shutil.copy2(EXAMPLE / name, self.work / "bootseer.toml")
+        return self
+
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = clean_env()
         env.update(
