@@ -92,6 +92,10 @@ class Targets:
             self.get(recorded)
 
 
+class NoCheckpoint(StoreError):
+    """The store holds no such checkpoint (yet): a job's first start, before its first push."""
+
+
 def load_manifest(store: Store, name: str, tag: str = "latest") -> Manifest:
     """The manifest of NAME:TAG (TAG may be `latest`); a clear error when there is none."""
     check_name(name)
@@ -100,7 +104,7 @@ def load_manifest(store: Store, name: str, tag: str = "latest") -> Manifest:
     rel = manifest_rel(name, tag)
     data = store.get_bytes(rel)
     if data is None:
-        raise StoreError(f"checkpoint {name}:{tag} not found in {store.uri}")
+        raise NoCheckpoint(f"checkpoint {name}:{tag} not found in {store.uri}")
     m = Manifest.from_json(data, where=f"checkpoint {name}:{tag} manifest")
     if m.name != name or m.tag != tag:
         raise IntegrityError(f"checkpoint {name}:{tag}: its manifest names {m.name}:{m.tag}")
@@ -116,7 +120,7 @@ def resolve_latest(store: Store, name: str) -> str:
                 return tag
     entries = list_tags(store, name)
     if not entries:
-        raise StoreError(f"checkpoint {name}: no tags in {store.uri}")
+        raise NoCheckpoint(f"checkpoint {name}: no tags in {store.uri}")
     return entries[-1].tag
 
 

@@ -30,12 +30,16 @@ def run_stage(ctx: StageContext) -> StageResult:
     Errors (no such checkpoint, an unreachable store, a failed pull) propagate: `launch.run_stages`
     warns and starts the job without a checkpoint.
     """
-    from .catalog import Targets, load_manifest
+    from .catalog import NoCheckpoint, Targets, load_manifest
     from .mount import prepare_mountpoint
 
     ck = ctx.settings.checkpoint
     assert ck.name, "the stage table runs this stage only when [checkpoint] name is set"
-    m = load_manifest(ctx.store, ck.name, ck.tag)
+    try:
+        m = load_manifest(ctx.store, ck.name, ck.tag)
+    except NoCheckpoint as e:  # the first start of a job, before its first push: nothing to mount
+        ctx.warn(f"checkpoint: {e}; starting without one")
+        return StageResult("none", summary=f"no {ck.name}:{ck.tag} yet", cache="miss", reason=str(e))
     Targets(ctx.store, list(ck.targets)).check(m)  # the manifest's targets are not trusted
     # Resolved once, and this one path is used to mount, look up and unmount (or to pull into); a
     # symlink or another user's directory there is refused (MountpointError): no mount, no pull.
