@@ -66,8 +66,9 @@ def main() -> None:
 def config_line(cfg: Config) -> str:
     """What `exec -v` says first: which config file it used (or why none) and the store it talks to."""
     from .paths import default_store_uri
+    from .redact import redact
 
-    uri = cfg.get("store", "uri")
+    uri = redact(cfg.get("store", "uri") or "")
     store = f"store {uri}" if uri else f"the local store {default_store_uri()}"
     if cfg.path is None:
         where = "no config file (no --config, no $BOOTSEER_CONFIG, no bootseer.toml from here up to /)"

@@ -136,69 +136,104 @@ class Settings:
 
     @classmethod
     def from_config(cls, cfg: Config) -> Settings:
-        g = cfg.get
-        base = cfg.base_dir
-        cache_dir = g("store", "cache_dir")
-        roots = g("env", "roots")
-        image_roots = g("image", "roots")
         return cls(
-            store=StoreSettings(
-                uri=g("store", "uri"),
-                cache_dir=Path(cache_dir).expanduser() if cache_dir else None,
-                cache_max_bytes=int(g("store", "cache_max_gb") * (1 << 30)),
+            store=_store(cfg),
+            exec=ExecSettings(
+                quiet=bool(cfg.get("exec", "quiet")),
+                skip=tuple(cfg.get("exec", "skip")),
+                agent=cfg.get("exec", "agent"),
             ),
-            exec=ExecSettings(quiet=bool(g("exec", "quiet")), skip=tuple(g("exec", "skip")), agent=g("exec", "agent")),
-            image=ImageSettings(
-                enabled=_image_enabled(cfg),
-                ref=g("image", "ref"),
-                roots=tuple(image_roots) if image_roots is not None else None,
-                record=g("image", "record"),
-                ready=g("image", "ready"),
-                prefetch_threads=int(g("image", "prefetch_threads")),
-                prefetch_mbps=float(g("image", "prefetch_mbps")),
-                foreground_s=float(g("image", "foreground_s")),
-            ),
-            env=EnvSettings(
-                setup=tuple(g("env", "setup")),
-                files=tuple(g("env", "files")),
-                roots=tuple(roots) if roots is not None else None,
-                extra_roots=tuple(g("env", "extra_roots")),
-                key_env=tuple(g("env", "key_env")),
-                wait_s=float(g("env", "wait_s")),
-                lease_ttl_s=float(g("env", "lease_ttl_s")),
-                base_dir=base,
-            ),
-            checkpoint=CheckpointSettings(
-                name=g("checkpoint", "name"),
-                tag=g("checkpoint", "tag") or "latest",
-                mountpoint=_resolve(base, g("checkpoint", "mountpoint") or default_mountpoint()),
-                mode=g("checkpoint", "mode"),
-                targets=tuple(g("checkpoint", "targets")),
-                stripes=int(g("checkpoint", "stripes")),
-                cell_size=int(g("checkpoint", "cell_size")),
-                allow_other=bool(g("checkpoint", "allow_other")),
-            ),
-            p2p=P2PSettings(
-                enabled=bool(g("p2p", "enabled")),
-                port=str(g("p2p", "port")),
-                peers=tuple(g("p2p", "peers")),
-                seed_s=float(g("p2p", "seed_s")),
-                origin_mbps=float(g("p2p", "origin_mbps")),
-                deadline_s=float(g("p2p", "deadline_s")),
-                host=g("p2p", "host"),
-                listen=g("p2p", "listen"),
-            ),
+            image=_image(cfg),
+            env=_env(cfg),
+            checkpoint=_checkpoint(cfg),
+            p2p=_p2p(cfg),
             report=ReportSettings(
-                gpus_per_node=int(g("report", "gpus_per_node"))
+                gpus_per_node=int(cfg.get("report", "gpus_per_node"))
                 if cfg.source("report", "gpus_per_node") != "default"
                 else None
             ),
-            compile=CompileSettings(
-                enabled=bool(g("compile", "enabled")),
-                cache_dir=Path(_resolve(base, g("compile", "cache_dir"))) if g("compile", "cache_dir") else None,
-                max_bytes=int(g("compile", "max_gb") * 10**9),
-                device=g("compile", "device"),
-                publish=bool(g("compile", "publish")),
-            ),
+            compile=_compile(cfg),
             config_path=cfg.path,
         )
+
+
+# One builder per section: the only readers of `cfg.get`.
+
+
+def _store(cfg: Config) -> StoreSettings:
+    cache_dir = cfg.get("store", "cache_dir")
+    return StoreSettings(
+        uri=cfg.get("store", "uri"),
+        cache_dir=Path(cache_dir).expanduser() if cache_dir else None,
+        cache_max_bytes=int(cfg.get("store", "cache_max_gb") * (1 << 30)),
+    )
+
+
+def _image(cfg: Config) -> ImageSettings:
+    g = cfg.get
+    roots = g("image", "roots")
+    return ImageSettings(
+        enabled=_image_enabled(cfg),
+        ref=g("image", "ref"),
+        roots=tuple(roots) if roots is not None else None,
+        record=g("image", "record"),
+        ready=g("image", "ready"),
+        prefetch_threads=int(g("image", "prefetch_threads")),
+        prefetch_mbps=float(g("image", "prefetch_mbps")),
+        foreground_s=float(g("image", "foreground_s")),
+    )
+
+
+def _env(cfg: Config) -> EnvSettings:
+    g = cfg.get
+    roots = g("env", "roots")
+    return EnvSettings(
+        setup=tuple(g("env", "setup")),
+        files=tuple(g("env", "files")),
+        roots=tuple(roots) if roots is not None else None,
+        extra_roots=tuple(g("env", "extra_roots")),
+        key_env=tuple(g("env", "key_env")),
+        wait_s=float(g("env", "wait_s")),
+        lease_ttl_s=float(g("env", "lease_ttl_s")),
+        base_dir=cfg.base_dir,
+    )
+
+
+def _checkpoint(cfg: Config) -> CheckpointSettings:
+    g = cfg.get
+    return CheckpointSettings(
+        name=g("checkpoint", "name"),
+        tag=g("checkpoint", "tag") or "latest",
+        mountpoint=_resolve(cfg.base_dir, g("checkpoint", "mountpoint") or default_mountpoint()),
+        mode=g("checkpoint", "mode"),
+        targets=tuple(g("checkpoint", "targets")),
+        stripes=int(g("checkpoint", "stripes")),
+        cell_size=int(g("checkpoint", "cell_size")),
+        allow_other=bool(g("checkpoint", "allow_other")),
+    )
+
+
+def _p2p(cfg: Config) -> P2PSettings:
+    g = cfg.get
+    return P2PSettings(
+        enabled=bool(g("p2p", "enabled")),
+        port=str(g("p2p", "port")),
+        peers=tuple(g("p2p", "peers")),
+        seed_s=float(g("p2p", "seed_s")),
+        origin_mbps=float(g("p2p", "origin_mbps")),
+        deadline_s=float(g("p2p", "deadline_s")),
+        host=g("p2p", "host"),
+        listen=g("p2p", "listen"),
+    )
+
+
+def _compile(cfg: Config) -> CompileSettings:
+    g = cfg.get
+    cache_dir = g("compile", "cache_dir")
+    return CompileSettings(
+        enabled=bool(g("compile", "enabled")),
+        cache_dir=Path(_resolve(cfg.base_dir, cache_dir)) if cache_dir else None,
+        max_bytes=int(g("compile", "max_gb") * 10**9),
+        device=g("compile", "device"),
+        publish=bool(g("compile", "publish")),
+    )

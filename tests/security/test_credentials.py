@@ -115,7 +115,7 @@ def test_no_secret_in_anything_bootseer_writes(s3_server: S3Server, tmp_path: Pa
     job = _job_dir(tmp_path)
     found: list[tuple[str, bytes]] = []
 
-    r = _run(["exec", "--", "sh", "-c", "exit 0"], env, job)
+    r = _run(["exec", "-v", "--", "sh", "-c", "exit 0"], env, job)
     assert r.returncode == 0, r.stderr.decode()
     assert b"no-such-model" in r.stderr  # the checkpoint stage did hit its error and warn about it
     found.append(("exec stderr", r.stdout + r.stderr))
@@ -145,7 +145,7 @@ def test_no_secret_when_the_store_is_unreachable(tmp_path: Path, isolated_cache:
     uri = _secret_uri(f"127.0.0.1:{free_port()}", "dead")
     env = _environ(uri, tmp_path)
     job = _job_dir(tmp_path)
-    r = _run(["exec", "--", "sh", "-c", "exit 0"], env, job)
+    r = _run(["exec", "-v", "--", "sh", "-c", "exit 0"], env, job)
     assert r.returncode == 0, r.stderr.decode()
     assert b"warning" in r.stderr
     found = [("exec stderr", r.stdout + r.stderr)]
