@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, IntegrityError, StoreError
+from .procs import pid_alive
 
 if TYPE_CHECKING:
     from .store import Store
@@ -287,13 +287,7 @@ def _agent_alive(run_dir: Path) -> bool:
         pid = int((run_dir / "agent.pid").read_text().strip())
     except (OSError, ValueError):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def _runs(runs_root: Path, policy: Policy) -> list[Doomed]:

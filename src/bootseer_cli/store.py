@@ -242,8 +242,8 @@ class Store:
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_dir(self.path(rel))
 
-    def list(self, prefix: str, recursive: bool = False) -> list[str]:
-        """Relative paths of the files under `prefix` (empty when it does not exist)."""
+    def _file_infos(self, prefix: str, recursive: bool) -> list[Any]:
+        """pyarrow's infos of the files under `prefix` (temporaries and prefix markers left out)."""
         import pyarrow.fs as pafs
 
         sel = pafs.FileSelector(self.path(prefix), allow_not_found=True, recursive=recursive)
@@ -251,28 +251,21 @@ class Store:
             infos = self.fs.get_file_info(sel)
         except OSError as e:
             raise StoreError(f"store {self.uri}: cannot list {prefix}: {e}") from None
-        cut = len(self.root) + 1 if self.root else 0
-        return sorted(
-            i.path[cut:]
-            for i in infos
-            if i.type == pafs.FileType.File and ".tmp-" not in i.path and i.base_name != KEEP_NAME
-        )
+        return [i for i in infos if i.type == pafs.FileType.File and ".tmp-" not in i.path and i.base_name != KEEP_NAME]
+
+    def _rel(self, full: str) -> str:
+        return full[len(self.root) + 1 :] if self.root else full
+
+    def list(self, prefix: str, recursive: bool = False) -> list[str]:
+        """Relative paths of the files under `prefix` (empty when it does not exist)."""
+        return sorted(self._rel(i.path) for i in self._file_infos(prefix, recursive))
 
     def list_info(self, prefix: str) -> list[StoredFile]:
         """The files under `prefix`, recursively, with size and modification time (temporaries left out)."""
-        import pyarrow.fs as pafs
-
-        sel = pafs.FileSelector(self.path(prefix), allow_not_found=True, recursive=True)
-        try:
-            infos = self.fs.get_file_info(sel)
-        except OSError as e:
-            raise StoreError(f"store {self.uri}: cannot list {prefix}: {e}") from None
-        cut = len(self.root) + 1 if self.root else 0
         return sorted(
             (
-                StoredFile(i.path[cut:], i.size or 0, i.mtime.timestamp() if i.mtime is not None else 0.0)
-                for i in infos
-                if i.type == pafs.FileType.File and ".tmp-" not in i.path and i.base_name != KEEP_NAME
+                StoredFile(self._rel(i.path), i.size or 0, i.mtime.timestamp() if i.mtime is not None else 0.0)
+                for i in self._file_infos(prefix, True)
             ),
             key=lambda f: f.rel,
         )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BootseerError
+from ..procs import pid_alive
 
 LABEL = "io.bootseer.prewarm"  # value: "<host>:<pid>"
 LABEL_CREATED = "io.bootseer.created"  # unix time, for containers of other hosts sharing an engine
@@ -239,22 +240,12 @@ def owner_label() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def is_leftover(labels: dict[str, str], now: float | None = None) -> bool:
     """A labelled container whose prewarm is gone: same host and a dead pid, or another host and old."""
     owner = labels.get(LABEL, "")
     host, _, pid = owner.rpartition(":")
     if host == socket.gethostname() and pid.isdigit():
-        return int(pid) != os.getpid() and not _pid_alive(int(pid))
+        return int(pid) != os.getpid() and not pid_alive(int(pid))
     try:
         created = float(labels.get(LABEL_CREATED, "0"))
     except ValueError:
