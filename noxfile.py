@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "tests_lowest"]  # tests_lowest: ~40 s from scratch
+nox.options.sessions = ["lint", "tests_lowest", "tests"]  # tests_lowest: ~40 s from scratch; the suite last
 nox.options.reuse_existing_virtualenvs = True
 
 
