@@ -42,6 +42,7 @@ class ImageSettings:
     ref: str | None = None
     roots: tuple[str, ...] | None = None
     record: str = "auto"
+    replay: str = "auto"  # "auto": skipped where a root's filesystem drops pages at every open
     ready: str | float = "quiet"
     prefetch_threads: int = 64
     prefetch_mbps: float = 0.0
@@ -132,6 +133,7 @@ class Settings:
                 ref=g("image", "ref"),
                 roots=tuple(image_roots) if image_roots is not None else None,
                 record=g("image", "record"),
+                replay=g("image", "replay"),
                 ready=g("image", "ready"),
                 prefetch_threads=int(g("image", "prefetch_threads")),
                 prefetch_mbps=float(g("image", "prefetch_mbps")),

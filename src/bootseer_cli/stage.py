@@ -53,6 +53,7 @@ class StageContext:
     quiet: bool = False
     exports: dict[str, str] = field(default_factory=dict)  # environment added for the launcher
     agent_tasks: list[dict[str, Any]] = field(default_factory=list)
+    agent_fds: list[int] = field(default_factory=list)  # fds the agent inherits (the image stage's fanotify group)
     _keys: Keys | None = None
     _store: Store | None = None
     _store_error: Exception | None = None

@@ -83,21 +83,40 @@ def wait_ready(
 
     `sleep(s)` returns True when the caller is being stopped (then this returns "exit").
     """
+    return wait_ready_at(mode, pid, ready_file, alive, sleep, started)[0]
+
+
+def wait_ready_at(
+    mode: str | float,
+    pid: int,
+    ready_file: Path,
+    alive: Callable[[], bool],
+    sleep: Callable[[float], bool],
+    started: float | None = None,
+) -> tuple[str, float]:
+    """`wait_ready`, and when the start was over (wall clock): the moment to compare starts by.
+
+    For "quiet" that is the last growth of the resident set, not the end of the quiet window, so a
+    start's time-to-ready does not include the `QUIET_S` that proved it.
+    """
     started = time.time() if started is None else started
     last_rss, last_change = -1, time.monotonic()
     while True:
         if mode == "call" and ready_file.exists():
-            return "ready"
+            try:
+                return "ready", ready_file.stat().st_mtime
+            except OSError:
+                return "ready", time.time()
         if isinstance(mode, float) and time.time() - started >= mode:
-            return "timer"
+            return "timer", started + mode
         if mode == "quiet":
             rss = tree_rss(pid)
             now = time.monotonic()
             if last_rss < 0 or rss - last_rss >= QUIET_GROWTH:
                 last_rss, last_change = rss, now
             elif now - last_change >= QUIET_S:
-                return "quiet"
+                return "quiet", time.time() - (now - last_change)
         if time.time() - started >= MAX_WAIT_S:
-            return "timeout"
+            return "timeout", time.time()
         if not alive() or sleep(POLL_S):
-            return "exit"
+            return "exit", time.time()
