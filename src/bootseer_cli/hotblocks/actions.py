@@ -151,10 +151,12 @@ def describe(settings: Settings, image_key: str) -> dict[str, Any]:
     from .record import check
 
     found = _load(settings, image_key)
+    empty = _read_status(settings, "empty", image_key, "")
     if found is None:
-        return {"image_key": image_key, "record": None}
+        return {"image_key": image_key, "record": None, "last_empty": empty}
     rec, doc = found
     staleness, _ = check(rec)
+    verdict = _read_status(settings, "verdict", image_key, str(doc.get("blob", "")))
     by_file = sorted(rec.bytes_by_file().items(), key=lambda kv: -kv[1])
     return {
         "image_key": image_key,
@@ -172,4 +174,21 @@ def describe(settings: Settings, image_key: str) -> dict[str, Any]:
         "stale_bytes": staleness.stale_bytes,
         "stale_share": staleness.stale_share,
         "top_files": [{"path": p, "bytes": n} for p, n in by_file[:10]],
+        "method": rec.method,
+        "replay": {
+            "off": bool(verdict and verdict.get("off")),
+            "why": (verdict or {}).get("why", ""),
+            "with_s": (verdict or {}).get("with", []),
+            "without_s": (verdict or {}).get("without", []),
+        },
+        "last_empty": empty,
     }
+
+
+def _read_status(settings: Settings, which: str, image_key: str, record: str) -> dict[str, Any] | None:
+    """The agent's notes for this image (status.py): the last empty record, or the replay verdict."""
+    from ..store import open_store
+    from .status import read_empty, read_verdict
+
+    store = open_store(settings.store.uri)
+    return read_empty(store, image_key) if which == "empty" else read_verdict(store, image_key, record)
