@@ -2,6 +2,9 @@
 proxy that delays every request (no netem on this kernel), with `--vfs-cache-mode off` (each read a
 ranged GET, pages dropped at every open) and `full` (rclone's own disk cache; still no keep-cache).
 
+And Debian's `s3fs`, without `kernel_cache` (pages dropped at every open) and with it (pages kept,
+as on an image snapshotter: the record is taken by mincore and the replay lands in the page cache).
+
 Small trees (a few hundred files, a few MB) so each test takes seconds; mounts, servers and proxies
 are torn down however a test ends.
 """
@@ -21,6 +24,8 @@ from bootseer_cli.hotblocks import probe
 from tests.support.delayproxy import DelayProxy
 from tests.support.lazyfs import LazyMount
 from tests.support.rclonemount import RcloneMount, upload
+from tests.support.s3fsmount import S3fsMount
+from tests.support.s3fsmount import available as s3fs_available
 from tests.support.s3server import S3Server
 
 from .conftest import bootseer, wait_for, write_config
@@ -71,9 +76,14 @@ def prog(tmp_path: Path) -> Path:
     return p
 
 
-def _mount(bucket: tuple[str, Path, DelayProxy], tmp_path: Path, mode: str) -> RcloneMount:
+def _mount(bucket: tuple[str, Path, DelayProxy], tmp_path: Path, mode: str) -> RcloneMount | S3fsMount:
+    """ "off"/"full": rclone's VFS cache modes; "s3fs"/"s3fs-kernel_cache": s3fs without/with kernel_cache."""
     remote, _, proxy = bucket
     probe.forget()
+    if mode.startswith("s3fs"):
+        if not s3fs_available():
+            pytest.skip("s3fs is not installed (apt-get install s3fs)")
+        return S3fsMount(proxy.endpoint, remote, tmp_path / f"mnt-{mode}", mode.endswith("kernel_cache"), tmp_path)
     return RcloneMount(proxy.endpoint, remote, tmp_path / f"mnt-{mode}", mode, tmp_path)
 
 
@@ -91,26 +101,29 @@ def test_the_probe_tells_trees_that_keep_pages_from_trees_that_drop_them(
     bucket: tuple[str, Path, DelayProxy], tmp_path: Path
 ) -> None:
     _, tree, _ = bucket
-    for mode in ("off", "full"):
+    for mode, kind in (("off", "fuse.rclone"), ("full", "fuse.rclone"), ("s3fs", "fuse.s3fs")):
         with _mount(bucket, tmp_path, mode) as m:
             p = probe.probe_root(str(m.mountpoint))
-            assert p.fstype == "fuse.rclone" and p.drops, p
+            assert p.fstype == kind and p.drops, p
             cfg = write_config(tmp_path / "bootseer.toml", [m.mountpoint])
             out = bootseer("doctor", "-c", str(cfg), cwd=tmp_path).stdout
-            assert f"image root   {m.mountpoint} (fuse.rclone): drops a file's pages at every open" in out
+            assert f"image root   {m.mountpoint} ({kind}): drops a file's pages at every open" in out
+    with _mount(bucket, tmp_path, "s3fs-kernel_cache") as m:
+        assert probe.probe_root(str(m.mountpoint)).keeps
     probe.forget()
     with LazyMount(tree, tmp_path / "lazy", delay_ms=3) as lazy:
         assert probe.probe_root(str(lazy.mountpoint)).keeps
     assert probe.probe_root(str(tree)).keeps
 
 
+@pytest.mark.parametrize("mode", ["off", "s3fs"])
 def test_record_through_a_mount_that_drops_pages_then_replay_is_skipped(
-    bucket: tuple[str, Path, DelayProxy], prog: Path, tmp_path: Path
+    bucket: tuple[str, Path, DelayProxy], prog: Path, tmp_path: Path, mode: str
 ) -> None:
-    """The record is taken through the rclone mount itself (fanotify: the files the start opened,
-    whole), and a later start skips replay with one line, since its pages would be dropped at open."""
+    """The record is taken through the mount itself (fanotify: the files the start opened, whole),
+    and a later start skips replay with one line, since its pages would be dropped at open."""
     _, _, proxy = bucket
-    with _mount(bucket, tmp_path, "off") as m:
+    with _mount(bucket, tmp_path, mode) as m:
         cfg = write_config(tmp_path / "bootseer.toml", [m.mountpoint], ready="call")
         assert "recording this start" in _exec(cfg, tmp_path, prog, m.mountpoint)
         wait_for(lambda: _show(cfg, tmp_path).get("record"), timeout=60, what="the record")
@@ -196,3 +209,36 @@ def test_replay_reads_each_file_front_to_back_in_one_stream(tree: Path, tmp_path
     for name in ("/f1.bin", "/f2.bin"):
         order = [chunk for path, chunk in fetched if path == name]
         assert order == [0, 1, 2], f"{name}: chunks fetched in the order {order}"
+
+
+def test_on_a_mount_that_keeps_pages_the_record_is_by_mincore_and_replay_spares_the_program_its_fetches(
+    bucket: tuple[str, Path, DelayProxy], prog: Path, tmp_path: Path
+) -> None:
+    """s3fs with kernel_cache: the record (taken through the mount) holds the pages the start read,
+    not whole files, and after a replay the program fetches little more than with a warm page cache
+    (s3fs asks the bucket once per open even then: that is the floor)."""
+    _, _, proxy = bucket
+    with _mount(bucket, tmp_path, "s3fs-kernel_cache") as m:
+        cfg = write_config(tmp_path / "bootseer.toml", [m.mountpoint], ready="call")
+        program = [sys.executable, str(prog), str(m.mountpoint)]
+        assert "recording this start" in _exec(cfg, tmp_path, prog, m.mountpoint)
+        wait_for(lambda: _show(cfg, tmp_path).get("record"), timeout=60, what="the record")
+        shown = _show(cfg, tmp_path)
+        assert shown["method"] == "mincore" and shown["files"] == 41
+        assert shown["bytes"] < 40 * 12_000 + (1 << 20)  # big0: the pages read and readahead, not its 2 MiB
+
+        def requests_of_the_program() -> int:
+            before = proxy.requests
+            r = bootseer("exec", "-q", "-c", str(cfg), "--skip", "image", "--", *program, cwd=tmp_path)
+            assert r.returncode == 0, r.stderr
+            return proxy.requests - before
+
+        m.restart()  # an empty page cache for the mount
+        cold = requests_of_the_program()
+        warm = requests_of_the_program()
+        m.restart()
+        r = bootseer("hot", "replay", "--json", "-c", str(cfg), cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, r.stderr
+        after_replay = requests_of_the_program()
+        assert cold >= warm + 40, (cold, warm)  # the control: data fetches are what replay can save
+        assert after_replay <= warm + (cold - warm) // 2, (cold, warm, after_replay)
