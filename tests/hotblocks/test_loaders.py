@@ -242,3 +242,23 @@ def test_on_a_mount_that_keeps_pages_the_record_is_by_mincore_and_replay_spares_
         after_replay = requests_of_the_program()
         assert cold >= warm + 40, (cold, warm)  # the control: data fetches are what replay can save
         assert after_replay <= warm + (cold - warm) // 2, (cold, warm, after_replay)
+
+
+def test_a_start_blocked_on_a_slow_loader_is_not_taken_for_quiet(tree: Path, tmp_path: Path) -> None:
+    """Each chunk takes longer than the quiet window to arrive: the start's resident set does not grow
+    while it waits, but its process is in state D, so "quiet" waits for both reads to be recorded."""
+    prog = tmp_path / "slow.py"
+    prog.write_text(
+        "import sys, time\n"
+        "for n in ('f1.bin', 'f3.bin'):\n"
+        "    with open(sys.argv[1] + '/' + n, 'rb') as f:\n"
+        "        f.read(1000)\n"
+        "time.sleep(6)\n"  # then quiet for longer than the window: the record ends by "quiet"
+    )
+    with LazyMount(tree, tmp_path / "lazy", delay_ms=3500) as lazy:
+        mnt = str(lazy.mountpoint)
+        r = bootseer(
+            "hot", "record", "--root", mnt, "--ready", "quiet", "--", sys.executable, str(prog), mnt, cwd=tmp_path
+        )
+    assert r.returncode == 0, r.stderr
+    assert "recorded 2 files" in r.stderr and "(quiet)" in r.stderr

@@ -2,7 +2,8 @@
 
 - "call": the training script calls `bootseer_cli.ready()`, which touches `ready` in the run dir.
 - "quiet": the resident set of the launcher's process tree has stopped growing for `QUIET_S`
-  (imports and library loads grow it; a training loop does not).
+  (imports and library loads grow it; a training loop does not), and none of its processes was
+  seen waiting in the kernel (state D: blocked on a lazy loader's read) meanwhile.
 - a number: that many seconds after the launcher started.
 
 Every mode also ends when the launcher exits (a short program's whole run is its start) and after
@@ -44,17 +45,30 @@ def parse_mode(value: object) -> str | float:
 
 def tree_rss(pid: int) -> int:
     """Resident bytes of `pid` and all its descendants (from /proc)."""
+    return tree_activity(pid)[0]
+
+
+def tree_activity(pid: int) -> tuple[int, bool]:
+    """(resident bytes of `pid` and its descendants, whether one of them waits in the kernel (state D)).
+
+    A start blocked on a lazy loader (a FUSE read, a page fault on a mapped library) does not grow its
+    resident set for seconds, but it is not quiet: state D says it is waiting for bytes.
+    """
     children: dict[int, list[int]] = {}
+    waiting: set[int] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                fields = f.read().rsplit(")", 1)[1].split()
+            ppid = int(fields[1])
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-    total = 0
+        if fields[0] == "D":
+            waiting.add(int(entry))
+    total, blocked = 0, False
     stack = [pid]
     seen: set[int] = set()
     while stack:
@@ -62,13 +76,14 @@ def tree_rss(pid: int) -> int:
         if p in seen:
             continue
         seen.add(p)
+        blocked = blocked or p in waiting
         try:
             with open(f"/proc/{p}/statm") as f:
                 total += int(f.read().split()[1]) * _PAGE
         except (OSError, IndexError, ValueError):
             pass
         stack.extend(children.get(p, ()))
-    return total
+    return total, blocked
 
 
 def wait_ready(
@@ -110,9 +125,9 @@ def wait_ready_at(
         if isinstance(mode, float) and time.time() - started >= mode:
             return "timer", started + mode
         if mode == "quiet":
-            rss = tree_rss(pid)
+            rss, blocked = tree_activity(pid)
             now = time.monotonic()
-            if last_rss < 0 or rss - last_rss >= QUIET_GROWTH:
+            if last_rss < 0 or rss - last_rss >= QUIET_GROWTH or blocked:
                 last_rss, last_change = rss, now
             elif now - last_change >= QUIET_S:
                 return "quiet", time.time() - (now - last_change)
