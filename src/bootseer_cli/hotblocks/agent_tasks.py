@@ -45,7 +45,12 @@ def record_task(task: dict[str, Any], agent: Agent) -> None:
     from .opens import OpenLog
 
     roots = [str(r) for r in task["roots"]]
-    log = OpenLog(int(task["fan_fd"]), roots, ignore_pids=(os.getpid(),)) if task.get("fan_fd") is not None else None
+    fan_fd = task.get("fan_fd")
+    try:
+        log = OpenLog(int(fan_fd), roots, ignore_pids=(os.getpid(),)) if fan_fd is not None else None
+    except OSError as e:  # the group was not handed over (an exec that closed it): nothing to record from
+        agent.log(f"hot-record: {e.strerror or e}; not recording")
+        return
     try:
         sleep = (lambda s: log.pump(s, agent.wait)) if log is not None else agent.wait
         why, at, started = _wait(task, agent, sleep)

@@ -69,10 +69,20 @@ def open_group(roots: list[str]) -> tuple[int | None, str]:
     return fd, ""
 
 
+def is_group(fd: int) -> bool:
+    """Whether `fd` is a fanotify group (the agent checks the fd it was handed before reading it)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[fanotify]"
+    except OSError:
+        return False
+
+
 class OpenLog:
     """Drains a fanotify group: the regular files under `roots` that were opened, in first-open order."""
 
     def __init__(self, fd: int, roots: list[str], ignore_pids: tuple[int, ...] = ()) -> None:
+        if not is_group(fd):
+            raise OSError(errno.EBADF, f"fd {fd} is not a fanotify group")
         self.fd = fd
         self.prefixes = tuple(os.path.realpath(r).rstrip("/") + "/" for r in roots)
         self.ignore = set(ignore_pids)

@@ -12,7 +12,6 @@ The answer is cached per `st_dev` for the process (one probe per filesystem, wha
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import stat
@@ -176,5 +175,4 @@ def probe_roots(roots: list[str], hints: list[tuple[str, int]] | None = None) ->
 
 def forget() -> None:
     """Drop the cached answers (tests remount filesystems at the same device numbers)."""
-    with contextlib.suppress(Exception):
-        _BY_DEV.clear()
+    _BY_DEV.clear()

@@ -3,7 +3,7 @@
 - "call": the training script calls `bootseer_cli.ready()`, which touches `ready` in the run dir.
 - "quiet": the resident set of the launcher's process tree has stopped growing for `QUIET_S`
   (imports and library loads grow it; a training loop does not), and none of its processes was
-  seen waiting in the kernel (state D: blocked on a lazy loader's read) meanwhile.
+  seen waiting for a filesystem meanwhile (state D, or asleep on a FUSE request: a lazy loader).
 - a number: that many seconds after the launcher started.
 
 Every mode also ends when the launcher exits (a short program's whole run is its start) and after
@@ -49,13 +49,13 @@ def tree_rss(pid: int) -> int:
 
 
 def tree_activity(pid: int) -> tuple[int, bool]:
-    """(resident bytes of `pid` and its descendants, whether one of them waits in the kernel (state D)).
+    """(resident bytes of `pid` and its descendants, whether one of them is waiting for a filesystem).
 
-    A start blocked on a lazy loader (a FUSE read, a page fault on a mapped library) does not grow its
-    resident set for seconds, but it is not quiet: state D says it is waiting for bytes.
+    A start blocked on a lazy loader (a read or page fault: state D; a FUSE lookup or open: asleep in
+    `request_wait_answer`) does not grow its resident set for seconds, but it is not quiet.
     """
     children: dict[int, list[int]] = {}
-    waiting: set[int] = set()
+    states: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -66,8 +66,7 @@ def tree_activity(pid: int) -> tuple[int, bool]:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-        if fields[0] == "D":
-            waiting.add(int(entry))
+        states[int(entry)] = fields[0]
     total, blocked = 0, False
     stack = [pid]
     seen: set[int] = set()
@@ -76,7 +75,7 @@ def tree_activity(pid: int) -> tuple[int, bool]:
         if p in seen:
             continue
         seen.add(p)
-        blocked = blocked or p in waiting
+        blocked = blocked or _waiting_for_fs(p, states.get(p, ""))
         try:
             with open(f"/proc/{p}/statm") as f:
                 total += int(f.read().split()[1]) * _PAGE
@@ -84,6 +83,19 @@ def tree_activity(pid: int) -> tuple[int, bool]:
             pass
         stack.extend(children.get(p, ()))
     return total, blocked
+
+
+def _waiting_for_fs(pid: int, state: str) -> bool:
+    if state == "D":
+        return True
+    if state != "S":
+        return False
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read()
+    except OSError:
+        return False
+    return "fuse" in wchan or wchan == "request_wait_answer"
 
 
 def wait_ready(

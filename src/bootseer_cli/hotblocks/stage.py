@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError, StoreError
@@ -57,6 +58,9 @@ def run_stage(ctx: StageContext) -> StageResult:
     roots = resolve_roots(image)
     why_record, stale = "no record", False
     try:
+        skipped = _skip_before_load(ctx, image_key)
+        if skipped is not None:
+            return skipped
         found = load(ctx.settings.p2p, ctx.store, ctx.cache, image_key)
     except IntegrityError as e:  # a corrupt record is replaced by a new one
         ctx.warn(f"image: the hot-block record is unusable ({e}); taking a new one")
@@ -105,6 +109,29 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
         parts.append(f"{len(staleness.stale_files)} stale file(s) skipped")
     _judge_later(ctx, rec.image_key, str(doc.get("blob", "")), replayed=True, started=started)
     return _replayed_result(res, doc, ", ".join(parts))
+
+
+def _skip_before_load(ctx: StageContext, image_key: str) -> StageResult | None:
+    """A record of whole files (its tree dropped pages at open) is not even loaded where replay would be
+    skipped anyway: its ref says so, and not importing pyarrow keeps such a start at no-bootseer speed."""
+    from .record import REF_KIND
+
+    image = ctx.settings.image
+    if image.replay != "auto" or image.record == "always":
+        return None
+    doc = ctx.store.read_ref(REF_KIND, image_key)
+    if not doc or doc.get("method") != "opened-files":
+        return None
+    drops = [p for p in probe_roots([str(r) for r in doc.get("roots", [])]) if p.drops]
+    if not drops:
+        return None
+    line = (
+        f"{drops[0].line()}, so a replay would be thrown away when the program opens the file; "
+        f'set [image] replay = "always" if the loader keeps a cache of its own'
+    )
+    ctx.info(f"image: not replaying: {line}")
+    _judge_later(ctx, image_key, str(doc.get("blob", "")), replayed=False, started=time.time())
+    return StageResult(outcome="skipped", summary="no replay (pages dropped at open)", cache="hit", reason=line)
 
 
 def _why_not_replay(ctx: StageContext, rec: Record, blob: str) -> tuple[str, str] | None:
@@ -156,7 +183,8 @@ def _hand_on_remaining(ctx: StageContext, remaining: list[Extent]) -> str:
     return f"{left} to the agent"
 
 
-def _write_json(path: Any, doc: Any) -> None:
+def _write_json(path: Path, doc: object) -> None:
+    """Temp name + rename: the agent never reads a half-written list."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, path)
