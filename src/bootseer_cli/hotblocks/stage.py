@@ -122,7 +122,9 @@ def _skip_before_load(ctx: StageContext, image_key: str) -> StageResult | None:
     doc = ctx.store.read_ref(REF_KIND, image_key)
     if not doc or doc.get("method") != "opened-files":
         return None
-    drops = [p for p in probe_roots([str(r) for r in doc.get("roots", [])]) if p.drops]
+    hint = doc.get("probe")
+    hints = [(str(hint[0]), int(hint[1]))] if isinstance(hint, list) and len(hint) == 2 else None
+    drops = [p for p in probe_roots([str(r) for r in doc.get("roots", [])], hints) if p.drops]
     if not drops:
         return None
     line = (
