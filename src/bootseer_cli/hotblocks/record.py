@@ -201,6 +201,14 @@ def from_parquet(data: bytes) -> Record:
     return rec
 
 
+def _probe_hint(rec: Record) -> list[Any]:
+    """A page the replay would read, of the shallowest file: the next start probes the tree with it
+    (probe.py) without listing directories through the loader."""
+    if not rec.extents:
+        return []
+    return list(min(((p, o) for p, o, _ in rec.extents), key=lambda e: (e[0].count("/"), e)))
+
+
 def publish(store: Store, rec: Record) -> dict[str, Any]:
     """Store the record as a blob, then its ref (last, so a reader never sees a ref without its blob)."""
     data = to_parquet(rec)
@@ -221,14 +229,6 @@ def publish(store: Store, rec: Record) -> dict[str, Any]:
     }
     store.write_ref(REF_KIND, rec.image_key, doc)
     return doc
-
-
-def _probe_hint(rec: Record) -> list[Any]:
-    """A page the replay would read, of the shallowest file: the next start probes the tree with it
-    (probe.py) without listing directories through the loader."""
-    if not rec.extents:
-        return []
-    return list(min(((p, o) for p, o, _ in rec.extents), key=lambda e: (e[0].count("/"), e)))
 
 
 def load(p2p: P2PSettings, store: Store, cache: BlobCache, image_key: str) -> tuple[Record, dict[str, Any]] | None:
