@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 TASKS: dict[str, str] = {
     "hot-record": "bootseer_cli.hotblocks.agent_tasks:record_task",
     "hot-prefetch": "bootseer_cli.hotblocks.agent_tasks:prefetch_task",
+    "hot-judge": "bootseer_cli.hotblocks.agent_tasks:judge_task",
     "seed": "bootseer_cli.p2p.seed:run_seed",
     "ckpt-umount": "bootseer_cli.stripe.stage:agent_unmount",
     "compile-publish": "bootseer_cli.compilecache.tasks:publish_task",

@@ -41,6 +41,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "ref": (str, None),
         "roots": ("list[str]", None),
         "record": (str, "auto"),
+        "replay": (str, "auto"),  # "auto": not where the tree drops pages at open; "always"; "never"
         "ready": ("str|float", "quiet"),
         "prefetch_threads": (int, 64),
         "prefetch_mbps": (float, 0.0),
@@ -89,6 +90,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
 
 CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("image", "record"): ("auto", "always", "never"),
+    ("image", "replay"): ("auto", "always", "never"),
     ("checkpoint", "mode"): ("mount", "pull"),
 }
 

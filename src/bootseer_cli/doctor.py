@@ -12,7 +12,7 @@ from .errors import BootseerError
 from .units import fmt_bytes
 
 if TYPE_CHECKING:
-    from .settings import P2PSettings, Settings, StoreSettings
+    from .settings import ImageSettings, P2PSettings, Settings, StoreSettings
 
 
 @dataclass
@@ -165,6 +165,23 @@ def check_hostname(timeout_s: float = 2.0) -> Check:
     )
 
 
+def check_image_roots(image: ImageSettings) -> list[Check]:
+    """One line per image root: does its filesystem keep a file's pages across opens (hotblocks/probe.py)?"""
+    from .hotblocks.probe import probe_roots
+    from .hotblocks.roots import resolve_roots
+
+    out = []
+    for p in probe_roots(resolve_roots(image)):
+        if p.keeps:
+            out.append(Check("image root", "ok", p.line()))
+        elif p.drops:
+            fix = 'replay is skipped here; set [image] replay = "always" if the loader keeps its own cache'
+            out.append(Check("image root", "warn", p.line(), fix))
+        else:
+            out.append(Check("image root", "warn", p.line(), "check that the root is readable"))
+    return out
+
+
 def run_checks(settings: Settings) -> list[Check]:
     """Every check, in the order `bootseer doctor` prints them."""
     return [
@@ -174,4 +191,5 @@ def run_checks(settings: Settings) -> list[Check]:
         check_docker(),
         check_p2p(settings.p2p),
         check_hostname(),
+        *check_image_roots(settings.image),
     ]

@@ -187,7 +187,12 @@ def _spawn_agent(ctx: StageContext, launcher_pid: int) -> None:
                 os.dup2(null, 0)
                 os.dup2(fd, 1)
                 os.dup2(fd, 2)
-                os.closerange(3, 1 << 16)
+                start = 3
+                for keep in sorted(fd for fd in ctx.agent_fds if fd > 2):  # handed to a task by number
+                    os.closerange(start, keep)
+                    os.set_inheritable(keep, True)
+                    start = keep + 1
+                os.closerange(start, 1 << 16)
                 os.execve(sys.executable, argv, env)
         finally:
             os._exit(0)

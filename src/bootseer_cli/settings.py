@@ -43,6 +43,7 @@ class ImageSettings:
     ref: str | None = None
     roots: tuple[str, ...] | None = None
     record: str = "auto"
+    replay: str = "auto"  # "auto": skipped where a root's filesystem drops pages at every open
     ready: str | float = "quiet"
     prefetch_threads: int = 64
     prefetch_mbps: float = 0.0
@@ -141,7 +142,7 @@ class Settings:
             exec=ExecSettings(
                 quiet=bool(cfg.get("exec", "quiet")),
                 skip=tuple(cfg.get("exec", "skip")),
-                agent=cfg.get("exec", "agent"),
+                agent=bool(cfg.get("exec", "agent")),
             ),
             image=_image(cfg),
             env=_env(cfg),
@@ -177,6 +178,7 @@ def _image(cfg: Config) -> ImageSettings:
         ref=g("image", "ref"),
         roots=tuple(roots) if roots is not None else None,
         record=g("image", "record"),
+        replay=g("image", "replay"),
         ready=g("image", "ready"),
         prefetch_threads=int(g("image", "prefetch_threads")),
         prefetch_mbps=float(g("image", "prefetch_mbps")),

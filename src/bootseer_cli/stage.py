@@ -54,6 +54,7 @@ class StageContext:
     exports: dict[str, str] = field(default_factory=dict)  # environment added for the launcher
     agent_tasks: list[dict[str, Any]] = field(default_factory=list)
     before_agent: list[Callable[[], None]] = field(default_factory=list)  # run just before the agent starts
+    agent_fds: list[int] = field(default_factory=list)  # fds the agent inherits (the image stage's fanotify group)
     _keys: Keys | None = None
     _store: Store | None = None
     _store_error: Exception | None = None

@@ -1,27 +1,33 @@
-"""Benchmark: a cold start of an import-heavy program from a lazily loaded tree, with and without replay.
+"""Benchmark: cold starts of an import-heavy program from lazily loaded trees, with and without replay,
+on every loader in one run, side by side.
 
-The tree is a venv (torch CPU, numpy, pandas, scipy) served through `tests/support/lazyfs.py`: each
-1 MiB chunk is fetched on its first read after a fixed delay (the round trip to a registry that
-stargz, SOCI or nydus pay), as netem is not available on this kernel. Before every run the page
-cache is dropped (`echo 3 > /proc/sys/vm/drop_caches`) and the lazy filesystem is restarted, so
-both the kernel's cache and the chunk cache are cold. Cases, side by side, interleaved per round:
+The tree is the site-packages of a venv (torch CPU, numpy, pandas, scipy by default); the program is
+the machine's Python with that directory first on sys.path (so a loader need not serve the venv's
+symlinks). Loaders:
 
-  no replay          the program alone (no bootseer at all)
-  replay foreground  `bootseer exec` replays the record fully, then execs the program
-  replay concurrent  `bootseer exec` with foreground_s = 0: the agent replays while the program runs
-  stale record       every recorded file's mtime changed: replay checks and skips all of it
-                     (record = "never", so the cost measured is the replay path's, not a new recording)
-  … and the same program from the venv on the local disk: no replay vs replay foreground.
+  local         the directory on the local disk
+  lazyfs        tests/support/lazyfs.py: 1 MiB chunks, each fetched on first read after --delay-ms;
+                keeps pages across opens (kernel_cache), like an image snapshotter
+  rclone-off    `rclone mount --vfs-cache-mode off` of a bucket on the loopback S3 server: each read a
+                ranged GET, pages dropped at every open (replay = "auto": skipped)
+  rclone-full   the same with `--vfs-cache-mode full`: rclone's own disk cache (replay = "always")
+  s3fs          Debian's s3fs without kernel_cache (pages dropped: skipped)
+  s3fs-kc       s3fs with kernel_cache (pages kept)
 
-    python tests/benchmarks/bench_hotblocks.py [--delay-ms 10] [--rounds 3] [--program "import torch"]
+The S3 server (rclone's local backend, serving the directory: no upload) sits behind a proxy that
+delays every request by --delay-ms (netem is not in this kernel). Before every run the page cache is
+dropped and the mount restarted (cold loader caches).
 
-Needs root (drop_caches, FUSE). Cleans up its mount and processes however it ends.
+    python tests/benchmarks/bench_hotblocks.py [--delay-ms 10] [--rounds 3] [--loaders lazyfs,rclone-off]
+        [--program "import torch"] [--packages torch==2.13.0 numpy pandas scipy]
+
+Needs root (drop_caches, FUSE, fanotify); s3fs from `apt-get install s3fs` or S3FS_BIN/S3FS_LIBDIR
+(see tests/support/s3fsmount.py). Cleans up its mounts, server and proxy however it ends.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import shutil
@@ -30,19 +36,37 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.support.delayproxy import DelayProxy  # noqa: E402
 from tests.support.lazyfs import LazyMount  # noqa: E402
+from tests.support.rclonemount import RcloneMount  # noqa: E402
+from tests.support.s3fsmount import S3fsMount  # noqa: E402
+from tests.support.s3fsmount import available as s3fs_available  # noqa: E402
+from tests.support.s3server import S3Server  # noqa: E402
 
 WORK = Path("/var/tmp/bootseer-bench")
 PACKAGES = ["torch==2.13.0", "numpy", "pandas", "scipy"]
+ALL_LOADERS = ["local", "lazyfs", "rclone-off", "rclone-full", "s3fs", "s3fs-kc"]
+BS = [sys.executable, "-m", "bootseer_cli"]
+# s3fs 1.90 reports mtime -1 for a directory that has no object of its own, which is also the "never
+# listed" value of Python's FileFinder, so imports from it fail; make each directory be listed once.
+S3FS_PRELUDE = (
+    "import importlib._bootstrap_external as _b; _f = _b.FileFinder.find_spec; _seen = set()\n"
+    "def _find(self, *a, **k):\n"
+    "    if self.path not in _seen: _seen.add(self.path); self._path_mtime = -2\n"
+    "    return _f(self, *a, **k)\n"
+    "_b.FileFinder.find_spec = _find\n"
+)
 
 
-def sh(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)  # type: ignore[call-overload]
+def sh(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
 
 
 def drop_caches() -> None:
@@ -50,21 +74,70 @@ def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def ensure_venv(venv: Path) -> None:
-    if (venv / "bin" / "python").exists():
-        ok = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch, pandas, scipy"], capture_output=True)
-        if ok.returncode == 0:
-            return
-    print(f"building {venv} ({' '.join(PACKAGES)}) …", flush=True)
-    shutil.rmtree(venv, ignore_errors=True)
-    sh([sys.executable, "-m", "venv", str(venv)])
-    sh([str(venv / "bin" / "pip"), "install", "-q", *PACKAGES])
+def ensure_venv(venv: Path, packages: list[str], probe: str) -> Path:
+    """The venv's site-packages, built on first use."""
+    py = venv / "bin" / "python"
+    if not (py.exists() and subprocess.run([str(py), "-c", probe], capture_output=True).returncode == 0):
+        print(f"building {venv} ({' '.join(packages)}) …", flush=True)
+        shutil.rmtree(venv, ignore_errors=True)
+        sh([sys.executable, "-m", "venv", str(venv)])
+        sh([str(venv / "bin" / "pip"), "install", "-q", *packages])
+    out = sh([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    return Path(out)
 
 
-def bootseer_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
-    env["XDG_CACHE_HOME"] = str(home)
-    return env
+@dataclass
+class Loader:
+    """One tree to measure: how to (re)mount it, where it is, and its replay setting."""
+
+    name: str
+    mount: Any  # LazyMount | RcloneMount | S3fsMount | None (local)
+    root: Path
+    replay: str = "auto"
+    proxy: DelayProxy | None = None
+    times: dict[str, list[float]] = field(default_factory=dict)
+    gets: dict[str, list[int]] = field(default_factory=dict)
+    replayed: dict[str, list[bool]] = field(default_factory=dict)
+    record: dict[str, Any] = field(default_factory=dict)
+
+    def cold(self) -> None:
+        if self.mount is not None:
+            self.mount.restart()
+        drop_caches()
+
+    def stop(self) -> None:
+        if self.mount is not None:
+            self.mount.stop()
+
+
+def make_loaders(names: list[str], site: Path, args: argparse.Namespace, stack: list[Any]) -> list[Loader]:
+    """Mount objects for the wanted loaders (the S3 ones share one server, the tree uploaded once)."""
+    out: list[Loader] = []
+    proxy = None
+    if any(n.startswith(("rclone", "s3fs")) for n in names):
+        # rclone's local backend serves the directory itself: bucket "site-packages", no upload
+        server = S3Server(WORK / "s3", backend=str(site.parent)).start()
+        stack.append(server)
+        proxy = DelayProxy(("127.0.0.1", server.port), delay_ms=args.delay_ms).start()
+        stack.append(proxy)
+    for n in names:
+        mnt = WORK / f"mnt-{n}"
+        if n == "local":
+            out.append(Loader(n, None, site))
+        elif n == "lazyfs":
+            out.append(Loader(n, LazyMount(site, mnt, delay_ms=args.delay_ms), mnt))
+        elif n.startswith("rclone"):
+            mode = n.split("-")[1]
+            m = RcloneMount(proxy.endpoint, "site-packages", mnt, mode, WORK)  # type: ignore[union-attr]
+            out.append(Loader(n, m, mnt, "always" if mode == "full" else "auto", proxy))
+        elif n.startswith("s3fs"):
+            if not s3fs_available():
+                print(f"{n}: s3fs is not installed; skipped", flush=True)
+                continue
+            m = S3fsMount(proxy.endpoint, "site-packages", mnt, n.endswith("kc"), WORK)  # type: ignore[union-attr]
+            out.append(Loader(n, m, mnt, "auto", proxy))
+    stack.extend(out)
+    return out
 
 
 def write_cfg(path: Path, roots: list[Path], **image: object) -> Path:
@@ -74,21 +147,16 @@ def write_cfg(path: Path, roots: list[Path], **image: object) -> Path:
     return path
 
 
-def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the process and the children it waited for)."""
+def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run(cmd, env=env, cwd=WORK, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     dt = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{err.decode(errors='replace')[-2000:]}")
-    return dt, usage.ru_utime + usage.ru_stime
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    return dt, proc.stderr
 
 
-def wait_agents(home: Path, timeout: float = 60) -> None:
+def wait_agents(home: Path, timeout: float = 120) -> None:
     """Let the previous run's agent finish, so it does not overlap the next measurement."""
     runs = home / "bootseer" / "runs"
     deadline = time.time() + timeout
@@ -96,147 +164,122 @@ def wait_agents(home: Path, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
-def set_mtimes(files: dict[str, tuple[int, int]], source: Path, mnt: Path, shift_ns: int) -> None:
+def measure(ld: Loader, case: str, cmd: list[str], env: dict[str, str], home: Path) -> None:
+    ld.cold()
+    before = ld.proxy.requests if ld.proxy else 0
+    dt, err = timed(cmd, env)
+    ld.times.setdefault(case, []).append(dt)
+    ld.replayed.setdefault(case, []).append("replayed" in err)
+    if ld.proxy:
+        ld.gets.setdefault(case, []).append(ld.proxy.requests - before)
+    wait_agents(home)
+
+
+def set_mtimes(files: dict[str, Any], source: Path, mnt: Path, shift_ns: int) -> None:
     for path, (_size, mtime_ns) in files.items():
-        real = source / Path(path).relative_to(mnt)
-        os.utime(real, ns=(mtime_ns + shift_ns, mtime_ns + shift_ns))
+        os.utime(source / Path(path).relative_to(mnt), ns=(mtime_ns + shift_ns, mtime_ns + shift_ns))
+
+
+def run_loader(ld: Loader, site: Path, args: argparse.Namespace) -> None:
+    """The recording start, then the rounds of this loader's cases."""
+    home = WORK / f"home-{ld.name}"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
+    env["XDG_CACHE_HOME"] = str(home)
+    prelude = S3FS_PRELUDE if ld.name.startswith("s3fs") else ""
+    prog = [sys.executable, "-c", f"{prelude}import sys; sys.path[:0] = [{str(ld.root)!r}]; {args.program}"]
+    common = {"prefetch_threads": args.threads, "ready": "quiet", "replay": ld.replay}
+    cfg_rec = write_cfg(WORK / f"{ld.name}-rec.toml", [ld.root], foreground_s=600.0, **common)
+    cfg = write_cfg(WORK / f"{ld.name}.toml", [ld.root], foreground_s=600.0, record="never", **common)
+    if ld.mount is not None:
+        ld.mount.start()
+    measure(ld, "record (first start)", [*BS, "exec", "-c", str(cfg_rec), "--", *prog], env, home)
+    show = json.loads(sh([*BS, "hot", "show", "--json", "-c", str(cfg)], env=env, cwd=WORK).stdout)
+    ld.record = show
+    if not show.get("record"):
+        print(f"{ld.name}: the recording start left no record: {show.get('last_empty')}", flush=True)
+    steps = [
+        ("no replay", prog, False),
+        ("replay", [*BS, "exec", "-c", str(cfg), "--", *prog], False),
+    ]
+    if ld.name == "lazyfs" and show.get("record"):
+        steps.append(("stale record", [*BS, "exec", "-c", str(cfg), "--", *prog], True))
+    files = _record_files(home, show) if len(steps) > 2 else {}
+    for rnd in range(args.rounds):
+        for case, cmd, stale in steps[rnd % len(steps) :] + steps[: rnd % len(steps)]:
+            if stale:
+                set_mtimes(files, site, ld.root, 10**9)
+            try:
+                measure(ld, case, cmd, env, home)
+            finally:
+                if stale:
+                    set_mtimes(files, site, ld.root, 0)
+        print(f"{ld.name}: round {rnd + 1}/{args.rounds} done", flush=True)
+    ld.stop()
+
+
+def _record_files(home: Path, show: dict[str, Any]) -> dict[str, Any]:
+    from bootseer_cli.hotblocks.record import from_parquet
+
+    blob = next((home / "bootseer" / "blobs").rglob(show["record"]))
+    return from_parquet(blob.read_bytes()).files
+
+
+def report(loaders: list[Loader], args: argparse.Namespace) -> None:
+    print()
+    print(f"program: {args.program!r} from site-packages of ({' '.join(args.packages)})")
+    print(
+        f"latency: {args.delay_ms:g} ms per lazyfs chunk / per S3 request (delaying proxy); page cache dropped "
+        f"and loader restarted before every run; {args.rounds} rounds, median; replay threads {args.threads}"
+    )
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end")
+    print()
+    print(
+        f"{'loader':12} {'case':22} {'median s':>9} {'runs (s)':>24} {'vs no replay':>14} {'replayed':>8} {'GETs':>6}"
+    )
+    for ld in loaders:
+        base = statistics.median(ld.times.get("no replay", [0.0])) or 1.0
+        for case, times in ld.times.items():
+            med = statistics.median(times)
+            ratio = f"{base / med:.2f}x faster" if med <= base else f"{med / base:.2f}x slower"
+            runs = " ".join(f"{t:.2f}" for t in times)
+            rep = f"{sum(ld.replayed[case])}/{len(times)}" if case != "no replay" else "-"
+            gets = f"{statistics.median(ld.gets[case]):.0f}" if ld.gets.get(case) else "-"
+            print(f"{ld.name:12} {case:22} {med:9.2f} {runs:>24} {ratio:>14} {rep:>8} {gets:>6}")
+        r = ld.record
+        if r.get("record"):
+            print(
+                f"{'':12} record: {r['files']} files, {r['extents']} extents, {r['bytes'] / 1e6:.0f} MB, "
+                f"{r['method']}; replay {'OFF (' + r['replay']['why'] + ')' if r['replay']['off'] else 'on'}"
+            )
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="hot-block replay on a lazily loaded tree")
+    ap = argparse.ArgumentParser(description="hot-block replay on lazily loaded trees, every loader")
     ap.add_argument("--delay-ms", type=float, default=10.0)
-    ap.add_argument("--mbps", type=float, default=0.0, help="lazy fs per-fetch bandwidth (0: delay only)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--program", default="import torch")
-    ap.add_argument("--threads", type=int, default=16)
-    ap.add_argument("--skip-local", action="store_true")
+    ap.add_argument("--packages", nargs="+", default=PACKAGES)
+    ap.add_argument("--threads", type=int, default=64)
+    ap.add_argument("--loaders", default=",".join(ALL_LOADERS))
     args = ap.parse_args()
     if os.geteuid() != 0:
-        raise SystemExit("needs root (drop_caches, FUSE)")
-    # SIGTERM/SIGHUP unwind like Ctrl-C, so the finally below unmounts the lazy tree
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+        raise SystemExit("needs root (drop_caches, FUSE, fanotify)")
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # unwind like Ctrl-C, so the finally below unmounts
         signal.signal(sig, lambda *_: sys.exit(1))
-
     WORK.mkdir(parents=True, exist_ok=True)
-    venv = WORK / "venv"
-    ensure_venv(venv)
-    mnt = WORK / "mnt"
-    lazy = LazyMount(venv, mnt, delay_ms=args.delay_ms, mbps=args.mbps)
-    atexit.register(lazy.stop)
-    home_lazy, home_local = WORK / "home-lazy", WORK / "home-local"
-    for h in (home_lazy, home_local):
-        shutil.rmtree(h, ignore_errors=True)
-        h.mkdir()
-    bs = [sys.executable, "-m", "bootseer_cli"]
-    prog_lazy = [str(mnt / "bin" / "python"), "-c", args.program]
-    prog_local = [str(venv / "bin" / "python"), "-c", args.program]
-    common = {"prefetch_threads": args.threads, "record": "never"}
-    cfg_fg = write_cfg(WORK / "fg.toml", [mnt], foreground_s=600.0, **common)
-    cfg_bg = write_cfg(WORK / "bg.toml", [mnt], foreground_s=0.0, **common)
-    cfg_local = write_cfg(WORK / "local.toml", [venv], foreground_s=600.0, **common)
-    env_lazy, env_local = bootseer_env(home_lazy), bootseer_env(home_local)
-
+    name = "venv" if args.packages == PACKAGES else "venv-" + "-".join(p.split("=")[0] for p in args.packages)
+    site = ensure_venv(WORK / name, args.packages, args.program)
+    stack: list[Any] = []
     try:
-        # the record: one cold start of the program, through the lazy tree (and one on local disk)
-        lazy.start()
-        drop_caches()
-        sh([*bs, "hot", "record", "--root", str(mnt), "--ready", "quiet", "--", *prog_lazy], env=env_lazy, cwd=WORK)
-        show = json.loads(sh([*bs, "hot", "show", "--json", "-c", str(cfg_fg)], env=env_lazy, cwd=WORK).stdout)
-        record_fetches = len(lazy.fetches())
-        if not show.get("record"):  # e.g. another process dropped the page cache before the scan
-            raise SystemExit("the recording start left nothing resident to record; run the benchmark again")
-        if not args.skip_local:
-            drop_caches()
-            sh(
-                [*bs, "hot", "record", "--root", str(venv), "--ready", "quiet", "--", *prog_local],
-                env=env_local,
-                cwd=WORK,
-            )
-        from bootseer_cli.hotblocks.record import from_parquet
-
-        blob = next((home_lazy / "bootseer" / "blobs").rglob(show["record"]))
-        files = from_parquet(blob.read_bytes()).files
-
-        order = ["lazy: no replay", "lazy: replay foreground", "lazy: replay concurrent", "lazy: stale record"]
-        order += [] if args.skip_local else ["local: no replay", "local: replay foreground"]
-        cases: dict[str, list[float]] = {name: [] for name in order}
-        cpu: dict[str, list[float]] = {name: [] for name in order}
-
-        def note(name: str, wall_cpu: tuple[float, float]) -> None:
-            cases.setdefault(name, []).append(wall_cpu[0])
-            cpu.setdefault(name, []).append(wall_cpu[1])
-
-        fetches: dict[str, list[int]] = {}
-
-        def lazy_case(name: str, cmd: list[str], env: dict[str, str], stale: bool = False) -> None:
-            lazy.restart()
-            if stale:
-                set_mtimes(files, venv, mnt, 10**9)
-            try:
-                drop_caches()
-                note(name, timed(cmd, env, WORK))
-                fetches.setdefault(name, []).append(len(lazy.fetches()))
-            finally:
-                if stale:
-                    set_mtimes(files, venv, mnt, 0)
-            wait_agents(home_lazy)
-
-        exec_fg = [*bs, "exec", "-q", "-c", str(cfg_fg), "--", *prog_lazy]
-        exec_bg = [*bs, "exec", "-q", "-c", str(cfg_bg), "--", *prog_lazy]
-        exec_local = [*bs, "exec", "-q", "-c", str(cfg_local), "--", *prog_local]
-
-        def local_case(name: str, cmd: list[str]) -> None:
-            lazy.stop()
-            drop_caches()
-            note(name, timed(cmd, env_local, WORK))
-            wait_agents(home_local)
-
-        steps = [
-            lambda: lazy_case("lazy: no replay", prog_lazy, env_lazy),
-            lambda: lazy_case("lazy: replay foreground", exec_fg, env_lazy),
-            lambda: lazy_case("lazy: replay concurrent", exec_bg, env_lazy),
-            lambda: lazy_case("lazy: stale record", exec_fg, env_lazy, stale=True),
-        ]
-        if not args.skip_local:
-            steps += [
-                lambda: local_case("local: no replay", prog_local),
-                lambda: local_case("local: replay foreground", exec_local),
-            ]
-        for rnd in range(args.rounds):
-            # a different order each round, so a drift in the machine's load does not favour one case
-            for step in steps[rnd % len(steps) :] + steps[: rnd % len(steps)]:
-                step()
-            print(f"round {rnd + 1}/{args.rounds} done", flush=True)
+        loaders = make_loaders([n for n in args.loaders.split(",") if n], site, args, stack)
+        for ld in loaders:
+            run_loader(ld, site, args)
     finally:
-        lazy.stop()
-
-    print()
-    print(f"program: python -c {args.program!r} from a venv ({' '.join(PACKAGES)})")
-    print(
-        f"lazy tree: 1 MiB chunks, {args.delay_ms:g} ms per first fetch, "
-        f"bandwidth {'unlimited (local disk behind)' if not args.mbps else f'{args.mbps:g} MB/s per fetch'}; "
-        f"caches dropped and lazy fs restarted before every run; {args.rounds} rounds, median"
-    )
-    print(
-        f"record: {show['files']} files, {show['extents']} extents, {show['bytes'] / 1e6:.0f} MB "
-        f"({show['share_of_roots']:.1%} of {show['roots_bytes'] / 1e6:.0f} MB); the recorded start fetched "
-        f"{record_fetches} chunks; replay threads {args.threads}"
-    )
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
-    print()
-    base = {"lazy": statistics.median(cases["lazy: no replay"])}
-    if "local: no replay" in cases:
-        base["local"] = statistics.median(cases["local: no replay"])
-    print(f"{'case':26} {'median s':>9} {'runs (s)':>22} {'vs no replay':>14} {'CPU s':>6} {'chunks':>7}")
-    for name, times in cases.items():
-        med = statistics.median(times)
-        ref = base[name.split(":")[0]]
-        speed = f"{ref / med:.2f}x faster" if med <= ref else f"{(med / ref - 1) * 100:.1f}% slower"
-        runs = " ".join(f"{t:.2f}" for t in times)
-        chunks = f"{statistics.median(fetches[name]):.0f}" if name in fetches else "-"
-        print(f"{name:26} {med:9.2f} {runs:>22} {speed:>14} {statistics.median(cpu[name]):6.2f} {chunks:>7}")
-    print("CPU s: user+sys of the launched process (bootseer exec and the program it became), median;")
-    print("the agent and the lazy filesystem server are not included")
+        for thing in reversed(stack):
+            thing.stop()
+    report(loaders, args)
     return 0
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import ctypes.util
 import errno
 import os
 import subprocess
@@ -167,6 +168,9 @@ class LazyMount:
         argv += ["--delay-ms", str(self.delay_ms), "--chunk", str(self.chunk), "--mbps", str(self.mbps)]
         argv += ["--log", str(self.log)]
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        libfuse3 = ctypes.util.find_library("fuse3")
+        if libfuse3 and "FUSE_LIBRARY_PATH" not in env:  # mfusepy prefers libfuse2 where both are installed
+            env["FUSE_LIBRARY_PATH"] = libfuse3
         # stderr to a file, never a pipe: a pipe nobody drains fills up and freezes the filesystem
         self.errlog = self.mountpoint.parent / f".{self.mountpoint.name}.stderr"
         with open(self.errlog, "wb") as err:

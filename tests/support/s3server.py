@@ -49,12 +49,14 @@ class S3Server:
         host: str = "127.0.0.1",
         port: int | None = None,
         netns: str | None = None,
+        backend: str = ":memory:",
     ) -> None:
         self.root = root
         self.bucket = bucket
         self.host = host
         self.port = port or free_port()
         self.netns = netns
+        self.backend = backend  # a local directory serves its subdirectories as buckets (no upload)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -79,7 +81,7 @@ class S3Server:
             f"{ACCESS_KEY},{SECRET_KEY}",
             "--config",
             str(self.root / "rclone.conf"),  # absent: defaults; /dev/null breaks server-side moves
-            ":memory:",
+            self.backend,
         ]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
@@ -95,7 +97,8 @@ class S3Server:
             except OSError:
                 time.sleep(0.1)
                 continue
-            self._create_bucket()
+            if self.backend == ":memory:":
+                self._create_bucket()
             return self
         self.stop()
         raise RuntimeError(f"rclone serve s3 did not listen on {self.endpoint} within {timeout} s")

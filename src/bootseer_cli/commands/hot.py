@@ -105,6 +105,8 @@ def show(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = Fa
         return
     if d["record"] is None:
         typer.echo(f"no hot-block record for image {d['image_key'][:16]}")
+        if d.get("last_empty"):
+            typer.echo(f"the last record was empty: {d['last_empty'].get('why')}")
         raise typer.Exit(1)
     _print_record(d)
 
@@ -122,6 +124,13 @@ def _print_record(d: dict[str, Any]) -> None:
     typer.echo(
         f"stale now: {d['stale_files']} file(s), {fmt_bytes(d['stale_bytes'])} ({d['stale_share']:.0%} of the record)"
     )
+    if d["method"] != "mincore":
+        typer.echo(f"taken as: {d['method']} (the tree drops pages at every open: whole files the start opened)")
+    r = d["replay"]
+    if r["off"]:
+        typer.echo(f"replay: OFF for this image until the record changes: {r['why']}")
+    else:
+        typer.echo(f"replay: on (starts to ready: with {r['with_s'] or '-'} s, without {r['without_s'] or '-'} s)")
     for f in d["top_files"]:
         typer.echo(f"  {fmt_bytes(f['bytes']):>10}  {f['path']}")
 

@@ -40,7 +40,8 @@ def record_command(
     roots: list[str] | None = None,
     ready: str | None = None,
 ) -> RecordOutcome:
-    """Evict the roots, run `command`, scan when its start is over, publish; returns its exit code.
+    """Evict the roots, run `command` watching its opens (fanotify, as root), scan when its start is
+    over (the files it opened, or all under the roots without fanotify), publish; returns its exit code.
 
     Refuses (BootseerError) before running anything when this process cannot see the truth with
     mincore. `image_key` is called only once the record can go ahead (it may fingerprint the root
@@ -49,36 +50,54 @@ def record_command(
     from ..events import RunInfo
     from ..launcher import resolve_command
     from ..store import open_store
-    from .pagecache import evict
-    from .roots import prepare_recording
+    from .opens import OpenLog, open_group
 
     resolve_command(command)
     mode = parse_mode(ready if ready is not None else settings.image.ready)
     roots = resolve_roots(settings.image, roots)
+    fan_fd, _ = open_group(roots)
+    log = OpenLog(fan_fd, roots, ignore_pids=(os.getpid(),)) if fan_fd is not None else None
+    try:
+        _evict_or_refuse(roots)  # the explicit verb may walk: a cold tree makes the most precise record
+        store = open_store(settings.store.uri)
+        key = image_key()
+        run = RunInfo.new()
+        if log is not None:
+            log.drain(0.0)  # this process's own opens so far (the store, the key) are not the command's
+            log.paths.clear()
+        proc, started = _start(command, run)
+        try:
+            why = wait_ready(
+                mode,
+                proc.pid,
+                run.run_dir / "ready",
+                alive=lambda: proc.poll() is None,
+                sleep=(lambda s: log.pump(s, lambda _: False)) if log is not None else (lambda s: bool(time.sleep(s))),
+                started=started,
+            )
+            if log is not None:
+                log.close()
+            doc = _scan_and_publish(store, key, roots, list(log.paths) if log is not None else None)
+            code = proc.wait()
+        except BaseException:  # not swallowed: the command must not outlive a failed or interrupted record
+            proc.kill()
+            proc.wait()
+            raise
+    finally:
+        if log is not None:
+            log.close()
+    return RecordOutcome(code, why, doc)
+
+
+def _evict_or_refuse(roots: list[str]) -> None:
+    """Check that mincore tells the truth here, then evict the roots."""
+    from .pagecache import evict
+    from .roots import prepare_recording
+
     files, refused = prepare_recording(roots)
     if refused:
         raise BootseerError(refused)
-    store = open_store(settings.store.uri)
-    key = image_key()
-    run = RunInfo.new()
     evict(files)
-    proc, started = _start(command, run)
-    try:
-        why = wait_ready(
-            mode,
-            proc.pid,
-            run.run_dir / "ready",
-            alive=lambda: proc.poll() is None,
-            sleep=lambda s: bool(time.sleep(s)),
-            started=started,
-        )
-        doc = _scan_and_publish(store, key, roots)
-        code = proc.wait()
-    except BaseException:  # not swallowed: the command must not outlive a failed or interrupted record
-        proc.kill()
-        proc.wait()
-        raise
-    return RecordOutcome(code, why, doc)
 
 
 def _start(command: list[str], run: RunInfo) -> tuple[subprocess.Popen[bytes], float]:
@@ -90,11 +109,13 @@ def _start(command: list[str], run: RunInfo) -> tuple[subprocess.Popen[bytes], f
     return subprocess.Popen(command, env=env), started
 
 
-def _scan_and_publish(store: Store, image_key: str, roots: list[str]) -> dict[str, Any] | None:
-    """Scan the roots now and publish the record; None when nothing under them is resident."""
-    from .record import publish, scan
+def _scan_and_publish(
+    store: Store, image_key: str, roots: list[str], opened: list[str] | None
+) -> dict[str, Any] | None:
+    """Scan the files opened (or all under the roots) now and publish the record; None when it is empty."""
+    from .record import file_infos, publish, scan_seen
 
-    rec = scan(image_key, roots, None)
+    rec = scan_seen(image_key, roots, file_infos(opened) if opened is not None else None)
     return publish(store, rec) if rec.extents else None
 
 
@@ -130,10 +151,12 @@ def describe(settings: Settings, image_key: str) -> dict[str, Any]:
     from .record import check
 
     found = _load(settings, image_key)
+    empty = _read_status(settings, "empty", image_key, "")
     if found is None:
-        return {"image_key": image_key, "record": None}
+        return {"image_key": image_key, "record": None, "last_empty": empty}
     rec, doc = found
     staleness, _ = check(rec)
+    verdict = _read_status(settings, "verdict", image_key, str(doc.get("blob", "")))
     by_file = sorted(rec.bytes_by_file().items(), key=lambda kv: -kv[1])
     return {
         "image_key": image_key,
@@ -151,4 +174,21 @@ def describe(settings: Settings, image_key: str) -> dict[str, Any]:
         "stale_bytes": staleness.stale_bytes,
         "stale_share": staleness.stale_share,
         "top_files": [{"path": p, "bytes": n} for p, n in by_file[:10]],
+        "method": rec.method,
+        "replay": {
+            "off": bool(verdict and verdict.get("off")),
+            "why": (verdict or {}).get("why", ""),
+            "with_s": (verdict or {}).get("with", []),
+            "without_s": (verdict or {}).get("without", []),
+        },
+        "last_empty": empty,
     }
+
+
+def _read_status(settings: Settings, which: str, image_key: str, record: str) -> dict[str, Any] | None:
+    """The agent's notes for this image (status.py): the last empty record, or the replay verdict."""
+    from ..store import open_store
+    from .status import read_empty, read_verdict
+
+    store = open_store(settings.store.uri)
+    return read_empty(store, image_key) if which == "empty" else read_verdict(store, image_key, record)

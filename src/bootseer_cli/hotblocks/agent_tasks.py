@@ -1,50 +1,131 @@
-"""The hot-block agent tasks: "hot-record" (scan when the start is over, publish) and
-"hot-prefetch" (finish a replay that the foreground deadline cut short, behind the program).
+"""The hot-block agent tasks: "hot-record" (watch the start, scan when it is over, publish),
+"hot-prefetch" (finish a replay that the foreground deadline cut short, behind the program) and
+"hot-judge" (time this start to ready, for the never-slower verdict).
 
 The image stage (stage.py) hands these to the agent (agent.py), which runs each in a thread and
-names them by "module:function" in its `TASKS` table.
+names them by "module:function" in its `TASKS` table. What the next start must know (an empty record,
+a replay that did not pay) goes to the store (status.py): the agent cannot print to the start's output.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..events import record as record_event
 from ..units import fmt_seconds
-from .ready import parse_mode, wait_ready
+from .ready import parse_mode, wait_ready_at
 
 if TYPE_CHECKING:
     from ..agent import Agent
+    from .opens import OpenLog
+    from .pagecache import FileInfo
 
 
-def record_task(task: dict[str, Any], agent: Agent) -> None:
-    """Wait until the launcher's start is over (`ready`), then scan the roots and publish the record."""
-    from .record import publish, scan
-
-    mode = parse_mode(task.get("ready", "quiet"))
-    why = wait_ready(
-        mode,
+def _wait(task: dict[str, Any], agent: Agent, sleep: Callable[[float], bool]) -> tuple[str, float, float]:
+    """Wait until the launcher's start is over; (why, when, when the stage started timing)."""
+    started = float(task.get("started") or time.time())
+    why, at = wait_ready_at(
+        parse_mode(task.get("ready", "quiet")),
         agent.launcher_pid,
         agent.ready_file,
         alive=agent.launcher_alive,
-        sleep=agent.wait,
-        started=float(task.get("started") or time.time()),
+        sleep=sleep,
+        started=started,
     )
+    return why, at, started
+
+
+def record_task(task: dict[str, Any], agent: Agent) -> None:
+    """Wait until the start is over (draining the fanotify group meanwhile), scan what it opened, publish."""
+    from .opens import OpenLog
+
+    roots = [str(r) for r in task["roots"]]
+    fan_fd = task.get("fan_fd")
+    try:
+        log = OpenLog(int(fan_fd), roots, ignore_pids=(os.getpid(),)) if fan_fd is not None else None
+    except OSError as e:  # the group was not handed over (an exec that closed it): nothing to record from
+        agent.log(f"hot-record: {e.strerror or e}; not recording")
+        return
+    try:
+        sleep = (lambda s: log.pump(s, agent.wait)) if log is not None else agent.wait
+        why, at, started = _wait(task, agent, sleep)
+    finally:
+        if log is not None:
+            log.close()  # marks removed and group closed whatever happened: nothing queues behind us
+    _scan_and_publish(task, agent, roots, log, (why, at - started))
+
+
+def _files_seen(task: dict[str, Any], log: OpenLog | None) -> list[FileInfo] | None:
+    """The files to scan: those the start opened (fanotify), those the eviction walk covered, or all."""
+    from .record import file_infos
+
+    if log is not None:
+        return file_infos(log.paths)
+    if task.get("covered"):
+        return file_infos(json.loads(Path(task["covered"]).read_text()))
+    return None
+
+
+def _scan_and_publish(
+    task: dict[str, Any], agent: Agent, roots: list[str], log: OpenLog | None, ready: tuple[str, float]
+) -> None:
+    """Scan, publish (or note why the record is empty, for the next start), and give the verdict its baseline."""
+    from .record import publish, scan_seen
+    from .status import add_sample, clear_empty, note_empty
+
+    why, seconds = ready
     t0 = time.time()
-    rec = scan(str(task["image_key"]), [str(r) for r in task["roots"]])
+    image_key = str(task["image_key"])
+    files = _files_seen(task, log)
+    rec = scan_seen(image_key, roots, files)
     if not rec.extents:
-        agent.log(f"hot-record: nothing resident under {rec.roots} ({why}); nothing published")
+        if log is not None and not log.paths:
+            empty = f"the start opened no file under {', '.join(roots)} before it was over ({why})"
+        else:
+            n = len(files or [])
+            empty = f"none of the {n} files under the roots had pages resident when the start was over ({why})"
+        note_empty(agent.store, image_key, roots, empty)
+        agent.log(f"hot-record: {empty}; nothing published")
+        record_event(agent.run, "hot-record", t0, time.time(), "empty", reason=empty)
         return
     doc = publish(agent.store, rec)
+    clear_empty(agent.store, image_key)
+    add_sample(agent.store, image_key, doc["blob"], replayed=False, seconds=seconds)
     agent.log(
-        f"hot-record ({why}): {len(rec.files)} files, {len(rec.extents)} extents, {rec.total_bytes} bytes "
-        f"of {rec.roots_bytes} under the roots; published {doc['blob'][:12]}"
+        f"hot-record ({why}, {rec.method}): {len(rec.files)} files, {len(rec.extents)} extents, {rec.total_bytes} "
+        f"bytes; published {doc['blob'][:12]}; ready after {fmt_seconds(seconds)}"
     )
     record_event(
         agent.run, "hot-record", t0, time.time(), "built", bytes=rec.total_bytes, reason=why, detail=doc["blob"]
+    )
+
+
+def judge_task(task: dict[str, Any], agent: Agent) -> None:
+    """Time this start to ready and add it to the record's verdict (with or without replay)."""
+    from .status import add_sample
+
+    why, at, started = _wait(task, agent, agent.wait)
+    seconds = at - started
+    replayed = bool(task.get("replayed"))
+    verdict = add_sample(agent.store, str(task["image_key"]), str(task["record"]), replayed, seconds)
+    state = f"replay off: {verdict['why']}" if verdict["off"] else "replay on"
+    side = "with" if replayed else "without"
+    agent.log(f"hot-judge ({why}): ready after {fmt_seconds(seconds)} {side} replay; {state}")
+    record_event(
+        agent.run,
+        "hot-judge",
+        started,
+        at,
+        "with-replay" if replayed else "without-replay",
+        reason=why,
+        detail=str(task["image_key"]),
+        record=task["record"],
+        off=verdict["off"],
     )
 
 

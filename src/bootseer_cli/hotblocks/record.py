@@ -14,7 +14,7 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,9 @@ class Record:
     roots_files: int = 0
     created: float = 0.0
     creator: str = ""
+    # "mincore" (pages resident after the start) or "opened-files" (whole files the start opened,
+    # on a tree that drops pages at open, where residency cannot be seen)
+    method: str = "mincore"
 
     @property
     def total_bytes(self) -> int:
@@ -74,11 +77,29 @@ def coalesce(
     return [(s, e - s) for s, e in out]
 
 
-def scan(image_key: str, roots: list[str], files: Iterable[FileInfo] | None = None) -> Record:
-    """Take a record now: every file under `roots` with resident pages, as coalesced extents."""
+def scan(
+    image_key: str,
+    roots: list[str],
+    files: Iterable[FileInfo] | None = None,
+    whole: Callable[[str], bool] | None = None,
+) -> Record:
+    """Take a record now: every file under `roots` with resident pages, as coalesced extents.
+
+    A file for which `whole(path)` is true is recorded whole (its tree drops pages at every open,
+    so mincore cannot see what was read: the file set is what the record knows).
+    """
     rec = Record(image_key=image_key, roots=list(roots), created=time.time(), creator=socket.gethostname())
     listed = list(files if files is not None else walk_files(roots))
-    runs = parallel_map(lambda f: resident_runs(f.path, f.size) if f.size > 0 else [], listed)
+    whole = whole or (lambda _p: False)
+
+    def runs_of(f: FileInfo) -> list[tuple[int, int]]:
+        if f.size <= 0:
+            return []
+        if whole(f.path):
+            return [(0, (f.size + PAGE_SIZE - 1) // PAGE_SIZE)]
+        return resident_runs(f.path, f.size)
+
+    runs = parallel_map(runs_of, listed)
     for f, file_runs in zip(listed, runs, strict=True):
         rec.roots_files += 1
         rec.roots_bytes += f.size
@@ -87,7 +108,36 @@ def scan(image_key: str, roots: list[str], files: Iterable[FileInfo] | None = No
             rec.files[f.path] = (f.size, f.mtime_ns)
             rec.extents.extend((f.path, off, n) for off, n in extents)
     rec.extents.sort()
+    if any(whole(p) for p in rec.files):
+        rec.method = "opened-files"
     return rec
+
+
+def scan_seen(image_key: str, roots: list[str], files: list[FileInfo] | None) -> Record:
+    """`scan` of the files a start was seen to open (all under the roots when None), each tree as it allows:
+    residency by mincore where pages survive an open, whole files where the tree drops them (probed now,
+    after the start, on a page already resident where there is one, so the probe adds nothing)."""
+    from .probe import probe_root
+
+    sample = (files or [])[:64]
+    hints = [(f.path, runs[0][0] * PAGE_SIZE) for f in sample if (runs := resident_runs(f.path, f.size))]
+    hints += [(f.path, 0) for f in sample if f.size > 0]
+    # no hint (the whole roots were evicted and walked): the caller knew the tree keeps pages
+    drops = tuple(os.path.realpath(r).rstrip("/") + "/" for r in roots if hints and probe_root(r, hints).drops)
+    return scan(image_key, roots, files, whole=(lambda p: p.startswith(drops)) if drops else None)
+
+
+def file_infos(paths: Iterable[str]) -> list[FileInfo]:
+    """FileInfo for each path that is still a regular file (no symlinks followed)."""
+    out = []
+    for p in paths:
+        try:
+            s = os.lstat(p)
+        except OSError:
+            continue
+        if stat.S_ISREG(s.st_mode):
+            out.append(FileInfo(p, s.st_size, s.st_mtime_ns, s.st_uid))
+    return out
 
 
 def to_parquet(rec: Record) -> bytes:
@@ -103,6 +153,7 @@ def to_parquet(rec: Record) -> bytes:
         "roots_files": rec.roots_files,
         "created": rec.created,
         "creator": rec.creator,
+        "method": rec.method,
         "files": {p: [s, m] for p, (s, m) in sorted(rec.files.items())},
     }
     table = pa.table(
@@ -138,6 +189,7 @@ def from_parquet(data: bytes) -> Record:
             roots_files=int(meta.get("roots_files", 0)),
             created=float(meta.get("created", 0.0)),
             creator=str(meta.get("creator", "")),
+            method=str(meta.get("method", "mincore")),
         )
     except (KeyError, ValueError, TypeError, OSError, pa.ArrowException) as e:
         raise IntegrityError(f"hot-block record is malformed: {e}") from None
@@ -147,6 +199,14 @@ def from_parquet(data: bytes) -> Record:
         if path not in rec.files:
             raise IntegrityError(f"hot-block record has an extent for an unlisted file: {path}")
     return rec
+
+
+def _probe_hint(rec: Record) -> list[Any]:
+    """A page the replay would read, of the shallowest file: the next start probes the tree with it
+    (probe.py) without listing directories through the loader."""
+    if not rec.extents:
+        return []
+    return list(min(((p, o) for p, o, _ in rec.extents), key=lambda e: (e[0].count("/"), e)))
 
 
 def publish(store: Store, rec: Record) -> dict[str, Any]:
@@ -164,6 +224,8 @@ def publish(store: Store, rec: Record) -> dict[str, Any]:
         "roots_bytes": rec.roots_bytes,
         "created": rec.created,
         "creator": rec.creator,
+        "method": rec.method,
+        "probe": _probe_hint(rec),
     }
     store.write_ref(REF_KIND, rec.image_key, doc)
     return doc

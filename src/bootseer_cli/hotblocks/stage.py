@@ -1,13 +1,21 @@
 """The image stage of `bootseer exec`: replay the hot-block record, or arrange for the agent to take one.
 
-With a record for `image_key`: check it against the files (stale ones are skipped), replay it with
-a bounded pool for at most `[image] foreground_s`, and hand whatever is left to the agent, which
-reads it behind the program. A record that is mostly stale is taken again instead.
+First it probes each root's filesystem (probe.py): does it keep a file's pages across opens?
 
-Without one (and `record` is not "never"): make sure this process can see the truth with `mincore`
-(root, or owner of the files), evict the roots' pages, and give the agent a "hot-record" task; it
-scans when the start is over (`[image] ready`) and publishes. Everything that goes wrong here is a
-warning: the job starts anyway, only slower.
+With a record for `image_key`: check it against the files (stale ones are skipped), replay it file by
+file for at most `[image] foreground_s`, and hand whatever is left to the agent, which reads it behind
+the program. Replay is skipped, with one line saying why, where it cannot pay: `[image] replay =
+"auto"` on a tree that drops pages at every open (the replay would be thrown away when the program
+opens the file; "always" when the loader keeps a cache of its own), or when the never-slower verdict
+(status.py) found that this record's replay made starts slower. A record that is mostly stale is taken
+again, never by an eviction walk before exec.
+
+Without one (and `record` is not "never"): watch the opens of the roots' mounts with fanotify
+(opens.py) and give the agent a "hot-record" task with the group's fd; it asks `mincore` about the
+files the start opened when the start is over, and publishes. Where fanotify is not allowed (not
+root), a time-bounded eviction walk (`EVICT_BUDGET_S`) is the fallback. An empty last record is
+warned about here (the agent cannot print to the start's output) and not retried on every start.
+Everything that goes wrong here is a warning: the job starts anyway, only slower.
 """
 
 from __future__ import annotations
@@ -15,22 +23,29 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError, StoreError
 from ..stage import StageContext, StageResult
 from ..units import fmt_bytes
-from .pagecache import evict
+from .pagecache import evict, untrusted_files
+from .probe import probe_roots
 from .ready import parse_mode
-from .roots import prepare_recording, resolve_roots
+from .roots import refusal, resolve_roots
 
 if TYPE_CHECKING:
+    from .pagecache import FileInfo
     from .record import Record
     from .replay import Extent, ReplayResult
 
 # A record whose fresh part is less than half of its bytes describes another image: take it again.
 STALE_RERECORD = 0.5
 REMAINING_FILE = "hot-remaining.json"
+COVERED_FILE = "hot-covered.json"
+# Without fanotify, the eviction walk before exec stops after this long (issue 16: a first start
+# must cost little); the record then covers the files the walk reached.
+EVICT_BUDGET_S = 3.0
 
 
 def run_stage(ctx: StageContext) -> StageResult:
@@ -40,11 +55,13 @@ def run_stage(ctx: StageContext) -> StageResult:
 
     image = ctx.settings.image
     mode = image.record
-    ready = parse_mode(image.ready)
     image_key = ctx.keys.image.digest
     roots = resolve_roots(image)
-    why_record = "no record"
+    why_record, stale = "no record", False
     try:
+        skipped = _skip_before_load(ctx, image_key)
+        if skipped is not None:
+            return skipped
         found = load(ctx.settings.p2p, ctx.store, ctx.cache, image_key)
     except IntegrityError as e:  # a corrupt record is replaced by a new one
         ctx.warn(f"image: the hot-block record is unusable ({e}); taking a new one")
@@ -58,12 +75,12 @@ def run_stage(ctx: StageContext) -> StageResult:
         result = _replay(ctx, rec, doc)
         if result is not None:
             return result
-        why_record = "record mostly stale"
+        why_record, stale = "record mostly stale", True
     elif mode == "always":
         why_record = '[image] record = "always"'
     if mode == "never":
         return StageResult(outcome="skipped", summary="no record", cache="miss", reason="no record; record = never")
-    return _arrange_recording(ctx, image_key, roots, ready, why_record)
+    return _arrange_recording(ctx, image_key, roots, why_record, stale)
 
 
 def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult | None:
@@ -72,6 +89,7 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
 
     image = ctx.settings.image
     t0 = time.monotonic()
+    started = time.time()
     work, staleness = plan(rec)
     if staleness.stale_share > STALE_RERECORD and image.record != "never":
         ctx.warn(
@@ -79,6 +97,11 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
             f"changed, {staleness.stale_share:.0%} of its bytes); taking a new one"
         )
         return None
+    skip = _why_not_replay(ctx, rec, str(doc.get("blob", "")))
+    if skip is not None:
+        ctx.info(f"image: not replaying: {skip[1]}")
+        _judge_later(ctx, rec.image_key, str(doc.get("blob", "")), replayed=False, started=started)
+        return StageResult(outcome="skipped", summary=f"no replay ({skip[0]})", cache="hit", reason=skip[1])
     res = run(work, threads=image.prefetch_threads, mbps=image.prefetch_mbps, deadline=t0 + image.foreground_s)
     res.staleness = staleness
     parts = [f"replayed {fmt_bytes(res.bytes_read)}"]
@@ -86,7 +109,70 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
         parts.append(_hand_on_remaining(ctx, res.remaining))
     if staleness.stale_files:
         parts.append(f"{len(staleness.stale_files)} stale file(s) skipped")
+    _judge_later(ctx, rec.image_key, str(doc.get("blob", "")), replayed=True, started=started)
     return _replayed_result(res, doc, ", ".join(parts))
+
+
+def _skip_before_load(ctx: StageContext, image_key: str) -> StageResult | None:
+    """A record of whole files (its tree dropped pages at open) is not even loaded where replay would be
+    skipped anyway: its ref says so, and not importing pyarrow keeps such a start at no-bootseer speed."""
+    from .record import REF_KIND
+
+    image = ctx.settings.image
+    if image.replay != "auto" or image.record == "always":
+        return None
+    doc = ctx.store.read_ref(REF_KIND, image_key)
+    if not doc or doc.get("method") != "opened-files":
+        return None
+    hint = doc.get("probe")
+    hints = [(str(hint[0]), int(hint[1]))] if isinstance(hint, list) and len(hint) == 2 else None
+    drops = [p for p in probe_roots([str(r) for r in doc.get("roots", [])], hints) if p.drops]
+    if not drops:
+        return None
+    line = (
+        f"{drops[0].line()}, so a replay would be thrown away when the program opens the file; "
+        f'set [image] replay = "always" if the loader keeps a cache of its own'
+    )
+    ctx.info(f"image: not replaying: {line}")
+    _judge_later(ctx, image_key, str(doc.get("blob", "")), replayed=False, started=time.time())
+    return StageResult(outcome="skipped", summary="no replay (pages dropped at open)", cache="hit", reason=line)
+
+
+def _why_not_replay(ctx: StageContext, rec: Record, blob: str) -> tuple[str, str] | None:
+    """(summary words, one line) when this start should not replay: the setting, the tree, the verdict."""
+    from .status import read_verdict
+
+    setting = ctx.settings.image.replay
+    if setting == "never":
+        return "replay = never", '[image] replay = "never"'
+    if setting == "auto":
+        hints = [(path, off) for path, off, _ in rec.extents[:: max(1, len(rec.extents) // 64)]]
+        drops = [p for p in probe_roots(rec.roots, hints) if p.drops]
+        if drops:
+            return "pages dropped at open", (
+                f"{drops[0].line()}, so a replay would be thrown away when the program opens the file; "
+                f'set [image] replay = "always" if the loader keeps a cache of its own'
+            )
+    try:
+        verdict = read_verdict(ctx.store, rec.image_key, blob)
+    except (StoreError, OSError):
+        return None
+    if verdict.get("off"):
+        return "replay did not pay", f"replay is off for this image until the record changes: {verdict['why']}"
+    return None
+
+
+def _judge_later(ctx: StageContext, image_key: str, blob: str, replayed: bool, started: float) -> None:
+    """Have the agent time this start to ready, for the never-slower verdict (status.py)."""
+    if ctx.settings.exec.agent and blob:
+        ctx.add_agent_task(
+            "hot-judge",
+            image_key=image_key,
+            record=blob,
+            replayed=replayed,
+            started=started,
+            ready=ctx.settings.image.ready,
+        )
 
 
 def _hand_on_remaining(ctx: StageContext, remaining: list[Extent]) -> str:
@@ -95,12 +181,17 @@ def _hand_on_remaining(ctx: StageContext, remaining: list[Extent]) -> str:
     if not ctx.settings.exec.agent:
         return f"{left} left unread (no agent)"
     path = ctx.run.run_dir / REMAINING_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(remaining))
-    os.replace(tmp, path)
+    _write_json(path, remaining)
     image = ctx.settings.image
     ctx.add_agent_task("hot-prefetch", file=str(path), threads=image.prefetch_threads, mbps=image.prefetch_mbps)
     return f"{left} to the agent"
+
+
+def _write_json(path: Path, doc: object) -> None:
+    """Temp name + rename: the agent never reads a half-written list."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
 
 
 def _replayed_result(res: ReplayResult, doc: dict[str, Any], summary: str) -> StageResult:
@@ -120,23 +211,102 @@ def _replayed_result(res: ReplayResult, doc: dict[str, Any], summary: str) -> St
     )
 
 
-def _arrange_recording(
-    ctx: StageContext, image_key: str, roots: list[str], ready: str | float, why: str
-) -> StageResult:
-    """Evict the roots and give the agent a "hot-record" task, when there is an agent and mincore tells the truth."""
+def _skipped(summary: str, reason: str) -> StageResult:
+    return StageResult(outcome="skipped", summary=summary, cache="miss", reason=reason)
+
+
+def _arrange_recording(ctx: StageContext, image_key: str, roots: list[str], why: str, stale: bool) -> StageResult:
+    """Watch the start's opens (fanotify) and give the agent a "hot-record" task; or fall back (see module doc).
+
+    With fanotify, the roots are probed by the agent after the start (a probe reads a page, which on
+    a lazy tree is a fetch the start need not pay); the eviction fallback must know before.
+    """
+    from .opens import open_group
+
     if not ctx.settings.exec.agent:
         ctx.warn("image: recording hot blocks needs the agent ([exec] agent = true); not recording")
-        return StageResult(outcome="skipped", summary="not recorded (no agent)", cache="miss", reason="no agent")
-    files, refused = prepare_recording(roots)
-    if refused:
+        return _skipped("not recorded (no agent)", "no agent")
+    held = _empty_backoff(ctx, image_key, roots)
+    if held is not None:
+        return held
+    base = {"image_key": image_key, "roots": roots, "ready": parse_mode(ctx.settings.image.ready)}
+    fan_fd, no_fanotify = open_group(roots)
+    if fan_fd is not None:
+        ctx.agent_fds.append(fan_fd)
+        ctx.add_agent_task("hot-record", **base, fan_fd=fan_fd, started=time.time())
+        return StageResult(
+            outcome="miss", summary=f"recording this start ({why})", cache="miss", reason=why, extra={"roots": roots}
+        )
+    drops = [p.root for p in probe_roots(roots) if p.drops]
+    return _record_by_eviction(ctx, base, drops, why, stale, no_fanotify)
+
+
+def _empty_backoff(ctx: StageContext, image_key: str, roots: list[str]) -> StageResult | None:
+    """Warn about an empty last record; a skipped result while `record = "auto"` backs off from it."""
+    from .status import empty_backoff, read_empty
+
+    try:
+        if ctx.settings.image.record == "always":
+            last = read_empty(ctx.store, image_key)
+            held = None
+        else:
+            held = empty_backoff(ctx.store, image_key, roots)
+            last = {"why": held[0]} if held else read_empty(ctx.store, image_key)
+    except (StoreError, OSError):
+        return None
+    if last is None:
+        return None
+    if held is None:
+        ctx.warn(f"image: the last hot-block record of this image was empty ({last.get('why')}); trying again")
+        return None
+    ctx.warn(
+        f"image: the last hot-block record of this image was empty ({held[0]}); not recording again for "
+        f"{held[1]} more start(s) or until the roots change"
+    )
+    return _skipped("not recorded (last record empty)", f"last record empty: {held[0]}")
+
+
+def _record_by_eviction(
+    ctx: StageContext, base: dict[str, Any], drops: list[str], why: str, stale: bool, no_fanotify: str
+) -> StageResult:
+    """Without fanotify: evict what a time-bounded walk reaches, record those files at the end."""
+    if drops:
+        line = f"{drops[0]} drops pages at every open and {no_fanotify}: cannot record its hot blocks"
+        ctx.warn(f"image: {line}")
+        return _skipped("not recorded (pages dropped at open)", line)
+    if stale:  # a stale record must not cost a walk before exec (issue 19)
+        line = f"the record is mostly stale and {no_fanotify}; not re-recording (run `bootseer hot record`)"
+        ctx.warn(f"image: {line}")
+        return _skipped("not recorded (stale record)", line)
+    files, complete = _bounded_walk(base["roots"], EVICT_BUDGET_S)
+    bad = untrusted_files(files)
+    if bad:
+        refused = refusal(files, bad)
         ctx.warn(f"image: {refused}")
-        return StageResult(outcome="skipped", summary="not recorded (privilege)", cache="miss", reason=refused)
+        return _skipped("not recorded (privilege)", refused)
     evict(files)
-    ctx.add_agent_task("hot-record", image_key=image_key, roots=roots, ready=ready, started=time.time())
+    covered = ctx.run.run_dir / COVERED_FILE
+    _write_json(covered, [f.path for f in files])
+    if not complete:
+        ctx.info(f"image: eviction walk stopped at {EVICT_BUDGET_S:g} s; the record covers {len(files)} files")
+    ctx.add_agent_task("hot-record", **base, covered=str(covered), started=time.time())
     return StageResult(
         outcome="miss",
         summary=f"recording this start ({why})",
         cache="miss",
         reason=why,
-        extra={"files": len(files), "roots": roots},
+        extra={"files": len(files), "roots": base["roots"], "walk_complete": complete},
     )
+
+
+def _bounded_walk(roots: list[str], budget_s: float) -> tuple[list[FileInfo], bool]:
+    """The files under `roots` a walk reaches within `budget_s`; (files, whether the walk finished)."""
+    from .pagecache import walk_files
+
+    deadline = time.monotonic() + budget_s
+    files: list[FileInfo] = []
+    for f in walk_files(roots):
+        files.append(f)
+        if len(files) % 256 == 0 and time.monotonic() > deadline:
+            return files, False
+    return files, True

@@ -1,0 +1,87 @@
+"""A TCP proxy on loopback that delays every request: latency where the kernel has no netem.
+
+Each chunk the client sends (an HTTP request, in practice) waits `delay_ms` before it is forwarded;
+responses flow back undelayed. So every ranged GET a lazy loader makes costs one round trip, as it
+would to a remote bucket.
+
+    with DelayProxy(("127.0.0.1", s3_port), delay_ms=5) as proxy:
+        endpoint = proxy.endpoint  # "127.0.0.1:<free port>"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+
+class DelayProxy:
+    """Threads: one acceptor, two pumps per connection. `stop()` closes everything."""
+
+    def __init__(self, upstream: tuple[str, int], delay_ms: float = 5.0) -> None:
+        self.upstream = upstream
+        self.delay_s = delay_ms / 1000.0
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(256)
+        self.port = self.listener.getsockname()[1]
+        self.requests = 0
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> DelayProxy:
+        threading.Thread(target=self._accept, daemon=True, name="delayproxy").start()
+        return self
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=10)
+                server.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, delayed: bool) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if delayed:
+                    self.requests += 1
+                    time.sleep(self.delay_s)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        with self._lock:
+            for s in self._socks:
+                with contextlib.suppress(OSError):
+                    s.close()
+            self._socks = []
+
+    def __enter__(self) -> DelayProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
