@@ -26,11 +26,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import mfusepy
-
 from ..errors import BootseerError
 from .layout import FileEntry, Manifest
+from .libfuse import load_mfusepy
 from .reader import Reader
+
+mfusepy = load_mfusepy()
 
 MAX_READ = 1 << 20
 

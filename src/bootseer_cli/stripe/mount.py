@@ -219,7 +219,9 @@ def _watch_owner(pid: int, mountpoint: str) -> None:
 
 def serve(spec: dict[str, Any]) -> int:
     """Serve the mount in this process until it is unmounted (foreground)."""
-    import mfusepy
+    from .libfuse import load_mfusepy
+
+    mfusepy = load_mfusepy()
 
     from ..store import open_store
     from .catalog import Targets
