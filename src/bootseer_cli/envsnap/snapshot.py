@@ -26,15 +26,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..delivery import Fetched
 from ..errors import BootseerError, IntegrityError
-from .format import ArchiveEntry, ArchiveWriter, Written
+from .format import ArchiveEntry, ArchiveWriter, Meta, Written
 from .manifest import FILE, Manifest, under
 from .setup import excluded_paths
 from .stamp import remove_stamp, switch_deletions, write_stamp
 
 if TYPE_CHECKING:
     from ..cache import BlobCache
-    from ..delivery import Fetched
     from ..settings import P2PSettings, StoreSettings
     from ..store import Lease, Store
 
@@ -440,6 +440,118 @@ def entries_hint(ref: dict[str, Any]) -> int:
     return 2 * sum(known)  # refs from before "entries": directories are not counted in "files"
 
 
+class DigestMismatch(IntegrityError):
+    """The blob read during a streamed restore does not match its digest (the tree was undone)."""
+
+
+class _Verifier:
+    """Hashes a blob through an open descriptor in a thread, while the same descriptor is extracted.
+
+    hashlib releases the GIL on large updates, so the hash runs beside the forked extraction workers
+    and warms the page cache ahead of them; the extraction asks for the result before it commits.
+    """
+
+    def __init__(self, fd: int, digest: str) -> None:
+        self.fd = fd
+        self.digest = digest
+        self.got = ""
+        self.error = ""
+        self._t = threading.Thread(target=self._run, name="bootseer-verify", daemon=True)
+
+    def start(self) -> None:
+        """Begin hashing (the extraction calls this once its workers are forked)."""
+        if self._t.ident is None:
+            self._t.start()
+
+    def _run(self) -> None:
+        import hashlib
+
+        h = hashlib.sha256()
+        off = 0
+        try:
+            while chunk := os.pread(self.fd, 4 << 20, off):
+                h.update(chunk)
+                off += len(chunk)
+            self.got = h.hexdigest()
+        except OSError as e:
+            self.error = str(e)
+
+    def ok(self) -> bool:
+        self.start()  # an extraction that failed before its workers ran never started it
+        self._t.join()
+        return not self.error and self.got == self.digest
+
+    def check(self) -> None:
+        if not self.ok():
+            raise DigestMismatch(
+                f"blob {self.digest[:12]} does not match its digest{': ' + self.error if self.error else ''}"
+            )
+
+
+@dataclass
+class _Blob:
+    """An open blob for one restore attempt: where it came from and, when unverified, its hasher."""
+
+    fd: int
+    fetched: Fetched
+    verifier: _Verifier | None  # None: the fetch already checked the digest
+    store_path: Path | None = None  # read in place from a local store: link it into the cache after
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _open_blob(
+    p2p: P2PSettings,
+    store: Store,
+    cache: BlobCache,
+    digest: str,
+    size: int | None,
+    progress: bool | None,
+    *,
+    cached: bool,
+) -> _Blob:
+    """The blob to restore from, opened once, with no copy made: the node cache's file (`cached`), the
+    local store's file in place, or else a fetch (swarm, remote store) into the cache, hashed on the way."""
+    from ..errors import StoreError
+    from ..store import blob_path
+
+    hit = cache.peek(digest) if cached else None
+    if hit is not None:
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(hit, os.O_RDONLY | os.O_CLOEXEC)
+            return _Blob(fd, Fetched(hit, "cache"), _Verifier(fd, digest))
+    if store.is_local and not p2p.enabled:
+        path = Path(store.path(blob_path(digest)))
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise StoreError(f"store {store.uri}: blob {digest[:12]} not found") from None
+        n = os.fstat(fd).st_size
+        return _Blob(fd, Fetched(path, "store", bytes_from_store=n), _Verifier(fd, digest), store_path=path)
+    fetched = _fetch_or_drop(p2p, store, cache, digest, size, progress)
+    return _Blob(os.open(fetched.path, os.O_RDONLY | os.O_CLOEXEC), fetched, None)
+
+
+def _link_into_cache(cache: BlobCache, b: _Blob, digest: str) -> None:
+    """After a verified in-place restore: the node cache gets a hard link to the store's blob (one copy
+    on disk), if it is still the file that was read; across filesystems the store stays the only copy."""
+    if b.store_path is None:
+        return
+    dest = cache.path(digest)
+    tmp = dest.with_name(f".{dest.name}.link-{uuid.uuid4().hex[:8]}")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.link(b.store_path, tmp)
+        if os.stat(tmp).st_ino == os.fstat(b.fd).st_ino:
+            os.replace(tmp, dest)
+            cache.evict(keep=digest)
+    except OSError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _restore(
     p2p: P2PSettings,
     store: Store,
@@ -451,15 +563,43 @@ def _restore(
     progress: bool | None,
     extra_keys: tuple[str, ...],
 ) -> Restored:
+    """Open the blob (cache, local store in place, or a fetch), extract it while it is hashed; a
+    digest mismatch found at the end undoes the tree, drops a bad cached copy and tries the store."""
+    size = ref.get("size") if isinstance(ref.get("size"), int) else None
+    for attempt in range(2):
+        t0 = time.monotonic()
+        b = _open_blob(p2p, store, cache, digest, size, progress, cached=attempt == 0)
+        try:
+            restored, meta = _restore_from(b, roots, ref, digest, progress, t0)
+            _link_into_cache(cache, b, digest)
+        except BootseerError as e:
+            if b.verifier is None or b.verifier.ok():
+                raise
+            if b.fetched.source == "cache":  # a bad cached copy: drop it, read the store's
+                cache.drop(Path(b.fetched.path), os.fstat(b.fd).st_ino, digest)
+                continue
+            with contextlib.suppress(BootseerError, OSError):
+                store.delete_blob(digest)  # the next capture replaces it
+            if isinstance(e, DigestMismatch):
+                raise
+            raise DigestMismatch(f"blob {digest[:12]} does not match its digest ({e})") from None
+        finally:
+            b.close()
+        write_stamp(roots, [env_key, *extra_keys], digest, meta.entries, meta.deletions)
+        return restored
+    raise DigestMismatch(f"blob {digest[:12]} does not match its digest")
+
+
+def _restore_from(
+    b: _Blob, roots: list[str], ref: dict[str, Any], digest: str, progress: bool | None, t0: float
+) -> tuple[Restored, Meta]:
+    """Read the metadata (bounded, checked for safety by the plan) and extract from the open blob."""
     from ..progress import byte_bar
     from .extract import extract
     from .format import read_meta
 
-    t0 = time.monotonic()
-    size = ref.get("size") if isinstance(ref.get("size"), int) else None
-    fetched = _fetch_or_drop(p2p, store, cache, digest, size, progress)
     t1 = time.monotonic()
-    meta = read_meta(Path(fetched.path), entries_hint(ref))
+    meta = read_meta(b.fd, entries_hint(ref))
     if any(not under(r, roots) for r in meta.roots):
         raise IntegrityError(
             f"the snapshot was captured for roots {', '.join(meta.roots)}, which this node's roots "
@@ -469,18 +609,12 @@ def _restore(
     remove_stamp(roots)
     planned = replace(meta, deletions=(*meta.deletions, *switch)) if switch else meta
     raw = ref.get("bytes")
+    v = b.verifier
     with byte_bar(raw if isinstance(raw, int) and raw > 0 else None, "restore", enabled=progress) as advance:
-        ex = extract(Path(fetched.path), planned, roots, progress=advance)
+        ex = extract(b.fd, planned, roots, progress=advance, verify=v and v.check, start_verify=v and v.start)
     t2 = time.monotonic()
-    write_stamp(roots, [env_key, *extra_keys], digest, meta.entries, meta.deletions)
-    return Restored(
-        digest,
-        ex.files,
-        ex.raw_bytes,
-        fetched.source,
-        fetched.bytes_from_store,
-        fetched.bytes_from_peers,
-        t1 - t0,
-        t2 - t1,
-        fetched.note,
+    f = b.fetched
+    restored = Restored(
+        digest, ex.files, ex.raw_bytes, f.source, f.bytes_from_store, f.bytes_from_peers, t1 - t0, t2 - t1, f.note
     )
+    return restored, meta
