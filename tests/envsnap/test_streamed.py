@@ -1,0 +1,171 @@
+"""Issue 15: the streamed restore and the fast capture.
+
+A restore reads the blob once, where it lies (a local store's file, or the node cache's), hashes it
+beside the extraction and checks the digest before it commits: one copy on disk with the default
+store, and a mismatch found at the end undoes the tree through the same journal as any failure. The
+capture writes the same GNU tar bytes as tarfile, defers large files without ever putting a
+hardlink before its target, and a local store opens without pyarrow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.cache import BlobCache
+from bootseer_cli.envsnap import format, manifest, snapshot
+from bootseer_cli.settings import P2PSettings, StoreSettings
+from bootseer_cli.store import Store, blob_path
+from tests.envsnap.conftest import tree_state
+
+KEY = "a" * 64
+BIG = format.CHUNK_BYTES // 2 + 4096  # deferred to the end of the stream, a frame of its own
+
+
+def build_tree(root: Path) -> None:
+    """Small files over several frames, a large file, a hardlink to it, a symlink, nested dirs."""
+    for i in range(40):
+        d = root / "lib" / f"pkg{i % 7}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"m{i}.py").write_bytes(os.urandom(200 * 1024 + i))
+    (root / "lib" / "aaa_big.so").write_bytes(os.urandom(BIG))  # sorts first, deferred to the end
+    (root / "lib" / "big.so").write_bytes(os.urandom(BIG))
+    os.link(root / "lib" / "big.so", root / "lib" / "big-link.so")
+    (root / "lib" / "a.py").write_text("NEW = 1\n")
+    os.symlink("pkg0/m0.py", root / "lib" / "alias.py")
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> dict:
+    """A snapshot of `env` published to a file:// store; `env` emptied again (keeping the root)."""
+    root = tmp_path / "env"
+    root.mkdir()
+    uri = (tmp_path / "store").as_uri()
+    settings = StoreSettings(uri=uri, cache_dir=tmp_path / "node1")
+    baseline = manifest.scan([root])
+    build_tree(root)
+    want = tree_state(root)
+    store = Store(uri)
+    cache1 = BlobCache(tmp_path / "node1", 1 << 40)
+    cap = snapshot.capture(settings, [str(root)], baseline, KEY, cache1, warn=lambda m: None)
+    snapshot.publish(P2PSettings(), store, cache1, cap, KEY, [str(root)])
+    shutil.rmtree(root)
+    root.mkdir()
+    return {"root": root, "store": store, "want": want, "digest": cap.digest, "tmp": tmp_path}
+
+
+def restore(w: dict, cache: BlobCache, key: str = KEY) -> snapshot.Restored:
+    r = snapshot.restore(P2PSettings(), w["store"], cache, key, [str(w["root"])])
+    assert r is not None
+    return r
+
+
+def files_under(d: Path) -> list[Path]:
+    return [p for p in d.rglob("*") if p.is_file()]
+
+
+def test_a_local_store_blob_is_read_in_place_and_linked_into_the_cache(world: dict) -> None:
+    cache = BlobCache(world["tmp"] / "node2", 1 << 40)
+    r = restore(world, cache)
+    assert r.source == "store" and tree_state(world["root"]) == world["want"]
+    stored = Path(world["store"].path(blob_path(world["digest"])))
+    cached = cache.path(world["digest"])
+    assert cached.stat().st_ino == stored.stat().st_ino  # one copy on disk: the cache links the store's
+    assert files_under(world["tmp"] / "node2") == [cached]  # no staging copy, no leftovers
+    # a restart on this node reads the cache's link (verified while it is extracted)
+    shutil.rmtree(world["root"])
+    world["root"].mkdir()
+    assert restore(world, cache).source == "cache" and tree_state(world["root"]) == world["want"]
+
+
+def test_a_digest_mismatch_found_at_the_end_undoes_the_tree(world: dict) -> None:
+    """A blob that extracts cleanly but is not what its ref names: the whole tree is written, the
+    digest is found wrong before the commit, and the journal puts every path back."""
+    root, store = world["root"], world["store"]
+    (root / "lib").mkdir()
+    (root / "lib" / "a.py").write_text("OLD = 1\n")  # the snapshot replaces it
+    (root / "keep.txt").write_text("mine\n")
+    before = tree_state(root)
+    wrong = hashlib.sha256(b"not this blob").hexdigest()
+    good = Path(store.path(blob_path(world["digest"])))
+    store.put_bytes(blob_path(wrong), good.read_bytes())
+    ref = store.read_ref("env", KEY)
+    store.write_ref("env", "b" * 64, {**ref, "blob": wrong})
+    cache = BlobCache(world["tmp"] / "node2", 1 << 40)
+
+    with pytest.raises(snapshot.DigestMismatch, match=r"does not match its digest.*put back"):
+        restore(world, cache, key="b" * 64)
+    assert tree_state(root) == before
+    assert not [p for p in os.listdir(root) if p.startswith(".bootseer")]
+    assert not store.has_blob(wrong)  # dropped, so the next capture replaces it
+    assert not cache.path(wrong).exists() and files_under(world["tmp"] / "node2") == []
+
+
+def test_a_corrupt_cached_copy_is_dropped_and_the_store_read(world: dict, capsys: pytest.CaptureFixture) -> None:
+    cache = BlobCache(world["tmp"] / "node2", 1 << 40)
+    bad = bytearray(Path(world["store"].path(blob_path(world["digest"]))).read_bytes())
+    bad[len(bad) // 3] ^= 0xFF  # inside a frame: the extraction fails, or the digest does
+    cached = cache.path(world["digest"])
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(bytes(bad))
+
+    r = restore(world, cache)
+    assert r.source == "store" and tree_state(world["root"]) == world["want"]
+    assert "failed its sha256 check" in capsys.readouterr().err
+    assert cached.read_bytes() != bytes(bad)
+
+
+def test_the_restore_of_a_local_store_imports_no_pyarrow(world: dict) -> None:
+    code = (
+        "import sys\n"
+        "from pathlib import Path\nfrom bootseer_cli.cache import BlobCache\n"
+        "from bootseer_cli.envsnap import snapshot\n"
+        "from bootseer_cli.settings import P2PSettings\n"
+        "from bootseer_cli.store import Store\n"
+        f"r = snapshot.restore(P2PSettings(), Store({world['store'].uri!r}), BlobCache(Path(sys.argv[1]), 1 << 40),"
+        f" {KEY!r}, [{str(world['root'])!r}])\n"
+        "print(r.files, 'pyarrow' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(world["tmp"] / "node3")], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split()[1] == "False", out.stdout
+    assert tree_state(world["root"]) == world["want"]
+
+
+def test_the_capture_writes_tarfiles_headers_and_defers_large_files(world: dict) -> None:
+    cases = [
+        ("/x/" + "é" * 80 + "/" + "a" * 120, manifest.FILE, 0o100644, 5, 10, ""),
+        ("/x/" + "d" * 120, manifest.DIR, 0o40755, 5, 0, ""),
+        ("/a/b", manifest.SYMLINK, 0o777, 1, 0, "../" + "z" * 200),
+        ("/a/\udcff", manifest.FILE, 0o644, 1, 3, ""),
+        ("/a/l", format.HARDLINK, 0o644, 1, 0, "/a/" + "t" * 120),
+        ("/big", manifest.FILE, 0o644, 1, 9 << 30, ""),  # beyond octal: tarfile's base-256
+        ("/old", manifest.FILE, 0o644, -5, 1, ""),
+    ]
+    for c in cases:
+        assert format._tar_header(*c) == format._tarfile_header(*c), c[0][:40]
+
+    blob = Path(world["store"].path(blob_path(world["digest"])))
+    meta = format.read_meta(blob, 1000)
+    order = [e.path for e in meta.entries]
+    root = str(world["root"])
+    for i, e in enumerate(meta.entries):
+        if e.kind == format.HARDLINK:  # a hardlink to a deferred file brought it forward
+            assert order.index(e.extra) < i and e.extra in (f"{root}/lib/big.so", f"{root}/lib/big-link.so")
+    big = f"{root}/lib/aaa_big.so"
+    assert order[-1] == big and order.index(f"{root}/lib/a.py") < order.index(big)  # deferred to the end
+    listed = subprocess.run(["tar", "-I", "zstd", "-tf", str(blob)], capture_output=True, text=True, check=True)
+    assert listed.stdout.splitlines()[-1] == big.lstrip("/")  # GNU tar reads the blob
+    with (
+        subprocess.Popen(["zstd", "-dc", str(blob)], stdout=subprocess.PIPE) as z,
+        tarfile.open(fileobj=z.stdout, mode="r|") as t,
+    ):
+        assert sum(1 for m in t if m.isfile()) == 43
