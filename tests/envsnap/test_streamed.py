@@ -42,9 +42,14 @@ def build_tree(root: Path) -> None:
     os.symlink("pkg0/m0.py", root / "lib" / "alias.py")
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> dict:
-    """A snapshot of `env` published to a file:// store; `env` emptied again (keeping the root)."""
+@pytest.fixture(params=["one-writer", "forked-segments"])
+def world(tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """A snapshot of `env` published to a file:// store; `env` emptied again (keeping the root).
+
+    Captured by one writer, or by forked segment writers (the path a large env takes)."""
+    if request.param == "forked-segments":
+        monkeypatch.setattr(snapshot, "SEGMENT_MIN_ENTRIES", 5)
+        monkeypatch.setattr(os, "cpu_count", lambda: 3)
     root = tmp_path / "env"
     root.mkdir()
     uri = (tmp_path / "store").as_uri()

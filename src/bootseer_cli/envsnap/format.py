@@ -415,6 +415,32 @@ class ArchiveWriter:
         self.frames.append(Frame(start, self._sink.offset - start, raw))
         return h.hexdigest() if h is not None else ""
 
+    def end_segment(self) -> dict[str, Any]:
+        """End this writer as one segment of a blob written by several processes (no end blocks, no
+        trailer): its deferred files, every frame, closed. Returns what `append_segment` takes."""
+        for path in list(self._deferred):
+            self._add_file(path)
+        self._deferred.clear()
+        self._cut()
+        self._drain(keep=0)
+        self._pool.shutdown()
+        self._sink.close()
+        frames = [[f.offset, f.length, f.raw] for f in self.frames]
+        return {"frames": frames, "entries": [e.row() for e in self.entries], "raw": self.raw_bytes}
+
+    def append_segment(self, part: Path, doc: dict[str, Any]) -> None:
+        """Append a segment another process wrote (`end_segment`): its bytes through the sink (so the
+        blob's digest covers them), its frames shifted to where they now lie, its entries."""
+        self._cut()
+        self._drain(keep=0)
+        base = self._sink.offset
+        with open(part, "rb") as f:
+            while chunk := f.read(8 << 20):
+                self._sink.write(chunk)
+        self.frames.extend(Frame(base + o, n, raw) for o, n, raw in doc["frames"])
+        self.entries.extend(ArchiveEntry.from_row(r) for r in doc["entries"])
+        self.raw_bytes += doc["raw"]
+
     def finish(self, meta: dict[str, Any]) -> Written:
         """End the tar stream, write the metadata trailer, close; returns the blob's digest and size."""
         for path in list(self._deferred):

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -234,6 +234,7 @@ class Captured:
     deletions: int
     entries: list[ArchiveEntry]
     deletion_paths: list[str]
+    seconds: dict[str, float] = field(default_factory=dict)  # scan, write, outside_wait: for profiles
 
 
 def _refuse_unportable(after: Manifest, changed: list[str], roots: list[str]) -> None:
@@ -255,23 +256,115 @@ def _refuse_unportable(after: Manifest, changed: list[str], roots: list[str]) ->
 def _write_blob(
     tmp: Path, after: Manifest, changed: list[str], meta: dict[str, Any], progress: bool | None
 ) -> tuple[Written, list[ArchiveEntry]]:
-    """The blob of `changed` at `tmp` (removed again on any failure); its summary and entries."""
+    """The blob of `changed` at `tmp` (removed again on any failure); its summary and entries.
+
+    With several cores (and fork), contiguous segments of `changed` are written by forked workers,
+    each reading, framing and compressing its own files (Python's per-file work in parallel, not
+    only zstd's), and appended in order; else one writer does it all."""
     from ..progress import byte_bar
     from .manifest import hardlink_groups
 
     links = hardlink_groups(after, changed)
     total = sum(after[p].size for p in changed if after[p].kind == FILE)
+    workers = min(os.cpu_count() or 1, max(1, len(changed) // SEGMENT_MIN_ENTRIES))
     w: ArchiveWriter | None = None
     try:
         with byte_bar(total, "capture", enabled=progress) as advance:
             w = ArchiveWriter(tmp, progress=advance)
-            for p in changed:
-                w.add(p, after[p], link_to=links.get(p))
-        return w.finish(meta), w.entries
+            if workers > 1 and hasattr(os, "fork"):
+                _write_segments(w, tmp, after, changed, links, workers, advance)
+            else:
+                for p in changed:
+                    w.add(p, after[p], link_to=links.get(p))
+            return w.finish(meta), w.entries
     except BaseException:
         if w is not None:
             w.abort()
         raise
+
+
+SEGMENT_MIN_ENTRIES = 2000  # fewer entries per worker than this: forking costs more than it saves
+
+
+def _segments(after: Manifest, changed: list[str], n: int) -> list[list[str]]:
+    """`changed` cut into `n` contiguous runs of about equal bytes (each entry counts a header block)."""
+    weight = [(after[p].size if after[p].kind == FILE else 0) + 512 for p in changed]
+    share = sum(weight) / n
+    out: list[list[str]] = [[]]
+    acc = 0.0
+    for p, wgt in zip(changed, weight, strict=True):
+        if acc >= share * len(out) and len(out) < n:
+            out.append([])
+        out[-1].append(p)
+        acc += wgt
+    return [seg for seg in out if seg]
+
+
+def _write_segments(
+    w: ArchiveWriter,
+    tmp: Path,
+    after: Manifest,
+    changed: list[str],
+    links: dict[str, str],
+    workers: int,
+    advance: Callable[[int], None],
+) -> None:
+    """Fork one writer per segment, then append their outputs to `w` in order as each finishes.
+
+    A hardlink's target is in its own or an earlier segment, so it stays ahead of the link."""
+    from .format import CHUNK_BYTES
+
+    targets = set(links.values())
+    big = [
+        p
+        for p in changed
+        if after[p].kind == FILE and after[p].size > CHUNK_BYTES // 2 and p not in links and p not in targets
+    ]
+    small = [p for p in changed if p not in set(big)] if big else changed
+    # the small files in `workers` segments, one thread each; the large ones last, in one more worker
+    # whose zstd uses every core (a 434 MB libtorch_cpu.so on one thread would outlast all the rest)
+    plan = [(seg, 1) for seg in _segments(after, small, workers)] + ([(big, os.cpu_count() or 1)] if big else [])
+    kids: list[tuple[int, int, Path]] = []
+    try:
+        for k, (seg, threads) in enumerate(plan):
+            part = tmp.with_name(f"{tmp.name}.part{k}")
+            r, wfd = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child
+                os.close(r)
+                _segment_child(part, seg, after, links, threads, wfd)
+            os.close(wfd)
+            kids.append((pid, r, part))
+        for pid, r, part in kids:
+            with os.fdopen(r, "rb") as f:
+                doc = json.loads(f.read() or b'{"error": "a capture worker died"}')
+            os.waitpid(pid, 0)
+            if "error" in doc:
+                raise BootseerError(str(doc["error"]))
+            w.append_segment(part, doc)
+            advance(doc["raw"])
+            part.unlink(missing_ok=True)
+    finally:
+        for _pid, _r, part in kids:
+            part.unlink(missing_ok=True)
+
+
+def _segment_child(  # pragma: no cover - runs in a forked child
+    part: Path, seg: list[str], after: Manifest, links: dict[str, str], threads: int, wfd: int
+) -> None:
+    """Write one segment and report it (or the error) as JSON on `wfd`; never returns."""
+    try:
+        sw = ArchiveWriter(part, threads=threads)
+        for p in seg:
+            sw.add(p, after[p], link_to=links.get(p))
+        payload = json.dumps(sw.end_segment())
+    except BaseException as e:  # reported to the parent, which raises it
+        payload = json.dumps({"error": str(e) or type(e).__name__})
+    try:
+        with os.fdopen(wfd, "w") as out:
+            out.write(payload)
+    finally:
+        os._exit(0)
 
 
 def capture(
@@ -289,18 +382,21 @@ def capture(
     from .manifest import diff, scan
 
     exclude = excluded_paths(store)
+    t0 = time.monotonic()
     after = scan(roots, exclude)
     d = diff(baseline, after)
     _refuse_unportable(after, d.changed, roots)
-    if since is not None:
-        outside = outside_changes(since, roots, exclude)
-        managed = [p for p in outside if p in RUNTIME_MANAGED]
-        outside = [p for p in outside if p not in RUNTIME_MANAGED]
-        if managed and info is not None:
-            info(f"env: ignored {', '.join(managed)}: the container runtime writes them, not the setup")
-        if outside:
-            shown = ", ".join(outside[:8]) + (" …" if len(outside) > 8 else "")
-            warn(f"the setup changed {len(outside)} file(s) outside [env] roots; they are not in the snapshot: {shown}")
+    t1 = time.monotonic()
+    # the look outside the roots (a warning only, up to 1.5 s of walking) runs beside the blob's writing
+    outside: list[str] = []
+
+    def look() -> None:
+        if since is not None:
+            with contextlib.suppress(OSError, ValueError):  # a warning only: never a traceback from here
+                outside.extend(outside_changes(since, roots, exclude))
+
+    looker = threading.Thread(target=look, name="bootseer-outside", daemon=True)
+    looker.start()
     tmp_dir = cache.root / "tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)
     tmp = tmp_dir / f"snap-{uuid.uuid4().hex[:12]}.tar.zst"
@@ -312,9 +408,31 @@ def capture(
         "creator": socket.gethostname(),
     }
     written, entries = _write_blob(tmp, after, d.changed, meta, progress)
+    t2 = time.monotonic()
+    looker.join()
+    _warn_outside(outside, warn, info)
     return Captured(
-        tmp, written.digest, written.size, written.files, written.raw_bytes, len(d.deleted), entries, d.deleted
+        tmp,
+        written.digest,
+        written.size,
+        written.files,
+        written.raw_bytes,
+        len(d.deleted),
+        entries,
+        d.deleted,
+        seconds={"scan": t1 - t0, "write": t2 - t1, "outside_wait": time.monotonic() - t2},
     )
+
+
+def _warn_outside(outside: list[str], warn: Callable[[str], None], info: Callable[[str], None] | None) -> None:
+    """What the setup changed outside the roots: a warning (the runtime's own files only a note)."""
+    managed = [p for p in outside if p in RUNTIME_MANAGED]
+    outside = [p for p in outside if p not in RUNTIME_MANAGED]
+    if managed and info is not None:
+        info(f"env: ignored {', '.join(managed)}: the container runtime writes them, not the setup")
+    if outside:
+        shown = ", ".join(outside[:8]) + (" …" if len(outside) > 8 else "")
+        warn(f"the setup changed {len(outside)} file(s) outside [env] roots; they are not in the snapshot: {shown}")
 
 
 def publish(
