@@ -174,3 +174,26 @@ def test_the_capture_writes_tarfiles_headers_and_defers_large_files(world: dict)
         tarfile.open(fileobj=z.stdout, mode="r|") as t,
     ):
         assert sum(1 for m in t if m.isfile()) == 43
+
+
+@pytest.mark.parametrize("mode", ["one-writer", "forked-segments"])
+def test_a_capture_that_fails_in_a_worker_says_why_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A fifo among the changes cannot be snapshotted: the worker's error reaches the caller as one
+    BootseerError naming it, and neither the blob nor a segment part is left in the node cache."""
+    from bootseer_cli.errors import BootseerError
+
+    if mode == "forked-segments":
+        monkeypatch.setattr(snapshot, "SEGMENT_MIN_ENTRIES", 5)
+        monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    root = tmp_path / "env"
+    root.mkdir()
+    baseline = manifest.scan([root])
+    build_tree(root)
+    os.mkfifo(root / "lib" / "pkg3" / "zz.pipe")
+    cache = BlobCache(tmp_path / "node1", 1 << 40)
+    settings = StoreSettings(uri=(tmp_path / "store").as_uri(), cache_dir=tmp_path / "node1")
+    with pytest.raises(BootseerError, match=r"cannot snapshot .*zz\.pipe"):
+        snapshot.capture(settings, [str(root)], baseline, KEY, cache, warn=lambda m: None)
+    assert files_under(tmp_path / "node1") == []
