@@ -1,7 +1,8 @@
 """Extracting a snapshot blob safely: the plan (checks), the apply (three strategies), the undo.
 
-Extraction treats the blob as untrusted even after its digest matched (the ref naming it comes from
-a store anyone with write access can fill): every entry must be listed in the metadata, lie
+Extraction treats the blob as untrusted whatever its digest (the ref naming it comes from a store
+anyone with write access can fill; a streamed restore checks the digest only at the end, before the
+commit): every entry must be listed in the metadata, lie
 lexically under a root (no absolute escape, no `..`), resolve under a root through the symlinks that
 exist on disk (no writing through a symlink pointing outside), never lie below a symlink of the same
 snapshot, and be a regular file, directory, symlink or hardlink (no device nodes, fifos). Existing

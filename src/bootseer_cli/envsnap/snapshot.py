@@ -6,7 +6,9 @@ The library behind both `bootseer exec` (stage.py) and the `snapshot`/`restore` 
   (editable installs pointing outside the roots, files still open for writing), warns about what
   the setup changed outside the roots, and writes the blob into the node cache;
 - `publish()` uploads it and writes `refs/env/<env_key>.json` last;
-- `restore()` fetches (cache → swarm → store), verifies, extracts all-or-nothing, stamps.
+- `restore()` opens the blob once where it lies (the node cache's file, a local store's file in
+  place, else a fetch: swarm → store), extracts it all-or-nothing while a thread hashes the same
+  descriptor, checks the digest before the commit (a mismatch undoes the tree), stamps.
 
 The roots and the setup are `setup.py`, stamps `stamp.py`, the blob `format.py` and `extract.py`.
 """
