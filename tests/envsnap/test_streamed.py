@@ -50,9 +50,12 @@ def world(tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.Mo
     if request.param == "forked-segments":
         monkeypatch.setattr(snapshot, "SEGMENT_MIN_ENTRIES", 5)
         monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    return make_world(tmp_path, (tmp_path / "store").as_uri())
+
+
+def make_world(tmp_path: Path, uri: str) -> dict:
     root = tmp_path / "env"
     root.mkdir()
-    uri = (tmp_path / "store").as_uri()
     settings = StoreSettings(uri=uri, cache_dir=tmp_path / "node1")
     baseline = manifest.scan([root])
     build_tree(root)
@@ -197,3 +200,29 @@ def test_a_capture_that_fails_in_a_worker_says_why_and_leaves_nothing(
     with pytest.raises(BootseerError, match=r"cannot snapshot .*zz\.pipe"):
         snapshot.capture(settings, [str(root)], baseline, KEY, cache, warn=lambda m: None)
     assert files_under(tmp_path / "node1") == []
+
+
+@pytest.mark.integration
+def test_a_remote_blob_streams_into_the_node_cache_and_a_mismatch_undoes_the_tree(tmp_path: Path, s3_server) -> None:
+    """From the loopback S3 store: the metadata by a ranged read of the blob's end, the frames
+    extracted as the download brings them, the digest checked before the commit; the cache keeps the
+    blob, no partial file is left. The same blob under a wrong name is undone and dropped."""
+    w = make_world(tmp_path, s3_server.uri(f"t-{os.urandom(6).hex()}"))
+    store, root = w["store"], w["root"]
+    cache = BlobCache(tmp_path / "node2", 1 << 40)
+    r = restore(w, cache)
+    assert r.source == "store" and r.bytes_from_store > 0 and tree_state(root) == w["want"]
+    assert [p.name for p in files_under(tmp_path / "node2")] == [w["digest"]]
+    assert hashlib.sha256(cache.path(w["digest"]).read_bytes()).hexdigest() == w["digest"]
+
+    (root / "keep.txt").write_text("mine\n")
+    shutil.rmtree(root / "lib")
+    before = tree_state(root)
+    wrong = hashlib.sha256(b"not this blob").hexdigest()
+    store.put_bytes(blob_path(wrong), cache.path(w["digest"]).read_bytes())
+    store.write_ref("env", "b" * 64, {**store.read_ref("env", KEY), "blob": wrong})
+    cache3 = BlobCache(tmp_path / "node3", 1 << 40)
+    with pytest.raises(snapshot.DigestMismatch, match=r"does not match its digest.*put back"):
+        restore(w, cache3, key="b" * 64)
+    assert tree_state(root) == before and not store.has_blob(wrong)
+    assert files_under(tmp_path / "node3") == []

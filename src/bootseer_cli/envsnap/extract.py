@@ -23,6 +23,7 @@ import shutil
 import signal
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -221,6 +222,7 @@ class _State:
     # resolved paths of checked parents and of directories this process made inside them (a
     # directory it made is no symlink: its real path is its parent's plus its name, no realpath walk)
     real_dirs: dict[str, str] = field(default_factory=dict)
+    arriving: bool = False  # the blob is still being downloaded into the file: wait for each frame
 
 
 def _ensure_parent(st: _State, parent: str, trusted: bool = False) -> None:
@@ -314,10 +316,30 @@ class _StreamReader:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _open_frame(fd: int, frame: Frame, dctx_local: threading.local) -> tuple[Reader, bool]:
+STALL_S = 300.0  # a blob still arriving that has not grown for this long is given up
+
+
+def _wait_for(fd: int, end: int) -> None:
+    """Until the file being downloaded holds `end` bytes (the download fills it in order; on a failure
+    it is padded to its full size, and the frames then fail to decompress)."""
+    size, since = -1, time.monotonic()
+    while True:
+        now = os.fstat(fd).st_size
+        if now >= end:
+            return
+        if now != size:
+            size, since = now, time.monotonic()
+        elif time.monotonic() - since > STALL_S:
+            raise IntegrityError(f"the snapshot download stalled at {size} bytes")
+        time.sleep(0.002)
+
+
+def _open_frame(fd: int, frame: Frame, dctx_local: threading.local, arriving: bool = False) -> tuple[Reader, bool]:
     """A reader over the frame's tar bytes, and whether it streams (frames too big to hold at once)."""
     import zstandard
 
+    if arriving:
+        _wait_for(fd, frame.offset + frame.length)
     comp = os.pread(fd, frame.length, frame.offset)
     if len(comp) != frame.length:
         raise IntegrityError("snapshot is truncated")
@@ -408,7 +430,7 @@ def _extract_frame(st: _State, blob_fd: int, frame: Frame, dctx_local: threading
     """Decompress one frame and write its members; returns the raw bytes handled."""
     if st.abort.is_set():
         return 0
-    r, streamed = _open_frame(blob_fd, frame, dctx_local)
+    r, streamed = _open_frame(blob_fd, frame, dctx_local, st.arriving)
     pos = 0
     while pos < frame.raw:
         if st.abort.is_set():
@@ -448,9 +470,14 @@ def _frames_in_threads(st: _State, fd: int, frames: tuple[Frame, ...], workers: 
 _ERRORS: dict[str, type[BootseerError]] = {"UnsafeArchive": UnsafeArchive, "IntegrityError": IntegrityError}
 
 
-def _bins(frames: tuple[Frame, ...], workers: int) -> list[list[Frame]]:
-    """The frames spread over `workers`: largest first, onto the least loaded worker."""
+def _bins(frames: tuple[Frame, ...], workers: int, arriving: bool = False) -> list[list[Frame]]:
+    """The frames spread over `workers`: largest first, onto the least loaded worker; for a blob still
+    arriving, in the order they arrive, dealt round (no worker waits for the end while others idle)."""
     bins: list[list[Frame]] = [[] for _ in range(workers)]
+    if arriving:
+        for i, f in enumerate(sorted(frames, key=lambda f: f.offset)):
+            bins[i % workers].append(f)
+        return [b for b in bins if b]
     loads = [0] * workers
     for f in sorted(frames, key=lambda f: -f.raw):
         i = loads.index(min(loads))
@@ -535,7 +562,7 @@ def _frames_in_processes(
     the paths it created and the entries it saw, or its error. The parent raises the first error
     after every child is done, so the undo sees everything that was written.
     """
-    pids, pipes = _fork_workers(st, fd, _bins(frames, workers))
+    pids, pipes = _fork_workers(st, fd, _bins(frames, workers, st.arriving))
     _workers_running(st)
     results = _collect(pipes, progress)
     for pid in pids:
@@ -765,6 +792,7 @@ def extract(
     progress: Progress | None = None,
     verify: Callable[[], None] | None = None,
     start_verify: Callable[[], None] | None = None,
+    arriving: bool = False,
 ) -> Extracted:
     """Apply a snapshot blob (a path or an open descriptor) under `roots`: deletions, then the
     members, all or nothing.
@@ -772,7 +800,8 @@ def extract(
     `verify` is called once everything is written, before the journal is committed: a restore that
     hashes the blob while it is extracted (started by `start_verify` once the workers run) raises
     there when the digest does not match, and the tree is undone like after any other failure. The
-    path checks never depend on it.
+    path checks never depend on it. `arriving`: the blob (a descriptor) is still being downloaded
+    into its file, in order; each frame is waited for.
 
     Raises UnsafeArchive/IntegrityError/NoSpace (nothing written, or undone) or RestoreError. The
     journal (see journal.py) is written before the first change and removed once done or undone;
@@ -780,7 +809,7 @@ def extract(
     """
     p = plan(meta, roots)
     check_space(p)
-    st = _State(p, [os.path.realpath(r) for r in p.roots], on_workers=start_verify)
+    st = _State(p, [os.path.realpath(r) for r in p.roots], on_workers=start_verify, arriving=arriving)
     fault = os.environ.get(FAULT_ENV, "")
     if fault.startswith("member:") and fault[7:].isdigit():
         st.member_fault = int(fault[7:])

@@ -474,33 +474,37 @@ def meta_cap(entries: int) -> int:
     return META_FLOOR + META_PER_ENTRY * max(0, entries)
 
 
-def _trailer_doc(blob: Path | int, cap: int) -> tuple[Any, int]:
+ReadAt = Callable[[int, int], bytes]  # (length, offset) -> bytes: a random-access read
+
+
+def _trailer_doc(blob: Path | int | tuple[ReadAt, int], cap: int) -> tuple[Any, int]:
     """The decoded JSON of the trailer and its size (IntegrityError when there is none, it is corrupt,
     or it decompresses to more than `cap` bytes). `blob` is a path or an open descriptor (the restore
     reads, hashes and extracts one descriptor, so all three see the same file)."""
+    if isinstance(blob, tuple):  # a blob read remotely by ranges (its end, before the rest arrives)
+        return _trailer_from(blob[0], blob[1], "snapshot", cap)
     if isinstance(blob, int):
-        return _trailer_from_fd(blob, "snapshot", cap)
+        return _trailer_from(lambda n, off: os.pread(blob, n, off), os.fstat(blob).st_size, "snapshot", cap)
     fd = os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return _trailer_from_fd(fd, blob.name, cap)
+        return _trailer_from(lambda n, off: os.pread(fd, n, off), os.fstat(fd).st_size, blob.name, cap)
     finally:
         os.close(fd)
 
 
-def _trailer_from_fd(fd: int, name: str, cap: int) -> tuple[Any, int]:
+def _trailer_from(read_at: ReadAt, end: int, name: str, cap: int) -> tuple[Any, int]:
     import zstandard
 
     try:
-        end = os.fstat(fd).st_size
         if end < 16 + 8:
             raise IntegrityError(f"{name}: too short to be a snapshot")
-        tail = os.pread(fd, 16, end - 16)
+        tail = read_at(16, end - 16)
         if tail[8:] != TRAILER_MAGIC:
             raise IntegrityError(f"{name}: not a bootseer snapshot (no trailer)")
         (n,) = struct.unpack("<Q", tail[:8])
         if n > end - 24:
             raise IntegrityError(f"{name}: corrupt snapshot trailer")
-        reader = zstandard.ZstdDecompressor().stream_reader(os.pread(fd, n, end - 16 - n))
+        reader = zstandard.ZstdDecompressor().stream_reader(read_at(n, end - 16 - n))
         raw = reader.read(cap + 1)
         if len(raw) > cap:
             raise IntegrityError(f"{name}: snapshot metadata is larger than {cap} bytes")
@@ -520,7 +524,7 @@ def _frames(rows: list[Any]) -> tuple[Frame, ...]:
     return frames
 
 
-def read_meta(blob: Path | int, entries_hint: int | None = None) -> Meta:
+def read_meta(blob: Path | int | tuple[ReadAt, int], entries_hint: int | None = None) -> Meta:
     """The typed metadata of a snapshot blob (checked for shape, not yet for safety: see extract.plan).
 
     `entries_hint` (from the ref) bounds how far the metadata is decompressed; once parsed, its size

@@ -608,6 +608,65 @@ class _Verifier:
             )
 
 
+class _Download(_Verifier):
+    """A remote blob downloaded into a temporary file of the node cache, in order and hashed on the way,
+    while the extraction reads the frames that have arrived (`extract(arriving=True)`); the metadata is
+    read first from the blob's end by a ranged read. Renamed into the cache once restored and matched.
+    A failed download pads the file to its full size, so waiting workers go on, fail and are undone."""
+
+    def __init__(self, store: Store, cache: BlobCache, digest: str) -> None:
+        from ..store import blob_path
+
+        self.store = store
+        self.dest = cache.path(digest)
+        self.dest.parent.mkdir(parents=True, exist_ok=True)
+        self.part = self.dest.with_name(f".{self.dest.name}.part-{uuid.uuid4().hex[:8]}")
+        src = store.open_input(blob_path(digest))  # ranged reads: the size and the metadata at the end
+        self.size = int(src.size())
+        self.tail: tuple[Callable[[int, int], bytes], int] = (lambda n, off: bytes(src.read_at(n, off)), self.size)
+        self._w = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        super().__init__(os.open(self.part, os.O_RDONLY | os.O_CLOEXEC), digest)
+        self.start()  # the fetch itself: it runs from the start, beside everything else
+
+    def _run(self) -> None:
+        import hashlib
+
+        from ..store import blob_path
+
+        h = hashlib.sha256()
+        n = 0
+        try:
+            with self.store.fs.open_input_stream(self.store.path(blob_path(self.digest))) as src:
+                while chunk := src.read(4 << 20):
+                    h.update(chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(self._w, view) :]
+                    n += len(chunk)
+            self.got = h.hexdigest()
+        except Exception as e:  # reported by check(): a fetch failure, not a corrupt blob
+            self.error = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            if self.error or n < self.size:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._w, max(n, self.size))
+            os.close(self._w)
+
+    def check(self) -> None:
+        if not self.ok() and self.error:
+            from ..errors import StoreError
+
+            raise StoreError(f"store {self.store.uri}: cannot download blob {self.digest[:12]}: {self.error}")
+        super().check()
+
+    def keep(self, cache: BlobCache) -> None:
+        os.replace(self.part, self.dest)
+        cache.evict(keep=self.digest)
+
+    def discard(self) -> None:
+        self.part.unlink(missing_ok=True)
+
+
 @dataclass
 class _Blob:
     """An open blob for one restore attempt: where it came from and, when unverified, its hasher."""
@@ -618,6 +677,8 @@ class _Blob:
     store_path: Path | None = None  # read in place from a local store: link it into the cache after
 
     def close(self) -> None:
+        if isinstance(self.verifier, _Download):
+            self.verifier.discard()  # a no-op once kept
         os.close(self.fd)
 
 
@@ -649,6 +710,9 @@ def _open_blob(
             raise StoreError(f"store {store.uri}: blob {digest[:12]} not found") from None
         n = os.fstat(fd).st_size
         return _Blob(fd, Fetched(path, "store", bytes_from_store=n), _Verifier(fd, digest), store_path=path)
+    if not p2p.enabled:  # a remote store: fetch, hash, decompress and write overlapped
+        d = _Download(store, cache, digest)
+        return _Blob(d.fd, Fetched(d.dest, "store", bytes_from_store=d.size), d)
     fetched = _fetch_or_drop(p2p, store, cache, digest, size, progress)
     return _Blob(os.open(fetched.path, os.O_RDONLY | os.O_CLOEXEC), fetched, None)
 
@@ -692,9 +756,13 @@ def _restore(
         try:
             restored, meta = _restore_from(b, roots, ref, digest, progress, t0)
             _link_into_cache(cache, b, digest)
+            if isinstance(b.verifier, _Download):
+                b.verifier.keep(cache)
         except BootseerError as e:
             if b.verifier is None or b.verifier.ok():
                 raise
+            if isinstance(b.verifier, _Download) and b.verifier.error:
+                b.verifier.check()  # the StoreError of the download (the tree is already undone)
             if b.fetched.source == "cache":  # a bad cached copy: drop it, read the store's
                 cache.drop(Path(b.fetched.path), os.fstat(b.fd).st_ino, digest)
                 continue
@@ -719,7 +787,7 @@ def _restore_from(
     from .format import read_meta
 
     t1 = time.monotonic()
-    meta = read_meta(b.fd, entries_hint(ref))
+    meta = read_meta(b.verifier.tail if isinstance(b.verifier, _Download) else b.fd, entries_hint(ref))
     if any(not under(r, roots) for r in meta.roots):
         raise IntegrityError(
             f"the snapshot was captured for roots {', '.join(meta.roots)}, which this node's roots "
@@ -731,7 +799,15 @@ def _restore_from(
     raw = ref.get("bytes")
     v = b.verifier
     with byte_bar(raw if isinstance(raw, int) and raw > 0 else None, "restore", enabled=progress) as advance:
-        ex = extract(b.fd, planned, roots, progress=advance, verify=v and v.check, start_verify=v and v.start)
+        ex = extract(
+            b.fd,
+            planned,
+            roots,
+            progress=advance,
+            verify=v and v.check,
+            start_verify=v and v.start,
+            arriving=isinstance(v, _Download),
+        )
     t2 = time.monotonic()
     f = b.fetched
     restored = Restored(
