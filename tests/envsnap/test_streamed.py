@@ -226,3 +226,46 @@ def test_a_remote_blob_streams_into_the_node_cache_and_a_mismatch_undoes_the_tre
         restore(w, cache3, key="b" * 64)
     assert tree_state(root) == before and not store.has_blob(wrong)
     assert files_under(tmp_path / "node3") == []
+
+
+@pytest.mark.parametrize("outcome", ["arrives", "download-fails"])
+def test_extraction_waits_for_frames_still_arriving(world: dict, outcome: str) -> None:
+    """The extraction of a blob still being written in order (as a download writes it) waits for each
+    frame; a download that fails pads the file to its size, the frames fail, the tree is undone."""
+    import threading
+    import time
+
+    from bootseer_cli.envsnap import extract
+    from bootseer_cli.errors import IntegrityError
+
+    root = world["root"]
+    data = Path(world["store"].path(blob_path(world["digest"]))).read_bytes()
+    meta = format.read_meta(Path(world["store"].path(blob_path(world["digest"]))), 1000)
+    part = world["tmp"] / "arriving.part"
+    w = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    r = os.open(part, os.O_RDONLY)
+    cut = len(data) // 2
+
+    def writer() -> None:
+        for off in range(0, len(data), 256 << 10):
+            if outcome == "download-fails" and off >= cut:
+                os.ftruncate(w, len(data))  # what _Download does on a failure: zeros to the end
+                break
+            os.write(w, data[off : off + (256 << 10)])
+            time.sleep(0.01)
+        os.close(w)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        if outcome == "arrives":
+            extract.extract(r, meta, [str(root)], threads=3, arriving=True)
+            assert tree_state(root) == world["want"]
+        else:
+            with pytest.raises(IntegrityError, match="put back"):
+                extract.extract(r, meta, [str(root)], threads=3, arriving=True)
+            assert tree_state(root) == {}
+            assert not [p for p in os.listdir(root) if p.startswith(".bootseer")]
+    finally:
+        t.join()
+        os.close(r)
