@@ -251,6 +251,17 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _wheels(wheels: Path, cases: str) -> None:
+    """The wheel directory the loopback index serves, for the cases asked for."""
+    if "torch" in cases:
+        machine_wheels(wheels, TORCH[0])
+    if "realistic" in cases:
+        pkgindex.wheelhouse(wheels, REALISTIC)
+    if "source" in cases:
+        pkgindex.wheelhouse(wheels, pkgindex.BUILD_WHEELS)
+        pkgindex.write_c_sdist(wheels)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
@@ -273,13 +284,7 @@ def main() -> None:
     cpus: dict[str, dict[str, list[float]]] = {}
     info: dict[str, str] = {}
     try:
-        if "torch" in args.cases:
-            machine_wheels(wheels, TORCH[0])
-        if "realistic" in args.cases:
-            pkgindex.wheelhouse(wheels, REALISTIC)
-        if "source" in args.cases:
-            pkgindex.wheelhouse(wheels, pkgindex.BUILD_WHEELS)
-            pkgindex.write_c_sdist(wheels)
+        _wheels(wheels, args.cases)
         with pkgindex.PackageIndex(wheels) as index:
             cases = []
             if "torch" in args.cases:
