@@ -262,6 +262,16 @@ def _wheels(wheels: Path, cases: str) -> None:
         pkgindex.write_c_sdist(wheels)
 
 
+def _cases(names: str, work: Path, target: Path, wheels: Path) -> list[Case]:
+    """The cases asked for, each with the import that proves its env works."""
+    checks = {
+        "torch": (TORCH, "import torch; assert torch.ones(2).sum().item() == 2"),
+        "realistic": (REALISTIC, "import numpy, pandas, pyarrow, scipy"),
+        "source": (SOURCE, "import bsdemo_cext; bsdemo_cext.fnv(b'x')"),
+    }
+    return [Case(n, pkgs, check, work, target, wheels) for n, (pkgs, check) in checks.items() if n in names]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
@@ -286,19 +296,7 @@ def main() -> None:
     try:
         _wheels(wheels, args.cases)
         with pkgindex.PackageIndex(wheels) as index:
-            cases = []
-            if "torch" in args.cases:
-                check = "import torch; assert torch.ones(2).sum().item() == 2"
-                cases.append(Case("torch", TORCH, check, work, args.target, wheels))
-            if "realistic" in args.cases:
-                cases.append(
-                    Case("realistic", REALISTIC, "import numpy, pandas, pyarrow, scipy", work, args.target, wheels)
-                )
-            if "source" in args.cases:
-                cases.append(
-                    Case("source", SOURCE, "import bsdemo_cext; bsdemo_cext.fnv(b'x')", work, args.target, wheels)
-                )
-            for case in cases:
+            for case in _cases(args.cases, work, args.target, wheels):
                 print(f"[{case.name}] capturing (baseline → pip install → snapshot)…", file=sys.stderr, flush=True)
                 first_pip = case.capture(index)
                 results[case.name] = {"pip install": [first_pip]}
