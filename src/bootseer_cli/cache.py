@@ -72,6 +72,20 @@ class BlobCache:
         self._drop(p, before.st_ino, digest)
         return None
 
+    def peek(self, digest: str) -> Path | None:
+        """The cached file, its recency refreshed, *not* verified: for a reader that hashes it while it
+        reads (the env restore) and calls `drop` when the digest does not match."""
+        p = self.path(digest)
+        try:
+            _touch(p)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return p
+
+    def drop(self, p: Path, ino: int, digest: str) -> None:
+        """Remove an entry that failed its digest (unless a good copy replaced it meanwhile), loudly."""
+        self._drop(p, ino, digest)
+
     @staticmethod
     def _drop(p: Path, ino: int, digest: str) -> None:
         """Remove a corrupt entry, unless a good copy replaced it (another inode) while it was hashed."""

@@ -65,6 +65,18 @@ def blob_path(digest: str) -> str:
     return f"blobs/sha256/{digest[:2]}/{digest}"
 
 
+def _local_root(uri: str, scheme: str) -> str | None:
+    """The directory of a local store URI (a path, or file:// without a host); None for any other."""
+    if scheme == "":
+        return str(Path(uri).expanduser().resolve())
+    parsed = urlparse(uri)
+    if scheme == "file" and parsed.netloc in ("", "localhost") and not parsed.query:
+        from urllib.parse import unquote
+
+        return unquote(parsed.path) or "/"
+    return None
+
+
 def _safe_key(key: str) -> str:
     """Ref and lease names come from digests and user names; keep them one path segment each."""
     if not key or key.startswith(".") or "/" in key or "\\" in key or "\0" in key:
@@ -117,27 +129,38 @@ class Store:
             raise StoreError(
                 f"store URI {self.uri!r}: unknown scheme {scheme!r} (use file://, s3://, gs://, hdfs:// or a path)"
             )
-        import pyarrow as pa
-        import pyarrow.fs as pafs
+        self._fs: pafs.FileSystem | None = None
+        local = _local_root(uri, scheme)  # a local store opens without pyarrow (restores start faster)
+        if local is not None:
+            self.root = local
+        else:
+            import pyarrow as pa
+            import pyarrow.fs as pafs
 
-        try:
-            if scheme == "":
-                self.fs: pafs.FileSystem = pafs.LocalFileSystem()
-                self.root = str(Path(uri).expanduser().resolve())
-            elif scheme == "s3":
-                self.fs, self.root = _open_s3(uri)
-            else:
-                self.fs, self.root = pafs.FileSystem.from_uri(uri)
-        except (StoreError, OSError, ValueError, pa.ArrowException) as e:  # pyarrow's text is useful
-            raise StoreError(f"store {self.uri!r}: {_open_error(scheme, e)}") from None
+            try:
+                if scheme == "s3":
+                    self._fs, self.root = _open_s3(uri)
+                else:
+                    self._fs, self.root = pafs.FileSystem.from_uri(uri)
+            except (StoreError, OSError, ValueError, pa.ArrowException) as e:  # pyarrow's text is useful
+                raise StoreError(f"store {self.uri!r}: {_open_error(scheme, e)}") from None
         self.root = self.root.rstrip("/")
-        self.kind = self.fs.type_name  # "local", "s3", "gcs", "hdfs", …
+        self.kind = "local" if self._fs is None else self._fs.type_name  # "local", "s3", "gcs", "hdfs", …
         self.is_local = self.kind == "local"
         if self.is_local:
             try:
                 Path(self.root).mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise StoreError(f"store {self.uri!r}: cannot create {self.root}: {e.strerror}") from None
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        """The pyarrow filesystem; for a local store made on first use (pyarrow costs ~0.3 s to import)."""
+        if self._fs is None:
+            import pyarrow.fs as pafs
+
+            self._fs = pafs.LocalFileSystem()
+        return self._fs
 
     def uri_with_credentials(self) -> str:
         """The full URI, secret included: only for a child's environment or a 0600 file, never argv or text."""
@@ -198,6 +221,13 @@ class Store:
 
     def get_bytes(self, rel: str) -> bytes | None:
         """The whole object, or None when it does not exist."""
+        if self.is_local:  # plain file I/O: no pyarrow on a local store's read path
+            try:
+                return Path(self.path(rel)).read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except OSError as e:
+                raise StoreError(f"store {self.uri}: cannot read {rel}: {e}") from None
         try:
             with self.fs.open_input_stream(self.path(rel)) as f:
                 return f.read()

@@ -1,9 +1,11 @@
 #!/usr/bin/env python
-"""Benchmark: restoring an env snapshot vs installing the same packages, side by side in one run.
+"""Benchmark: restoring an env snapshot vs installing the same packages, side by side in one run;
+and capturing it vs `tar -I 'zstd -T0' -cf` of the same tree.
 
-For each case (a realistic wheel set: numpy, pandas, pyarrow, scipy; and the source-build case: a
-tiny sdist with a C extension), every method starts from the same fresh target (a bare venv at one
-path) with cold installer caches, served by the same loopback index:
+For each case (CPU torch 2.13.0 and its dependencies, the wheel taken from this machine's disk; a
+realistic wheel set: numpy, pandas, pyarrow, scipy; and the source-build case: a tiny sdist with a C
+extension), every method starts from the same fresh target (a bare venv at one path) with cold
+installer caches, served by the same loopback index (pip and uv get the same wheel files):
 
   pip install                         (pip's default: compiles bytecode)
   uv pip install --compile-bytecode   (the same end state as a snapshot, which carries .pyc)
@@ -12,11 +14,18 @@ path) with cold installer caches, served by the same loopback index:
   bootseer restore                    (the CLI, blob fetched from a file:// store, verified, extracted)
   bootseer restore (cached blob)      (the same with the blob already in the node cache: a restart)
 
+and for the capture, from the same installed tree (laid down untimed), after `bootseer baseline`:
+
+  tar -I 'zstd -T0' -cf               (GNU tar + multi-threaded zstd of the target)
+  bootseer capture                    (scan, diff, checks, the blob: what `exec` does before publishing)
+  bootseer snapshot                   (the verb: capture + publish to the file:// store)
+
 Runs are interleaved (rep 1 of every method, then rep 2, …) so a change in machine load hits all
 methods alike; the table shows the median and the ratio of each method to `bootseer restore`.
 The machine's pip configuration is cleared (PIP_CONFIG_FILE=/dev/null, no PIP_*, bytecode on).
 
-    python tests/benchmarks/bench_envsnap.py [--reps 3] [--target /tmp/bootseer-bench/venv] [--json out.json]
+    python tests/benchmarks/bench_envsnap.py [--reps 3] [--cases torch,realistic,source] [--json out.json]
+    python tests/benchmarks/bench_envsnap.py --quick     # the torch case, one rep: a few minutes
 
 Everything it creates lives under the target's parent directory and is removed at the end.
 """
@@ -42,6 +51,44 @@ from tests.support import pkgindex  # noqa: E402
 
 REALISTIC = ["numpy", "pandas", "pyarrow", "scipy"]
 SOURCE = [pkgindex.SDIST_NAME]
+TORCH = ["torch==2.13.0"]
+MACHINE_ENV = dict(os.environ)  # before main() clears the pip settings: torch comes from this machine's disk
+
+CAPTURE_ONLY = """
+import json, sys
+from pathlib import Path
+from bootseer_cli.cache import BlobCache
+from bootseer_cli.envsnap import manifest, snapshot
+from bootseer_cli.envsnap.setup import baseline_path
+from bootseer_cli.settings import StoreSettings
+root, cache_dir = sys.argv[1], Path(sys.argv[2])
+path = baseline_path([root])
+base, _, _ = manifest.load(path)
+cap = snapshot.capture(StoreSettings(cache_dir=cache_dir), [root], base, "0" * 64, BlobCache(cache_dir, 1 << 40),
+                       warn=lambda m: None, since=path.stat().st_mtime)
+print(json.dumps({k: round(v, 2) for k, v in cap.seconds.items()}))
+"""
+
+
+def machine_wheels(dest: Path, spec: str) -> None:
+    """The wheels of `spec` and its dependencies as this machine's pip configuration finds them (its
+    local wheel directory and file index), cached like `pkgindex.wheelhouse`, linked into `dest`."""
+    import hashlib
+
+    tag = hashlib.sha256(f"machine|{spec}|{sys.version_info[:2]}".encode()).hexdigest()[:16]
+    d = pkgindex.CACHE / tag
+    if not (d / ".complete").exists():
+        d.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:", "-d", str(d), spec]
+        subprocess.run(argv, check=True, capture_output=True, env=MACHINE_ENV)
+        (d / ".complete").touch()
+    dest.mkdir(parents=True, exist_ok=True)
+    for whl in d.glob("*.whl"):
+        if not (dest / whl.name).exists():
+            try:
+                os.link(whl, dest / whl.name)
+            except OSError:
+                shutil.copyfile(whl, dest / whl.name)
 
 
 def run(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -131,9 +178,37 @@ class Case:
         restore = [sys.executable, "-m", "bootseer_cli", "restore", "--config", str(self.work / "bootseer.toml")]
         out["bootseer restore"] = (restore, env)
         out["bootseer restore (cached blob)"] = (restore, env)
+        out["capture: tar -I 'zstd -T0' -cf"] = (
+            ["tar", "-I", "zstd -T0", "-cf", str(self.work / "tree.tar.zst"), "-C", "/", str(self.target).lstrip("/")],
+            env,
+        )
+        cap = [sys.executable, "-c", CAPTURE_ONLY, str(self.target), str(self.work / "capture-cache")]
+        out["capture: bootseer capture"] = (cap, env)
+        snap = [sys.executable, "-m", "bootseer_cli", "snapshot", "--config", str(self.capture_config())]
+        out["capture: bootseer snapshot (+ publish)"] = (snap, env)
         return out
 
+    def capture_config(self) -> Path:
+        """The same env (roots, setup: the same key) with a store of its own, emptied before each capture."""
+        cfg = self.work / "capture.toml"
+        cfg.write_text(self.config().read_text().replace(self.store.as_uri(), (self.work / "capture-store").as_uri()))
+        return cfg
+
+    def installed_tree(self, env: dict[str, str]) -> None:
+        """The installed env as the capture finds it after a setup: baseline of the bare target, then the
+        tree laid down (untimed, from the blob: the same files as the install)."""
+        self.fresh_target()
+        for d in ("capture-store", "capture-cache"):
+            shutil.rmtree(self.work / d, ignore_errors=True)
+        (self.work / "tree.tar.zst").unlink(missing_ok=True)
+        run([sys.executable, "-m", "bootseer_cli", "baseline", "--config", str(self.capture_config())], env)
+        assert self.blob is not None
+        run(["tar", "-I", "zstd", "-xf", str(self.blob), "-C", "/"], env)
+        subprocess.run(["sync"], check=False)
+
     def measure(self, name: str, argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+        if name.startswith("capture: "):
+            return self.measure_capture(argv, env)
         self.fresh_target()
         self.cold()
         if name == "bootseer restore":
@@ -155,6 +230,18 @@ class Case:
             detail = f"fetch {m.group(1)} s, extract {m.group(2)} s"
         return took, cpu, detail
 
+    def measure_capture(self, argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+        self.installed_tree(env)
+        c0 = _children_cpu()
+        t = time.perf_counter()
+        r = run(argv, env, cwd=self.work)
+        took = time.perf_counter() - t
+        cpu = _children_cpu() - c0
+        detail = ""
+        if r.stdout.startswith("{"):  # the capture's own breakdown
+            detail = ", ".join(f"{k} {v:.2f} s" for k, v in json.loads(r.stdout).items())
+        return took, cpu, detail
+
 
 def _children_cpu() -> float:
     """CPU seconds (user + system) of the waited-for child processes so far, their children included."""
@@ -164,13 +251,37 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _wheels(wheels: Path, cases: str) -> None:
+    """The wheel directory the loopback index serves, for the cases asked for."""
+    if "torch" in cases:
+        machine_wheels(wheels, TORCH[0])
+    if "realistic" in cases:
+        pkgindex.wheelhouse(wheels, REALISTIC)
+    if "source" in cases:
+        pkgindex.wheelhouse(wheels, pkgindex.BUILD_WHEELS)
+        pkgindex.write_c_sdist(wheels)
+
+
+def _cases(names: str, work: Path, target: Path, wheels: Path) -> list[Case]:
+    """The cases asked for, each with the import that proves its env works."""
+    checks = {
+        "torch": (TORCH, "import torch; assert torch.ones(2).sum().item() == 2"),
+        "realistic": (REALISTIC, "import numpy, pandas, pyarrow, scipy"),
+        "source": (SOURCE, "import bsdemo_cext; bsdemo_cext.fnv(b'x')"),
+    }
+    return [Case(n, pkgs, check, work, target, wheels) for n, (pkgs, check) in checks.items() if n in names]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--target", type=Path, default=Path("/tmp/bootseer-bench/venv"))
-    ap.add_argument("--cases", default="realistic,source")
+    ap.add_argument("--cases", default="torch,realistic,source")
+    ap.add_argument("--quick", action="store_true", help="the torch case, one rep (a few minutes)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.quick:
+        args.cases, args.reps = "torch", 1
     for k in [k for k in os.environ if k.startswith("PIP_")] + ["PYTHONDONTWRITEBYTECODE"]:
         os.environ.pop(k, None)
     os.environ["PIP_CONFIG_FILE"] = os.devnull
@@ -183,19 +294,9 @@ def main() -> None:
     cpus: dict[str, dict[str, list[float]]] = {}
     info: dict[str, str] = {}
     try:
-        pkgindex.wheelhouse(wheels, REALISTIC + pkgindex.BUILD_WHEELS)
-        pkgindex.write_c_sdist(wheels)
+        _wheels(wheels, args.cases)
         with pkgindex.PackageIndex(wheels) as index:
-            cases = []
-            if "realistic" in args.cases:
-                cases.append(
-                    Case("realistic", REALISTIC, "import numpy, pandas, pyarrow, scipy", work, args.target, wheels)
-                )
-            if "source" in args.cases:
-                cases.append(
-                    Case("source", SOURCE, "import bsdemo_cext; bsdemo_cext.fnv(b'x')", work, args.target, wheels)
-                )
-            for case in cases:
+            for case in _cases(args.cases, work, args.target, wheels):
                 print(f"[{case.name}] capturing (baseline → pip install → snapshot)…", file=sys.stderr, flush=True)
                 first_pip = case.capture(index)
                 results[case.name] = {"pip install": [first_pip]}
@@ -225,37 +326,58 @@ def main() -> None:
     report(results, cpus, details, info, args)
 
 
+RESTORE_GOALS = {  # (the method's wall time ÷ the restore's) must reach this
+    "pip install": 10.0,
+    "uv pip install --compile-bytecode": 3.0,
+    "uv pip install": 1.0,  # faster than uv without bytecode
+    "tar -I 'zstd -T0' -xf": 1.25,  # restore ≤ 0.8× tar
+}
+
+
 def report(results: dict, cpus: dict, details: dict, info: dict, args: argparse.Namespace) -> None:
     """Wall time is what a job waits for; CPU time (user + system of the whole process tree) is what
     the method costs, and it stays meaningful on a machine shared with other work."""
     load = os.getloadavg()
-    print(f"\n# env restore benchmark, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"\n# env snapshot benchmark, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(
         f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, target {args.target} "
-        f"({_fstype(args.target.parent)}), load average {load[0]:.1f} at the end, {args.reps} reps (median)"
+        f"({_fstype(args.target.parent)}), load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end, "
+        f"{args.reps} reps (median)"
     )
-    goals = {"pip install": 10.0, "uv pip install --compile-bytecode": 3.0, "tar -I 'zstd -T0' -xf": 1.0}
     doc = {}
     for case, rows in results.items():
-        ours = statistics.median(rows["bootseer restore"])
-        ours_cpu = statistics.median(cpus[case]["bootseer restore"])
         print(f"\n## {case}: {info.get(case, '')}")
-        print("| method | wall s (median) | wall runs | CPU s | wall ÷ restore | CPU ÷ restore | goal (wall) |")
-        print("|---|---:|---|---:|---:|---:|---|")
-        for name, xs in rows.items():
-            med = statistics.median(xs)
-            cpu = statistics.median(cpus[case][name])
-            goal = 20.0 if (case == "source" and name == "pip install") else goals.get(name)
-            mark = f"≥ {goal:g}×: {'met' if med / ours >= goal else 'missed'}" if goal else ""
-            extra = f" ({details[case][name]})" if name in details.get(case, {}) else ""
-            runs = ", ".join(f"{x:.2f}" for x in xs)
-            print(
-                f"| {name}{extra} | {med:.2f} | {runs} | {cpu:.2f} | {med / ours:.1f}× | {cpu / ours_cpu:.1f}× "
-                f"| {mark} |"
-            )
+        restore_rows = {k: v for k, v in rows.items() if not k.startswith("capture: ")}
+        capture_rows = {k.removeprefix("capture: "): v for k, v in rows.items() if k.startswith("capture: ")}
+        cap_cpus = {k.removeprefix("capture: "): v for k, v in cpus[case].items()}
+        cap_details = {k.removeprefix("capture: "): v for k, v in details.get(case, {}).items()}
+        _table(restore_rows, cpus[case], details.get(case, {}), "bootseer restore", "restore", case)
+        if capture_rows:
+            print()
+            _table(capture_rows, cap_cpus, cap_details, "tar -I 'zstd -T0' -cf", "tar -cf", case)
         doc[case] = {"wall": rows, "cpu": cpus[case]}
     if args.json:
         args.json.write_text(json.dumps({"results": doc, "details": details, "info": info}, indent=2))
+
+
+def _table(rows: dict, cpus: dict, details: dict, ref: str, ref_label: str, case: str) -> None:
+    """One table: every row's median, runs, CPU and ratios to the `ref` row, with the goals."""
+    if ref not in rows:
+        return
+    ours, ours_cpu = statistics.median(rows[ref]), statistics.median(cpus[ref])
+    print(f"| method | wall s (median) | wall runs | CPU s | wall ÷ {ref_label} | CPU ÷ {ref_label} | goal (wall) |")
+    print("|---|---:|---|---:|---:|---:|---|")
+    for name, xs in rows.items():
+        med, cpu = statistics.median(xs), statistics.median(cpus[name])
+        if ref_label == "restore":
+            goal = 20.0 if (case == "source" and name == "pip install") else RESTORE_GOALS.get(name)
+            mark = f"≥ {goal:g}×: {'met' if med / ours >= goal else 'missed'}" if goal else ""
+        else:  # capture: ours ÷ tar ≤ 1
+            mark = f"≤ 1×: {'met' if med / ours <= 1.0 else 'missed'}" if name.startswith("bootseer capture") else ""
+        extra = f" ({details[name]})" if name in details else ""
+        runs = ", ".join(f"{x:.2f}" for x in xs)
+        ratios = f"{med / ours:.2f}× | {cpu / ours_cpu:.2f}×"
+        print(f"| {name}{extra} | {med:.2f} | {runs} | {cpu:.2f} | {ratios} | {mark} |")
 
 
 def _fstype(p: Path) -> str:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return ("<!DOCTYPE html><html><body>\n" + "\n".join(rows) + "\n</body></html>\n").encode()
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
+        path = urllib.parse.unquote(self.path.split("?", 1)[0])  # pip asks for "torch-2.13.0%2Bcpu-…"
         files = [p.name for p in self.root.iterdir() if p.suffix in (".whl", ".gz", ".zip")]
         if path.startswith("/files/") and len(path) > len("/files/"):
             name = path[len("/files/") :]
