@@ -8,7 +8,7 @@ verb imports its heavy libraries inside its body, so building the app stays chea
 from __future__ import annotations
 
 import importlib
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -57,6 +57,24 @@ def register_commands() -> typer.Typer:
     return app
 
 
+def human_metavars(command: Any) -> None:
+    """Help that reads like a Unix tool's: `--name NAME`, `DIRECTORY`, not typer's `<str>` / `<path>`.
+
+    typer labels a value with its Python type (`--set <list[str]>`, `path <path>`); an option without
+    its own metavar gets its name in capitals instead, and an argument shows only its name. Duck-typed
+    on click's `param_type_name`: typer vendors its own click in newer releases, not in the oldest.
+    """
+    for param in command.params:
+        kind = getattr(param, "param_type_name", "")
+        if kind == "option" and param.metavar is None and not param.is_flag and not param.count:
+            param.metavar = (param.name or "value").upper()
+        elif kind == "argument":
+            param.display_type_rich = lambda ctx: None
+    for sub in getattr(command, "commands", {}).values():
+        human_metavars(sub)
+
+
 def main() -> None:
-    register_commands()
-    run_guarded(app)
+    command = typer.main.get_command(register_commands())
+    human_metavars(command)
+    run_guarded(command)

@@ -89,6 +89,30 @@ def test_completion_and_human_metavars(tmp_path: Path) -> None:
         assert "list[str]" not in text and "<str>" not in text
 
 
+def test_no_verb_shows_python_types_in_its_help() -> None:
+    """Every verb's help reads like a Unix tool's (`--name NAME`, `DEST`), never typer's `<str>`/`<path>`."""
+    import re
+
+    from bootseer_cli.cli import human_metavars, register_commands
+
+    typer_main = pytest.importorskip("typer.main")
+    top = typer_main.get_command(register_commands())
+    human_metavars(top)
+
+    def verbs(cmd: object, path: list[str]) -> list[list[str]]:
+        subs = getattr(cmd, "commands", {})
+        return [path] if not subs else [p for n, c in subs.items() for p in verbs(c, [*path, n])]
+
+    typed = re.compile(r"<(str|int|float|path|list\[[a-z]+\]|[a-z]+ range|file)>")
+    leaks = {}
+    for path in verbs(top, []):
+        r = subprocess.run([*BOOTSEER, *path, "--help"], capture_output=True, text=True, timeout=60)
+        found = typed.findall(r.stdout)
+        if found:
+            leaks[" ".join(path)] = found
+    assert not leaks, leaks
+
+
 def test_readme_second_command_sets_up_a_fresh_machine() -> None:
     """The README's two commands: the second must install and start what the suite needs (issue 17, item 6)."""
     root = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from .options import ConfigOpt, StoreOpt, load_config
 
 SkipOpt = Annotated[
     str | None,
-    typer.Option("--skip", metavar="STAGES", help="Stages not to run, comma-separated: image,env,checkpoint."),
+    typer.Option("--skip", metavar="STAGES", help="Stages not to run, comma-separated: image,env,checkpoint,compile."),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No summary line ($BOOTSEER_QUIET=1).")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Say which config file and store are used.")]
