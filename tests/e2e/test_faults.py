@@ -85,15 +85,18 @@ def test_corrupted_snapshot_blob(cluster, seed, tmp_path):
     assert int(run.one("resumed")["step"]) == seed.saved_step
 
 
-def test_local_disk_full_during_restore(cluster, seed, tmp_path):
-    """The node's blob cache on a tmpfs too small for the snapshot: the fetch fails, the setup runs."""
+def test_local_disk_full_during_restore(cluster, seed, s3_factory, tmp_path):
+    """The node's blob cache on a tmpfs too small for the snapshot: the fetch fails, the setup runs.
+
+    An S3 store: a restore from a local file:// store reads the blob in place and needs no cache room."""
     cluster.image = seed.image
     small = tmp_path / "small-disk"
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
+    server = s3_factory()
     try:
         node = cluster.node(
-            "n1", seed.file_store(tmp_path), BOOTSEER_EXEC_SKIP="image", BOOTSEER_STORE_CACHE_DIR=str(small)
+            "n1", seed.s3_store(server), BOOTSEER_EXEC_SKIP="image", BOOTSEER_STORE_CACHE_DIR=str(small)
         )
         run = node.start(command=DEPS_COMMAND).wait()
         assert "No space left on device" in run.output
@@ -103,6 +106,7 @@ def test_local_disk_full_during_restore(cluster, seed, tmp_path):
         assert not partial_files(small)
         assert_whole_env(node, seed)
     finally:
+        server.stop()
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 

@@ -192,7 +192,9 @@ def test_reader_retries_across_a_link_cut(s3_factory, tmp_path: Path) -> None:  
     uri = f"s3://{server.bucket}/x?endpoint_override=127.0.0.1:{proxy.port}&scheme=http&region=us-east-1"
     store = Store(uri)
     m = push(store, src, "m", "v1", stripes=2, cell_size=CELL)
-    reader = open_reader(m, catalog.Targets(store), ReaderOptions(retries=6, backoff_s=0.3))
+    # one cell of read-ahead: what is read after the cut must cross the link (a deeper read-ahead could
+    # have fetched it all before the cut, and the timing assertion would be a race)
+    reader = open_reader(m, catalog.Targets(store), ReaderOptions(retries=6, backoff_s=0.3, readahead=CELL))
     try:
         assert reader.read(0, CELL) == original[:CELL]
         proxy.cut(2.5)  # every connection reset, new ones refused for 2.5 s
