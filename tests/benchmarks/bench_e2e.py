@@ -98,14 +98,17 @@ def bootseer_base() -> list[str]:
     """A venv holding bootseer (editable, this checkout) and nothing of the job: the job's image."""
     base = CACHE / "base"
     site = base / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
-    if not (base / ".complete").exists():
+    # The base is an editable install: reuse it only when it points at this checkout (a base made from
+    # another worktree would measure that worktree's code).
+    done = base / ".complete"
+    if not done.exists() or done.read_text().strip() != str(REPO):
         shutil.rmtree(base, ignore_errors=True)
         sh([sys.executable, "-m", "venv", str(base)])
         sh([str(base / "bin" / "python"), "-m", "pip", "install", "-q", "-e", str(REPO)])
         probe = subprocess.run([str(base / "bin" / "python"), "-c", "import torch"], capture_output=True)
         if probe.returncode == 0:
             raise SystemExit(f"{base} has torch: the job's setup would not install it")
-        (base / ".complete").touch()
+        done.write_text(str(REPO))
     return [str(site)]
 
 

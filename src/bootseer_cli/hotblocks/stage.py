@@ -278,6 +278,7 @@ def _record_by_eviction(
         line = f"the record is mostly stale and {no_fanotify}; not re-recording (run `bootseer hot record`)"
         ctx.warn(f"image: {line}")
         return _skipped("not recorded (stale record)", line)
+    ctx.info(f"image: recording by eviction ({no_fanotify})")
     files, complete = _bounded_walk(base["roots"], EVICT_BUDGET_S)
     bad = untrusted_files(files)
     if bad:
@@ -294,7 +295,7 @@ def _record_by_eviction(
         outcome="miss",
         summary=f"recording this start ({why})",
         cache="miss",
-        reason=why,
+        reason=f"{why}; by eviction: {no_fanotify}",
         extra={"files": len(files), "roots": base["roots"], "walk_complete": complete},
     )
 
