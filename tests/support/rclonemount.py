@@ -11,14 +11,15 @@ never the command line.
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
+from .fuseproc import FuseProcess, mounted
 from .s3server import ACCESS_KEY, SECRET_KEY
+
+__all__ = ["RcloneMount", "mounted", "rclone_env", "upload"]
 
 
 def rclone_env(endpoint: str) -> dict[str, str]:
@@ -45,22 +46,16 @@ def upload(tree: Path, endpoint: str, dest: str) -> None:
     )
 
 
-def mounted(mountpoint: Path) -> bool:
-    real = os.path.realpath(mountpoint)
-    with open("/proc/mounts") as f:
-        return any(line.split()[1] == real for line in f)
-
-
-class RcloneMount:
+class RcloneMount(FuseProcess):
     """`rclone mount` as a subprocess: `start()` waits until mounted, `stop()` unmounts however it ends."""
+
+    name = "rclone-mount"
 
     def __init__(
         self, endpoint: str, remote: str, mountpoint: Path, cache_mode: str, workdir: Path, chunk: str = "1M"
     ) -> None:
-        self.endpoint, self.remote, self.mountpoint = endpoint, remote, mountpoint
-        self.cache_mode, self.workdir, self.chunk = cache_mode, workdir, chunk
-        self.proc: subprocess.Popen[bytes] | None = None
-        atexit.register(self.stop)
+        super().__init__(mountpoint, workdir)
+        self.endpoint, self.remote, self.cache_mode, self.chunk = endpoint, remote, cache_mode, chunk
 
     def argv(self) -> list[str]:
         cache_dir = self.workdir / f"rclone-cache-{self.mountpoint.name}"
@@ -83,41 +78,8 @@ class RcloneMount:
             "--allow-other",
         ]
 
-    def start(self, timeout: float = 20.0) -> RcloneMount:
-        self.mountpoint.mkdir(parents=True, exist_ok=True)
-        log = self.workdir / f"rclone-mount-{self.mountpoint.name}.log"
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                self.argv(), env=rclone_env(self.endpoint), stdout=out, stderr=subprocess.STDOUT
-            )
-        deadline = time.time() + timeout
-        while not mounted(self.mountpoint):
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.stop()
-                raise RuntimeError(f"rclone mount did not come up: {log.read_text(errors='replace')[-1500:]}")
-            time.sleep(0.05)
-        return self
+    def env(self) -> dict[str, str]:
+        return rclone_env(self.endpoint)
 
-    def stop(self) -> None:
-        if mounted(self.mountpoint):
-            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True, check=False)
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
+    def cleanup(self) -> None:
         shutil.rmtree(self.workdir / f"rclone-cache-{self.mountpoint.name}", ignore_errors=True)
-
-    def restart(self) -> RcloneMount:
-        self.stop()
-        return self.start()
-
-    def __enter__(self) -> RcloneMount:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -13,14 +13,11 @@ and `dpkg -x` them into a directory ldconfig does not know).
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
-from .rclonemount import mounted
+from .fuseproc import FuseProcess
 from .s3server import ACCESS_KEY, SECRET_KEY
 
 
@@ -33,14 +30,13 @@ def available() -> bool:
     return found is not None and os.access(found, os.X_OK)
 
 
-class S3fsMount:
+class S3fsMount(FuseProcess):
+    name = "s3fs"
     """`s3fs -f` as a subprocess: `start()` waits until mounted, `stop()` unmounts however it ends."""
 
     def __init__(self, endpoint: str, remote: str, mountpoint: Path, kernel_cache: bool, workdir: Path) -> None:
-        self.endpoint, self.remote, self.mountpoint = endpoint, remote, mountpoint
-        self.kernel_cache, self.workdir = kernel_cache, workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-        atexit.register(self.stop)
+        super().__init__(mountpoint, workdir)
+        self.endpoint, self.remote, self.kernel_cache = endpoint, remote, kernel_cache
 
     def argv(self) -> list[str]:
         bucket, _, prefix = self.remote.partition("/")
@@ -58,41 +54,8 @@ class S3fsMount:
             opts.append("kernel_cache")
         return [binary() or "s3fs", f"{bucket}:/{prefix}", str(self.mountpoint), "-f", "-o", ",".join(opts)]
 
-    def start(self, timeout: float = 20.0) -> S3fsMount:
-        self.mountpoint.mkdir(parents=True, exist_ok=True)
-        log = self.workdir / f"s3fs-{self.mountpoint.name}.log"
+    def env(self) -> dict[str, str]:
         env = dict(os.environ, AWSACCESSKEYID=ACCESS_KEY, AWSSECRETACCESSKEY=SECRET_KEY)
         if os.environ.get("S3FS_LIBDIR"):
             env["LD_LIBRARY_PATH"] = os.environ["S3FS_LIBDIR"]
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(self.argv(), env=env, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.time() + timeout
-        while not mounted(self.mountpoint):
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.stop()
-                raise RuntimeError(f"s3fs did not mount: {log.read_text(errors='replace')[-1500:]}")
-            time.sleep(0.05)
-        return self
-
-    def stop(self) -> None:
-        if mounted(self.mountpoint):
-            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True, check=False)
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-
-    def restart(self) -> S3fsMount:
-        self.stop()
-        return self.start()
-
-    def __enter__(self) -> S3fsMount:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return env
