@@ -83,13 +83,16 @@ def replay(
         "stale_bytes": res.staleness.stale_bytes,
         "errors": res.errors,
         "seconds": round(res.seconds, 3),
+        "streams": res.streams,
     }
     if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
     typer.echo(
         f"replayed {fmt_bytes(res.bytes_read)} from {res.files} files in {fmt_seconds(res.seconds)}; "
-        f"{out['stale_files']} stale file(s) skipped" + (f", {res.errors} read error(s)" if res.errors else "")
+        f"{out['stale_files']} stale file(s) skipped"
+        + (f", {res.errors} read error(s)" if res.errors else "")
+        + (f"; streams at once {' → '.join(map(str, res.streams))}" if res.streams else "")
     )
 
 

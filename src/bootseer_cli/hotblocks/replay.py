@@ -1,14 +1,24 @@
 """Replay a hot-block record: read its extents so the start finds them in the page cache.
 
-Reads go in the grain of a lazy loader: each file is read by one thread, its extents in offset
-order, so the loader sees one forward stream per file (a loader that streams ranged GETs restarts
-its stream on every out-of-order read: 64 threads on 1 MiB pieces of one file cost rclone 4.6x the
-bytes and 4x the time of one sequential reader). Parallelism is across files: a bounded pool takes
-the next file. Reads go into a reused per-thread buffer with `preadv`, at most `READ_MAX` at a time
-(nothing is kept: the point is the page cache, or the loader's own cache). A bandwidth cap (a virtual
-clock shared by the threads) keeps replay from starving the program when they run side by side. A
-deadline stops taking new work; what is left is returned so the agent can finish it behind the
-program.
+Reads go in the grain of a lazy loader: every open file handle sees one forward stream, its extents
+in offset order (a loader that streams ranged GETs restarts its stream on every out-of-order read: 64
+threads on 1 MiB pieces of one file cost rclone 4.6x the bytes and 4x the time of one sequential
+reader). A file with more than `SEGMENT` bytes recorded is cut into contiguous segments of at least
+that size, each read through its own handle: one stream per segment, so one large library (104 of
+the 877 chunks `import torch` reads are in libtorch_cpu.so) is not fetched one round trip at a time
+while the other readers sit idle. Parallelism is across files and segments: a bounded pool takes the
+next one.
+
+How many streams run at once is adapted to what the backend delivers (`_Gate`): it starts at
+`START_STREAMS`, doubles while each doubling still raises the bytes per second by `GAIN`, and steps
+back and settles at the first doubling that does not: a latency-bound loader grows to every thread
+it is given, a bandwidth-bound one stops where its link is full (and leaves the rest of the link to
+the program when the replay runs behind it).
+
+Reads go into a reused per-thread buffer with `preadv`, at most `READ_MAX` at a time (nothing is
+kept: the point is the page cache, or the loader's own cache). A bandwidth cap (a virtual clock
+shared by the threads) keeps replay from starving the program when they run side by side. A deadline
+stops taking new work; what is left is returned so the agent can finish it behind the program.
 
 Stale files (size or mtime changed, gone, no longer regular) are skipped before any read, so a
 stale record costs one `stat` per file and nothing else.
@@ -30,6 +40,15 @@ from .record import Record, Staleness, check
 # small enough that 64 threads' buffers cost 64 MiB.
 READ_MAX = 1 << 20
 
+# A file with more recorded bytes than this is read as several forward streams of at least this
+# size: 8 chunks of a lazy image, so a loader streaming ranged GETs still gets long sequential runs.
+SEGMENT = 8 << 20
+# The stream gate: start with this many streams at once, double while a doubling raises the rate by
+# GAIN, judged over windows of at least WINDOW_S seconds.
+START_STREAMS = 8
+GAIN = 1.15
+WINDOW_S = 0.25
+
 Extent = tuple[str, int, int]
 
 
@@ -42,6 +61,7 @@ class ReplayResult:
     seconds: float = 0.0
     staleness: Staleness = field(default_factory=Staleness)
     remaining: list[Extent] = field(default_factory=list)
+    streams: list[int] = field(default_factory=list)  # the gate's limits, in the order it took them
 
     @property
     def done(self) -> bool:
@@ -82,25 +102,102 @@ class _Throttle:
             time.sleep(start - now)
 
 
-class _Pool:
-    """The state the reader threads share: the files still to read, and the tallies.
+class _Gate:
+    """How many streams may read at once, adapted to the rate the backend delivers (see the module doc).
 
-    One lock guards it; it is held only to take the next file or to count, never across a read.
+    Readers hold a slot for a whole file or segment. Every `WINDOW_S` the rate of the last window is
+    compared with the rate before the last doubling: a doubling that raised it by `GAIN` is followed by
+    another, one that did not is undone and the gate settles. A window that ends with fewer streams
+    busy than allowed (the work is running out) changes nothing: its rate says nothing about the limit.
+    """
+
+    def __init__(self, most: int) -> None:
+        self.most = max(1, most)
+        self.limit = min(self.most, START_STREAMS)
+        self.settled = self.limit >= self.most
+        self.prev_limit, self.prev_rate = self.limit, 0.0
+        self.active = 0
+        self.window_start, self.window_bytes = time.monotonic(), 0
+        self.cond = threading.Condition()
+        self.steps: list[int] = [self.limit]
+
+    def enter(self, stopped: Callable[[], bool]) -> bool:
+        """Wait for a slot; False when `stopped()` says so first."""
+        with self.cond:
+            while self.active >= self.limit:
+                if stopped():
+                    return False
+                self.cond.wait(0.05)
+            self.active += 1
+            return True
+
+    def leave(self) -> None:
+        with self.cond:
+            self.active -= 1
+            self.cond.notify()
+
+    def count(self, n: int) -> None:
+        """`n` bytes arrived; at the end of a window, judge the limit."""
+        with self.cond:
+            self.window_bytes += n
+            now = time.monotonic()
+            if self.settled or now - self.window_start < WINDOW_S:
+                return
+            rate = self.window_bytes / (now - self.window_start)
+            self.window_start, self.window_bytes = now, 0
+            if self.active < max(1, self.limit * 3 // 4):
+                return
+            if self.limit > self.prev_limit and rate < self.prev_rate * GAIN:
+                self.limit, self.settled = self.prev_limit, True  # the last doubling did not pay: undo it
+            else:
+                self.prev_limit, self.prev_rate = self.limit, rate
+                self.limit = min(self.most, self.limit * 2)
+                self.settled = self.limit == self.prev_limit
+            self.steps.append(self.limit)
+            self.cond.notify_all()
+
+
+def _segments(pieces: list[Extent]) -> list[list[Extent]]:
+    """One file's pieces (in offset order) cut into contiguous runs of at least `SEGMENT` bytes; a short
+    tail joins the run before it, so no stream is opened for a few pages."""
+    out: list[list[Extent]] = []
+    run: list[Extent] = []
+    size = 0
+    for piece in pieces:
+        run.append(piece)
+        size += piece[2]
+        if size >= SEGMENT:
+            out.append(run)
+            run, size = [], 0
+    if run:
+        if out and size < SEGMENT // 2:
+            out[-1].extend(run)
+        else:
+            out.append(run)
+    return out
+
+
+class _Pool:
+    """The state the reader threads share: the streams still to read (a file, or a segment of a large
+    one, in record order), the gate, and the tallies.
+
+    One lock guards it; it is held only to take the next stream or to count, never across a read.
     """
 
     def __init__(
-        self, work: list[Extent], mbps: float, deadline: float | None, stop: Callable[[], bool] | None
+        self, work: list[Extent], threads: int, mbps: float, deadline: float | None, stop: Callable[[], bool] | None
     ) -> None:
         by_file: dict[str, list[Extent]] = {}
         for extent in work:
             by_file.setdefault(extent[0], []).append(extent)
-        self.files = [sorted(pieces, key=lambda e: e[1]) for pieces in by_file.values()]
+        self.jobs = [seg for pieces in by_file.values() for seg in _segments(sorted(pieces, key=lambda e: e[1]))]
         self.deadline = deadline
         self.stop = stop
         self.throttle = _Throttle(mbps)
+        self.gate = _Gate(min(threads, len(self.jobs)))
         self.lock = threading.Lock()
         self.next_index = 0
-        self.opened = 0
+        self.opened: set[str] = set()
         self.left: list[Extent] = []
         self.result = ReplayResult()
 
@@ -110,32 +207,38 @@ class _Pool:
         )
 
     def take(self) -> list[Extent] | None:
-        """The next file's extents, or None when the work is done, the deadline passed or `stop()` said so."""
+        """The next stream's extents, or None when the work is done, the deadline passed or `stop()` said so."""
         with self.lock:
-            if self.next_index >= len(self.files) or self.stopped():
+            if self.next_index >= len(self.jobs) or self.stopped():
                 return None
-            pieces = self.files[self.next_index]
+            pieces = self.jobs[self.next_index]
             self.next_index += 1
             return pieces
 
     def worker(self) -> None:
-        """One reader thread: take a file, read its extents in order, until `take` says stop."""
+        """One reader thread: hold a slot of the gate, take a stream, read it in order, until `take` says stop."""
         view = memoryview(bytearray(READ_MAX))
-        while (pieces := self.take()) is not None:
-            fd = _open_regular(pieces[0][0])
-            if fd is None:
-                with self.lock:
-                    self.result.errors += 1
-                continue
+        while self.gate.enter(self.stopped):
             try:
-                self._read_file(fd, pieces, view)
+                pieces = self.take()
+                if pieces is None:
+                    return
+                fd = _open_regular(pieces[0][0])
+                if fd is None:
+                    with self.lock:
+                        self.result.errors += 1
+                    continue
+                try:
+                    self._read_stream(fd, pieces, view)
+                finally:
+                    os.close(fd)
             finally:
-                os.close(fd)
+                self.gate.leave()
 
-    def _read_file(self, fd: int, pieces: list[Extent], view: memoryview) -> None:
-        """Read one file's extents front to back; a deadline in the middle leaves the rest for later."""
+    def _read_stream(self, fd: int, pieces: list[Extent], view: memoryview) -> None:
+        """Read one stream's extents front to back; a deadline in the middle leaves the rest for later."""
         with self.lock:
-            self.opened += 1
+            self.opened.add(pieces[0][0])
         for i, (_path, off, n) in enumerate(pieces):
             if i and self.stopped():
                 with self.lock:
@@ -155,6 +258,7 @@ class _Pool:
             with self.lock:
                 self.result.bytes_read += got
                 self.result.extents_done += 1
+            self.gate.count(got)
 
 
 def _open_regular(path: str) -> int | None:
@@ -183,16 +287,17 @@ def run(
     t0 = time.monotonic()
     if not work:
         return ReplayResult()
-    pool = _Pool(work, mbps, deadline, stop)
-    n = max(1, min(threads, len(pool.files)))
+    pool = _Pool(work, threads, mbps, deadline, stop)
+    n = pool.gate.most
     readers = [threading.Thread(target=pool.worker, name=f"replay-{i}", daemon=True) for i in range(n)]
     for t in readers:
         t.start()
     for t in readers:
         t.join()
     result = pool.result
-    result.files = pool.opened
-    result.remaining = sorted(pool.left) + [e for pieces in pool.files[pool.next_index :] for e in pieces]
+    result.files = len(pool.opened)
+    result.streams = pool.gate.steps
+    result.remaining = sorted(pool.left) + [e for pieces in pool.jobs[pool.next_index :] for e in pieces]
     result.seconds = time.monotonic() - t0
     return result
 
