@@ -8,21 +8,24 @@ symlinks). Loaders:
   local         the directory on the local disk
   lazyfs        tests/support/lazyfs.py: 1 MiB chunks, each fetched on first read after --delay-ms;
                 keeps pages across opens (kernel_cache), like an image snapshotter
-  rclone-off    `rclone mount --vfs-cache-mode off` of a bucket on the loopback S3 server: each read a
+  rclone-off    `rclone mount --vfs-cache-mode off` of a bucket on the S3 server: each read a
                 ranged GET, pages dropped at every open (replay = "auto": skipped)
   rclone-full   the same with `--vfs-cache-mode full`: rclone's own disk cache (replay = "always")
   s3fs          Debian's s3fs without kernel_cache (pages dropped: skipped)
   s3fs-kc       s3fs with kernel_cache (pages kept)
 
 The S3 server (rclone's local backend, serving the directory: no upload) sits behind a proxy that
-delays every request by --delay-ms (netem is not in this kernel). Before every run the page cache is
-dropped and the mount restarted (cold loader caches).
+delays every request by --delay-ms (netem is not in this kernel). With --rate-mbit (default 400, as
+in issue #19) the server runs in a network namespace whose egress is capped by tbf, so every loader's
+GET pays both the delay and the cap; --rate-mbit 0 keeps it on loopback, uncapped. Before every run
+the page cache is dropped and the mount restarted (cold loader caches).
 
-    python tests/benchmarks/bench_hotblocks.py [--delay-ms 10] [--rounds 3] [--loaders lazyfs,rclone-off]
-        [--program "import torch"] [--packages torch==2.13.0 numpy pandas scipy]
+    python tests/benchmarks/bench_hotblocks.py [--delay-ms 10] [--rate-mbit 400] [--rounds 3]
+        [--loaders lazyfs,rclone-off] [--program "import torch"] [--packages torch==2.13.0 numpy pandas scipy]
 
 Needs root (drop_caches, FUSE, fanotify); s3fs from `apt-get install s3fs` or S3FS_BIN/S3FS_LIBDIR
-(see tests/support/s3fsmount.py). Cleans up its mounts, server and proxy however it ends.
+(see tests/support/s3fsmount.py); the cap needs ip netns and tc. Cleans up its mounts, server, proxy
+and namespaces however it ends.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support.delayproxy import DelayProxy  # noqa: E402
 from tests.support.lazyfs import LazyMount  # noqa: E402
+from tests.support.netns import Lab  # noqa: E402
+from tests.support.netns import available as netns_available  # noqa: E402
 from tests.support.rclonemount import RcloneMount  # noqa: E402
 from tests.support.s3fsmount import S3fsMount  # noqa: E402
 from tests.support.s3fsmount import available as s3fs_available  # noqa: E402
@@ -54,6 +59,7 @@ WORK = Path("/var/tmp/bootseer-bench")
 PACKAGES = ["torch==2.13.0", "numpy", "pandas", "scipy"]
 ALL_LOADERS = ["local", "lazyfs", "rclone-off", "rclone-full", "s3fs", "s3fs-kc"]
 BS = [sys.executable, "-m", "bootseer_cli"]
+LAB_PREFIX, LAB_SUBNET = "bshot", "10.201.19"  # its own: other benchmarks may run a lab at the same time
 # s3fs 1.90 reports mtime -1 for a directory that has no object of its own, which is also the "never
 # listed" value of Python's FileFinder, so imports from it fail; make each directory be listed once.
 S3FS_PRELUDE = (
@@ -72,6 +78,35 @@ def sh(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 def drop_caches() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+class _LabStop:
+    """The bench's `stack` stops things; a Lab is destroyed (its atexit hook covers a hard exit)."""
+
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
+
+    def stop(self) -> None:
+        self.lab.destroy()
+
+
+def capped_server(root: Path, backend: str, rate_mbit: float, stack: list[Any]) -> S3Server:
+    """The S3 server, on loopback (`rate_mbit` 0) or in a lab namespace whose egress is tbf-capped at
+    `rate_mbit`: what it sends (every GET's body) pays the cap, as from a remote bucket. The root
+    namespace joins the lab so the delaying proxy here reaches the server's lab address."""
+    if not rate_mbit:
+        server = S3Server(root, backend=backend).start()
+        stack.append(server)
+        return server
+    if not netns_available():
+        raise SystemExit("--rate-mbit needs ip netns and tc (or pass --rate-mbit 0)")
+    lab = Lab(LAB_PREFIX, subnet=LAB_SUBNET)
+    stack.append(_LabStop(lab))  # first in: destroyed last, after the server and mounts stopped
+    host = lab.add_host(rate_mbit=rate_mbit)
+    lab.attach_root()
+    server = S3Server(root, host=host.ip, netns=host.name, backend=backend).start()
+    stack.append(server)
+    return server
 
 
 def ensure_venv(venv: Path, packages: list[str], probe: str) -> Path:
@@ -116,9 +151,8 @@ def make_loaders(names: list[str], site: Path, args: argparse.Namespace, stack: 
     proxy = None
     if any(n.startswith(("rclone", "s3fs")) for n in names):
         # rclone's local backend serves the directory itself: bucket "site-packages", no upload
-        server = S3Server(WORK / "s3", backend=str(site.parent)).start()
-        stack.append(server)
-        proxy = DelayProxy(("127.0.0.1", server.port), delay_ms=args.delay_ms).start()
+        server = capped_server(WORK / "s3", str(site.parent), args.rate_mbit, stack)
+        proxy = DelayProxy((server.host, server.port), delay_ms=args.delay_ms).start()
         stack.append(proxy)
     for n in names:
         mnt = WORK / f"mnt-{n}"
@@ -233,6 +267,12 @@ def report(loaders: list[Loader], args: argparse.Namespace) -> None:
         f"latency: {args.delay_ms:g} ms per lazyfs chunk / per S3 request (delaying proxy); page cache dropped "
         f"and loader restarted before every run; {args.rounds} rounds, median; replay threads {args.threads}"
     )
+    cap = (
+        f"S3 server in a network namespace, its egress capped at {args.rate_mbit:g} mbit (tbf)"
+        if args.rate_mbit
+        else "S3 server on loopback, no bandwidth cap"
+    )
+    print(f"network: {cap}; every S3 loader's GET goes through the delaying proxy")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end")
     print()
     print(
@@ -258,6 +298,12 @@ def report(loaders: list[Loader], args: argparse.Namespace) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description="hot-block replay on lazily loaded trees, every loader")
     ap.add_argument("--delay-ms", type=float, default=10.0)
+    ap.add_argument(
+        "--rate-mbit",
+        type=float,
+        default=400.0,
+        help="cap the S3 server's egress (tbf, in a network namespace); 0: loopback, no cap",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--program", default="import torch")
     ap.add_argument("--packages", nargs="+", default=PACKAGES)
