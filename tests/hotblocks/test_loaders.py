@@ -49,16 +49,22 @@ bootseer_cli.ready()
 """
 
 
-@pytest.fixture(scope="module")
-def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, DelayProxy]]:
-    """The tree in a bucket: (remote, local copy, the delaying proxy in front of the S3 server)."""
-    base = tmp_path_factory.mktemp("loaders")
+def make_tree(base: Path) -> Path:
+    """`base/tree`: SMALL files of 12 kB under pkg/ and BIG files of 2 MiB (what PROG reads from)."""
     tree = base / "tree"
     (tree / "pkg").mkdir(parents=True)
     for i in range(SMALL):
         (tree / "pkg" / f"m{i:03d}.py").write_bytes(os.urandom(12_000))
     for i in range(BIG):
         (tree / f"big{i}.bin").write_bytes(os.urandom(2 << 20))
+    return tree
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, DelayProxy]]:
+    """The tree in a bucket: (remote, local copy, the delaying proxy in front of the S3 server)."""
+    base = tmp_path_factory.mktemp("loaders")
+    tree = make_tree(base)
     server = S3Server(base / "s3").start()
     proxy = DelayProxy(("127.0.0.1", server.port), delay_ms=3).start()
     try:

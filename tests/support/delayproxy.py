@@ -4,6 +4,12 @@ Each chunk the client sends (an HTTP request, in practice) waits `delay_ms` befo
 responses flow back undelayed. So every ranged GET a lazy loader makes costs one round trip, as it
 would to a remote bucket.
 
+Both legs set TCP_NODELAY: a relay forwards a response in the pieces it receives (headers, then
+body), and with Nagle the second small piece waits for the client's delayed ACK (up to 40 ms).
+Without it a request at `delay_ms=10` cost about 25 ms (rclone mount and s3fs: 47-59 ms per 20 kB
+file of 2 requests, 23 ms with TCP_NODELAY; JuiceFS at `delay_ms=0`: 16-40 ms per file, 2-3 ms with
+it, 2.4 ms without the proxy).
+
     with DelayProxy(("127.0.0.1", s3_port), delay_ms=5) as proxy:
         endpoint = proxy.endpoint  # "127.0.0.1:<free port>"
 """
@@ -49,6 +55,8 @@ class DelayProxy:
             try:
                 server = socket.create_connection(self.upstream, timeout=10)
                 server.settimeout(None)
+                for s in (client, server):
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 client.close()
                 continue
