@@ -84,7 +84,6 @@ def replay(
         "errors": res.errors,
         "seconds": round(res.seconds, 3),
         "streams": res.streams,
-        "dirs": res.dirs,
     }
     if as_json:
         typer.echo(json.dumps(out, indent=2))

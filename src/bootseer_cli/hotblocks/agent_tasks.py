@@ -136,8 +136,7 @@ def prefetch_task(task: dict[str, Any], agent: Agent) -> None:
     path = Path(task["file"])
     work = [(str(p), int(o), int(n)) for p, o, n in json.loads(path.read_text())]
     t0 = time.time()
-    threads, mbps = int(task.get("threads", 16)), float(task.get("mbps", 0.0))
-    res = run(work, threads=threads, mbps=mbps, stop=agent.stopping.is_set, list_dirs=False)
+    res = run(work, threads=int(task.get("threads", 16)), mbps=float(task.get("mbps", 0.0)), stop=agent.stopping.is_set)
     agent.log(
         f"hot-prefetch: {res.bytes_read} bytes in {fmt_seconds(res.seconds)}, {len(res.remaining)} extents not read"
     )

@@ -48,8 +48,6 @@ SEGMENT = 8 << 20
 START_STREAMS = 8
 GAIN = 1.15
 WINDOW_S = 0.25
-# Threads that list the recorded files' directories beside the readers (see _Listers).
-LISTERS = 8
 
 Extent = tuple[str, int, int]
 
@@ -64,7 +62,6 @@ class ReplayResult:
     staleness: Staleness = field(default_factory=Staleness)
     remaining: list[Extent] = field(default_factory=list)
     streams: list[int] = field(default_factory=list)  # the gate's limits, in the order it took them
-    dirs: int = 0  # directories listed
 
     @property
     def done(self) -> bool:
@@ -264,51 +261,6 @@ class _Pool:
             self.gate.count(got)
 
 
-def directories(work: list[Extent]) -> list[str]:
-    """The directories a start lists on its way to the recorded files, in record order: each file's own
-    directory, and for a `.pyc` in `__pycache__` the package directory (Python's import lists the
-    package directory, then opens the cached bytecode by name)."""
-    seen: dict[str, None] = {}
-    for path, _, _ in work:
-        d = os.path.dirname(path)
-        if os.path.basename(d) == "__pycache__":
-            d = os.path.dirname(d)
-        seen.setdefault(d, None)
-    return list(seen)
-
-
-class _Listers:
-    """A few threads that list the directories beside the readers.
-
-    On a loader that keeps metadata (s3fs's stat cache, rclone's directory cache) a listing is a LIST
-    plus, on s3fs, a HEAD per entry; done here, in parallel, the program's own listings (one per
-    package it imports) are answered from that cache. `LISTERS` threads, not the gate: a listing moves
-    no bytes for the gate to judge, and a few in flight hide the round trips without crowding the readers.
-    """
-
-    def __init__(self, dirs: list[str], n: int, stopped: Callable[[], bool]) -> None:
-        self.dirs, self.stopped = dirs, stopped
-        self.lock = threading.Lock()
-        self.next_index = 0
-        self.listed = 0
-        count = max(0, min(n, len(dirs)))
-        self.threads = [threading.Thread(target=self.worker, name=f"list-{i}", daemon=True) for i in range(count)]
-
-    def worker(self) -> None:
-        while not self.stopped():
-            with self.lock:
-                if self.next_index >= len(self.dirs):
-                    return
-                d = self.dirs[self.next_index]
-                self.next_index += 1
-            try:
-                os.listdir(d)
-            except OSError:
-                continue
-            with self.lock:
-                self.listed += 1
-
-
 def _open_regular(path: str) -> int | None:
     """An fd for reading `path`, or None when it cannot be opened or is not a regular file."""
     try:
@@ -330,23 +282,19 @@ def run(
     mbps: float = 0.0,
     deadline: float | None = None,
     stop: Callable[[], bool] | None = None,
-    list_dirs: bool = True,
 ) -> ReplayResult:
-    """Read `work` file by file on up to `threads` threads, and list the directories the program will list
-    (`list_dirs`: the agent finishing a cut-short replay does not list them again); stop at `deadline`
-    (monotonic) or when `stop()`."""
+    """Read `work` file by file on up to `threads` threads; stop at `deadline` (monotonic) or when `stop()`."""
     t0 = time.monotonic()
     if not work:
         return ReplayResult()
     pool = _Pool(work, threads, mbps, deadline, stop)
-    listers = _Listers(directories(work) if list_dirs else [], min(LISTERS, threads), pool.stopped)
-    readers = [threading.Thread(target=pool.worker, name=f"replay-{i}", daemon=True) for i in range(pool.gate.most)]
-    for t in listers.threads + readers:
+    n = pool.gate.most
+    readers = [threading.Thread(target=pool.worker, name=f"replay-{i}", daemon=True) for i in range(n)]
+    for t in readers:
         t.start()
-    for t in listers.threads + readers:
+    for t in readers:
         t.join()
     result = pool.result
-    result.dirs = listers.listed
     result.files = len(pool.opened)
     result.streams = pool.gate.steps
     result.remaining = sorted(pool.left) + [e for pieces in pool.jobs[pool.next_index :] for e in pieces]
