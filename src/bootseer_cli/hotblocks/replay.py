@@ -10,10 +10,10 @@ while the other readers sit idle. Parallelism is across files and segments: a bo
 next one.
 
 How many streams run at once is adapted to what the backend delivers (`_Gate`): it starts at
-`START_STREAMS`, doubles while each doubling still raises the bytes per second by `GAIN`, and steps
-back and settles at the first doubling that does not: a latency-bound loader grows to every thread
-it is given, a bandwidth-bound one stops where its link is full (and leaves the rest of the link to
-the program when the replay runs behind it).
+`START_STREAMS`, doubles while each doubling still raises the reads served per second by `GAIN`
+(judged from how long each read takes), and steps back and settles at the first doubling that does
+not: a latency-bound loader grows to every thread it is given, a bandwidth-bound one stops where its
+link is full (and leaves the rest of the link to the program when the replay runs behind it).
 
 Reads go into a reused per-thread buffer with `preadv`, at most `READ_MAX` at a time (nothing is
 kept: the point is the page cache, or the loader's own cache). A bandwidth cap (a virtual clock
@@ -44,10 +44,13 @@ READ_MAX = 1 << 20
 # size: 8 chunks of a lazy image, so a loader streaming ranged GETs still gets long sequential runs.
 SEGMENT = 8 << 20
 # The stream gate: start with this many streams at once, double while a doubling raises the rate by
-# GAIN, judged over windows of at least WINDOW_S seconds.
-START_STREAMS = 8
+# GAIN, judged over windows of at least WINDOW_S seconds on at least MIN_READS reads of a size class
+# (reads of LARGE bytes and up, or smaller ones: a chunk of a library against a small file).
+START_STREAMS = 16
 GAIN = 1.15
-WINDOW_S = 0.25
+WINDOW_S = 0.1
+MIN_READS = 4
+LARGE = 512 << 10
 
 Extent = tuple[str, int, int]
 
@@ -103,21 +106,28 @@ class _Throttle:
 
 
 class _Gate:
-    """How many streams may read at once, adapted to the rate the backend delivers (see the module doc).
+    """How many streams may read at once, adapted to what the backend delivers (see the module doc).
 
-    Readers hold a slot for a whole file or segment. Every `WINDOW_S` the rate of the last window is
-    compared with the rate before the last doubling: a doubling that raised it by `GAIN` is followed by
-    another, one that did not is undone and the gate settles. A window that ends with fewer streams
-    busy than allowed (the work is running out) changes nothing: its rate says nothing about the limit.
+    Readers hold a slot for a whole file or segment, and report how long each read took (its wait for
+    the bandwidth cap included). By Little's law the streams deliver `limit / mean read time` reads per
+    second, so a doubling pays when the mean time of a read grows by less than `2 / GAIN`: a
+    latency-bound loader serves twice the reads in the same time, a full link takes twice as long for
+    each. Read times are compared within a size class (`LARGE` and up, or below), so a window of small
+    `.pyc` files is never judged against a window of library chunks. Every `WINDOW_S` the last window is
+    judged: a doubling that paid is followed by another, one that did not is undone and the gate settles.
+    A window that ends with fewer streams busy than allowed (the work is running out), or has too few
+    reads of a class the window before it had, changes nothing it cannot judge.
     """
 
     def __init__(self, most: int) -> None:
         self.most = max(1, most)
         self.limit = min(self.most, START_STREAMS)
         self.settled = self.limit >= self.most
-        self.prev_limit, self.prev_rate = self.limit, 0.0
+        self.prev_limit = self.limit
+        self.prev_means: dict[bool, float] = {}
         self.active = 0
-        self.window_start, self.window_bytes = time.monotonic(), 0
+        self.window_start = time.monotonic()
+        self.window: dict[bool, list[float]] = {False: [], True: []}
         self.cond = threading.Condition()
         self.steps: list[int] = [self.limit]
 
@@ -136,25 +146,39 @@ class _Gate:
             self.active -= 1
             self.cond.notify()
 
-    def count(self, n: int) -> None:
-        """`n` bytes arrived; at the end of a window, judge the limit."""
+    def count(self, n: int, seconds: float) -> None:
+        """A read of `n` bytes took `seconds`; at the end of a window, judge the limit."""
         with self.cond:
-            self.window_bytes += n
-            now = time.monotonic()
-            if self.settled or now - self.window_start < WINDOW_S:
+            if self.settled:
                 return
-            rate = self.window_bytes / (now - self.window_start)
-            self.window_start, self.window_bytes = now, 0
+            self.window[n >= LARGE].append(seconds)
+            now = time.monotonic()
+            if now - self.window_start < WINDOW_S:
+                return
+            means = {k: sum(v) / len(v) for k, v in self.window.items() if len(v) >= MIN_READS}
+            if not means:
+                return  # too few reads yet to judge: the window goes on
+            self.window_start, self.window = now, {False: [], True: []}
             if self.active < max(1, self.limit * 3 // 4):
                 return
-            if self.limit > self.prev_limit and rate < self.prev_rate * GAIN:
-                self.limit, self.settled = self.prev_limit, True  # the last doubling did not pay: undo it
-            else:
-                self.prev_limit, self.prev_rate = self.limit, rate
-                self.limit = min(self.most, self.limit * 2)
-                self.settled = self.limit == self.prev_limit
-            self.steps.append(self.limit)
-            self.cond.notify_all()
+            before = self.limit
+            self._judge(means)
+            if self.limit != before:
+                self.steps.append(self.limit)
+                self.cond.notify_all()
+
+    def _judge(self, means: dict[bool, float]) -> None:
+        """Undo the last doubling if the reads it added took as long as the ones before; else double."""
+        common = [k for k in (True, False) if k in means and k in self.prev_means]
+        if self.limit > self.prev_limit and common:
+            k = common[0]
+            slower = means[k] / max(self.prev_means[k], 1e-6)
+            if slower > (self.limit / self.prev_limit) / GAIN:
+                self.limit, self.settled = self.prev_limit, True
+                return
+        self.prev_limit, self.prev_means = self.limit, means
+        self.limit = min(self.most, self.limit * 2)
+        self.settled = self.limit == self.prev_limit
 
 
 def _segments(pieces: list[Extent]) -> list[list[Extent]]:
@@ -244,6 +268,7 @@ class _Pool:
                 with self.lock:
                     self.left.extend(pieces[i:])
                 return
+            t0 = time.monotonic()
             self.throttle.take(n)
             got = 0
             try:
@@ -258,7 +283,7 @@ class _Pool:
             with self.lock:
                 self.result.bytes_read += got
                 self.result.extents_done += 1
-            self.gate.count(got)
+            self.gate.count(got, time.monotonic() - t0)
 
 
 def _open_regular(path: str) -> int | None:
