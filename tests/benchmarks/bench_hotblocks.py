@@ -64,6 +64,7 @@ WORK = Path("/var/tmp/bootseer-bench")
 PACKAGES = ["torch==2.13.0", "numpy", "pandas", "scipy"]
 ALL_LOADERS = ["local", "lazyfs", "rclone-off", "rclone-full", "s3fs", "s3fs-kc", "juicefs"]
 BS = [sys.executable, "-m", "bootseer_cli"]
+RUN_TIMEOUT_S = 300.0  # one run; a cold `import torch` takes 15-60 s on these loaders
 LAB_PREFIX, LAB_SUBNET = "bshot", "10.201.19"  # its own: other benchmarks may run a lab at the same time
 # s3fs 1.90 reports mtime -1 for a directory that has no object of its own, which is also the "never
 # listed" value of Python's FileFinder, so imports from it fail; make each directory be listed once.
@@ -195,13 +196,27 @@ def write_cfg(path: Path, roots: list[Path], **image: object) -> Path:
     return path
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
+def timed(cmd: list[str], env: dict[str, str], timeout: float, on_hang: Any = None) -> tuple[float, str]:
+    """Seconds and stderr of one run; a run that fails or hangs is infinitely slow, and the benchmark
+    goes on with the next run. A hang is a loader's (seen with rclone's cache-off mode: the program
+    stuck in a page fault for 10 min, rclone's sockets full and unread): `on_hang` stops the loader,
+    which fails the stuck read, since a process waiting on a page fault may not die of SIGKILL alone."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, cwd=WORK, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with subprocess.Popen(cmd, env=env, cwd=WORK, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"  timed out after {timeout:g} s: {cmd[-1]!r}", flush=True)
+            proc.kill()
+            if on_hang is not None:
+                on_hang()
+            proc.communicate()
+            return float("inf"), ""
     dt = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    return dt, proc.stderr
+        print(f"  failed ({proc.returncode}): {' '.join(cmd)}\n{err[-2000:]}", flush=True)
+        return float("inf"), err
+    return dt, err
 
 
 def wait_agents(home: Path, timeout: float = 120) -> None:
@@ -215,7 +230,7 @@ def wait_agents(home: Path, timeout: float = 120) -> None:
 def measure(ld: Loader, case: str, cmd: list[str], env: dict[str, str], home: Path) -> None:
     ld.cold()
     before = ld.proxy.requests if ld.proxy else 0
-    dt, err = timed(cmd, env)
+    dt, err = timed(cmd, env, RUN_TIMEOUT_S, ld.stop)
     ld.times.setdefault(case, []).append(dt)
     ld.replayed.setdefault(case, []).append("replayed" in err)
     if ld.proxy:
