@@ -133,7 +133,10 @@ def _print_record(d: dict[str, Any]) -> None:
     if r["off"]:
         typer.echo(f"replay: OFF for this image until the record changes: {r['why']}")
     else:
-        typer.echo(f"replay: on (starts to ready: with {r['with_s'] or '-'} s, without {r['without_s'] or '-'} s)")
+        typer.echo(
+            f"replay: on (starts to ready: recording {r['recording_s'] or '-'} s, with {r['with_s'] or '-'} s, "
+            f"without {r['without_s'] or '-'} s)"
+        )
     for f in d["top_files"]:
         typer.echo(f"  {fmt_bytes(f['bytes']):>10}  {f['path']}")
 

@@ -180,6 +180,7 @@ def describe(settings: Settings, image_key: str) -> dict[str, Any]:
             "why": (verdict or {}).get("why", ""),
             "with_s": (verdict or {}).get("with", []),
             "without_s": (verdict or {}).get("without", []),
+            "recording_s": (verdict or {}).get("recording", []),
         },
         "last_empty": empty,
     }

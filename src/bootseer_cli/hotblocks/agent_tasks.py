@@ -95,7 +95,7 @@ def _scan_and_publish(
         return
     doc = publish(agent.store, rec)
     clear_empty(agent.store, image_key)
-    add_sample(agent.store, image_key, doc["blob"], replayed=False, seconds=seconds)
+    add_sample(agent.store, image_key, doc["blob"], "recording", seconds)
     agent.log(
         f"hot-record ({why}, {rec.method}): {len(rec.files)} files, {len(rec.extents)} extents, {rec.total_bytes} "
         f"bytes; published {doc['blob'][:12]}; ready after {fmt_seconds(seconds)}"
@@ -112,9 +112,9 @@ def judge_task(task: dict[str, Any], agent: Agent) -> None:
     why, at, started = _wait(task, agent, agent.wait)
     seconds = at - started
     replayed = bool(task.get("replayed"))
-    verdict = add_sample(agent.store, str(task["image_key"]), str(task["record"]), replayed, seconds)
-    state = f"replay off: {verdict['why']}" if verdict["off"] else "replay on"
     side = "with" if replayed else "without"
+    verdict = add_sample(agent.store, str(task["image_key"]), str(task["record"]), side, seconds)
+    state = f"replay off: {verdict['why']}" if verdict["off"] else "replay on"
     agent.log(f"hot-judge ({why}): ready after {fmt_seconds(seconds)} {side} replay; {state}")
     record_event(
         agent.run,

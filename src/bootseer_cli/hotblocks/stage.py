@@ -140,7 +140,7 @@ def _skip_before_load(ctx: StageContext, image_key: str) -> StageResult | None:
 
 def _why_not_replay(ctx: StageContext, rec: Record, blob: str) -> tuple[str, str] | None:
     """(summary words, one line) when this start should not replay: the setting, the tree, the verdict."""
-    from .status import read_verdict
+    from .status import needs_control, read_verdict
 
     setting = ctx.settings.image.replay
     if setting == "never":
@@ -159,6 +159,11 @@ def _why_not_replay(ctx: StageContext, rec: Record, blob: str) -> tuple[str, str
         return None
     if verdict.get("off"):
         return "replay did not pay", f"replay is off for this image until the record changes: {verdict['why']}"
+    if needs_control(verdict):
+        return "control start", (
+            "a control start: the replay did not clearly beat the recording start, so this start runs "
+            "without it and the never-slower rule compares the two"
+        )
     return None
 
 
