@@ -138,6 +138,7 @@ class Loader:
     proxy: DelayProxy | None = None
     times: dict[str, list[float]] = field(default_factory=dict)
     gets: dict[str, list[int]] = field(default_factory=dict)
+    mbytes: dict[str, list[float]] = field(default_factory=dict)
     replayed: dict[str, list[bool]] = field(default_factory=dict)
     record: dict[str, Any] = field(default_factory=dict)
     server: S3Server | None = None
@@ -193,7 +194,7 @@ def make_loaders(names: list[str], site: Path, args: argparse.Namespace, stack: 
             # its blocks go to a bucket of their own (on the local backend: a directory beside site-packages)
             shutil.rmtree(site.parent / "bootseer-jfs", ignore_errors=True)
             print(f"{n}: loading the tree into a JuiceFS volume …", flush=True)
-            meta = make_volume(site, proxy.endpoint, "bootseer-jfs", WORK / "juicefs")  # type: ignore[union-attr]
+            meta = make_volume(site, proxy.endpoint, "bootseer-jfs", WORK / "juicefs", block_kib=args.juicefs_block_kib)  # type: ignore[union-attr]
             out.append(Loader(n, JuicefsMount(meta, mnt, WORK), mnt, "auto", proxy, server=server))
     stack.extend(out)
     return out
@@ -240,11 +241,13 @@ def wait_agents(home: Path, timeout: float = 120) -> None:
 def measure(ld: Loader, case: str, cmd: list[str], env: dict[str, str], home: Path) -> None:
     ld.cold()
     before = ld.proxy.requests if ld.proxy else 0
+    bytes_before = ld.proxy.bytes_down if ld.proxy else 0
     dt, err = timed(cmd, env, RUN_TIMEOUT_S, ld.stop)
     ld.times.setdefault(case, []).append(dt)
     ld.replayed.setdefault(case, []).append("replayed" in err)
     if ld.proxy:
         ld.gets.setdefault(case, []).append(ld.proxy.requests - before)
+        ld.mbytes.setdefault(case, []).append((ld.proxy.bytes_down - bytes_before) / 1e6)
     wait_agents(home)
 
 
@@ -315,7 +318,8 @@ def report(loaders: list[Loader], args: argparse.Namespace) -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end")
     print()
     print(
-        f"{'loader':12} {'case':22} {'median s':>9} {'runs (s)':>24} {'vs no replay':>14} {'replayed':>8} {'GETs':>6}"
+        f"{'loader':12} {'case':22} {'median s':>9} {'runs (s)':>24} {'vs no replay':>14} {'replayed':>8} "
+        f"{'GETs':>6} {'MB':>6}"
     )
     for ld in loaders:
         base = statistics.median(ld.times.get("no replay", [0.0])) or 1.0
@@ -325,7 +329,8 @@ def report(loaders: list[Loader], args: argparse.Namespace) -> None:
             runs = " ".join(f"{t:.2f}" for t in times)
             rep = f"{sum(ld.replayed[case])}/{len(times)}" if case != "no replay" else "-"
             gets = f"{statistics.median(ld.gets[case]):.0f}" if ld.gets.get(case) else "-"
-            print(f"{ld.name:12} {case:22} {med:9.2f} {runs:>24} {ratio:>14} {rep:>8} {gets:>6}")
+            mb = f"{statistics.median(ld.mbytes[case]):.0f}" if ld.mbytes.get(case) else "-"
+            print(f"{ld.name:12} {case:22} {med:9.2f} {runs:>24} {ratio:>14} {rep:>8} {gets:>6} {mb:>6}")
         r = ld.record
         if r.get("record"):
             print(
@@ -345,6 +350,12 @@ def main() -> int:
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--program", default="import torch")
+    ap.add_argument(
+        "--juicefs-block-kib",
+        type=int,
+        default=4096,
+        help="JuiceFS block size (its default 4096; 1024 is a 1 MiB chunk)",
+    )
     ap.add_argument("--packages", nargs="+", default=PACKAGES)
     ap.add_argument("--threads", type=int, default=64)
     ap.add_argument("--loaders", default=",".join(ALL_LOADERS))

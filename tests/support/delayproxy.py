@@ -34,6 +34,7 @@ class DelayProxy:
         self.listener.listen(256)
         self.port = self.listener.getsockname()[1]
         self.requests = 0
+        self.bytes_down = 0  # response bytes relayed (approximate under concurrency: for benchmarks)
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -71,6 +72,8 @@ class DelayProxy:
                 if delayed:
                     self.requests += 1
                     time.sleep(self.delay_s)
+                else:
+                    self.bytes_down += len(data)  # one pump thread per connection: += races only across them
                 dst.sendall(data)
         except OSError:
             pass

@@ -60,7 +60,9 @@ def _juicefs(*args: str, env: dict[str, str] | None = None, timeout: float = 600
         raise RuntimeError(f"juicefs {args[0]} failed ({r.returncode}): {(r.stdout + r.stderr)[-2000:]}")
 
 
-def make_volume(tree: Path, endpoint: str, bucket: str, workdir: Path, name: str = "bootseer-jfs") -> str:
+def make_volume(
+    tree: Path, endpoint: str, bucket: str, workdir: Path, name: str = "bootseer-jfs", block_kib: int = 4096
+) -> str:
     """Format a fresh volume `name` (metadata in `workdir/<name>.db`, blocks in `http://endpoint/bucket`)
     and copy `tree` into it; returns the metadata URL to mount. An old volume of that name is replaced."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -71,7 +73,21 @@ def make_volume(tree: Path, endpoint: str, bucket: str, workdir: Path, name: str
     creds = dict(os.environ, ACCESS_KEY=ACCESS_KEY, SECRET_KEY=SECRET_KEY)
     # --trash-days 0: nothing is deleted here, and no trash directory appears at the root
     bucket_url = f"http://{endpoint}/{bucket}"
-    _juicefs("format", "-q", meta, name, "--storage", "s3", "--bucket", bucket_url, "--trash-days", "0", env=creds)
+    _juicefs(
+        "format",
+        "-q",
+        meta,
+        name,
+        "--storage",
+        "s3",
+        "--bucket",
+        bucket_url,
+        "--trash-days",
+        "0",
+        "--block-size",
+        str(block_kib),
+        env=creds,
+    )
     # jfs://VAR/ names the volume through an environment variable holding the metadata URL
     env = dict(os.environ, BOOTSEER_JFS_META=meta)
     _juicefs("sync", "-q", f"{tree}/", "jfs://BOOTSEER_JFS_META/", "--perms", "--links", "--dirs", "-p", "32", env=env)
