@@ -115,8 +115,9 @@ class _Gate:
     each. Read times are compared within a size class (`LARGE` and up, or below), so a window of small
     `.pyc` files is never judged against a window of library chunks. Every `WINDOW_S` the last window is
     judged: a doubling that paid is followed by another, one that did not is undone and the gate settles.
-    A window that ends with fewer streams busy than allowed (the work is running out), or has too few
-    reads of a class the window before it had, changes nothing it cannot judge.
+    A window that ends with fewer streams busy than allowed (the work is running out) changes nothing;
+    one with no size class in common with the window before it counts as paid: more streams than the
+    link needs cost a replay nothing but connections, fewer than the loader needs cost round trips.
     """
 
     def __init__(self, most: int) -> None:
