@@ -268,3 +268,52 @@ def test_a_start_blocked_on_a_slow_loader_is_not_taken_for_quiet(tree: Path, tmp
         )
     assert r.returncode == 0, r.stderr
     assert "recorded 2 files" in r.stderr and "(quiet)" in r.stderr
+
+
+def test_the_recording_asks_the_loader_for_nothing_while_the_program_starts(
+    bucket: tuple[str, Path, DelayProxy], tmp_path: Path
+) -> None:
+    """Each fanotify event comes with an fd the kernel opens on the file when the event is read; on s3fs
+    that open is a request. The agent reads the queue only once the start is over, so until then (the
+    program opened its 41 files and works on for 2 s) a recording start asks the bucket for what a plain
+    start asks, no more; the agent's opens come after ready, and the record still lists every file."""
+    import subprocess
+    import time
+
+    prog = tmp_path / "slow_start.py"
+    prog.write_text(
+        "import os, sys, time\n"
+        "root = sys.argv[1]\n"
+        "for i in range(40):\n"
+        "    open(os.path.join(root, 'pkg', f'm{i:03d}.py'), 'rb').read()\n"
+        "open(os.path.join(root, 'big0.bin'), 'rb').read(300_000)\n"
+        "print('opened', flush=True)\n"
+        "time.sleep(2.0)\n"
+    )
+    _, _, proxy = bucket
+
+    def requests_while_starting(argv: list[str]) -> tuple[int, str]:
+        """Requests from the launch to 1.5 s after the program's opens (it is still starting then)."""
+        before = proxy.requests
+        with subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "opened"
+            time.sleep(1.5)
+            made = proxy.requests - before
+            _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        return made, err
+
+    with _mount(bucket, tmp_path, "s3fs") as m:
+        cfg = write_config(tmp_path / "bootseer.toml", [m.mountpoint], ready="quiet")
+        program = [sys.executable, str(prog), str(m.mountpoint)]
+        plain, _ = requests_while_starting(program)
+        m.restart()  # s3fs's caches empty again
+        recording, err = requests_while_starting(
+            [sys.executable, "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", *program]
+        )
+        assert "recording this start" in err, err
+        assert recording <= plain + 3, (
+            f"a recording start made {recording} requests while starting, a plain one {plain}"
+        )
+        wait_for(lambda: _show(cfg, tmp_path).get("record"), timeout=60, what="the record")
+        assert _show(cfg, tmp_path)["files"] == 41

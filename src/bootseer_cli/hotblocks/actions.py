@@ -72,7 +72,7 @@ def record_command(
                 proc.pid,
                 run.run_dir / "ready",
                 alive=lambda: proc.poll() is None,
-                sleep=(lambda s: log.pump(s, lambda _: False)) if log is not None else (lambda s: bool(time.sleep(s))),
+                sleep=lambda s: bool(time.sleep(s)),  # the opens are read at the end (see agent_tasks)
                 started=started,
             )
             if log is not None:

@@ -2,9 +2,10 @@
 
 The image stage (in `bootseer exec`, before exec) creates a fanotify group of the notification class
 (FAN_CLASS_NOTIF: events are queued, never waited for, so nothing can block on bootseer) and marks
-the mounts of the roots for FAN_OPEN. The group's fd goes to the agent, which drains the queue while
-the program starts and keeps the paths under the roots; when the start is over it removes the marks
-and closes the group. The file set replaces the eviction walk: only the files the start opened are
+the mounts of the roots for FAN_OPEN. The group's fd goes to the agent, which leaves the queue alone
+while the program starts (the kernel opens a file for each event as it is read: an open the loader
+must serve) and, when the start is over, removes the marks, reads the whole queue, keeps the paths
+under the roots and closes the group. The file set replaces the eviction walk: only the files the start opened are
 asked about (`mincore`), so pages of other files that happen to be cached are never recorded, and
 nothing is evicted before exec.
 
@@ -23,7 +24,6 @@ import os
 import select
 import struct
 import time
-from collections.abc import Callable
 
 FAN_CLOEXEC = 0x1
 FAN_NONBLOCK = 0x2
@@ -133,13 +133,6 @@ class OpenLog:
                 raise
             self._handle(buf)
             deadline = time.monotonic()  # after the first batch: take what is queued, do not wait
-
-    def pump(self, seconds: float, stopping: Callable[[float], bool]) -> bool:
-        """Drain for `seconds` (in short waits); returns True when `stopping` says so (agent.wait's contract)."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            self.drain(min(left, 0.05))
-        return stopping(0.0)
 
     def close(self) -> None:
         """Remove the marks, take what is left in the queue, close the group (never raises)."""
