@@ -84,3 +84,24 @@ def program(tmp_path: Path) -> Path:
     p = tmp_path / "prog.py"
     p.write_text(PROGRAM)
     return p
+
+
+# The start of the loader tests (test_loaders, test_juicefs, test_capped_loader): imports-like reads of
+# 40 small files, the head of one big file, then ready.
+PROG = """
+import os, sys, bootseer_cli
+root = sys.argv[1]
+for i in range(40):
+    with open(os.path.join(root, "pkg", f"m{i:03d}.py"), "rb") as f:
+        f.read()
+with open(os.path.join(root, "big0.bin"), "rb") as f:
+    f.read(300_000)
+bootseer_cli.ready()
+"""
+
+
+@pytest.fixture
+def prog(tmp_path: Path) -> Path:
+    p = tmp_path / "prog.py"
+    p.write_text(PROG)
+    return p

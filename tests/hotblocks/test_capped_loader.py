@@ -21,10 +21,10 @@ from tests.support import netns
 from tests.support.delayproxy import DelayProxy
 from tests.support.netns import Lab
 from tests.support.rclonemount import RcloneMount, upload
-from tests.support.s3server import S3Server
+from tests.support.s3server import delayed
 
 from .conftest import MiB, wait_for, write_config
-from .test_loaders import PROG, _exec, _show
+from .test_loaders import _exec, _show
 
 pytestmark = [
     pytest.mark.integration,
@@ -45,7 +45,7 @@ LAB_PREFIX, LAB_SUBNET = "bscap", "10.203.0"
 def capped(tmp_path: Path) -> Iterator[tuple[str, DelayProxy]]:
     """The tree in a bucket served from a capped namespace: (remote, the delaying proxy before it).
 
-    The tree is what test_loaders' PROG reads: 40 small files and big0.bin (here 4 MB, to time).
+    The tree is what conftest's PROG reads: 40 small files and big0.bin (here 4 MB, to time).
     Uploading goes root → server, which the cap (on the server's egress) leaves free."""
     tree = tmp_path / "tree"
     (tree / "pkg").mkdir(parents=True)
@@ -55,21 +55,9 @@ def capped(tmp_path: Path) -> Iterator[tuple[str, DelayProxy]]:
     with Lab(LAB_PREFIX, subnet=LAB_SUBNET) as lab:
         host = lab.add_host(rate_mbit=RATE_MBIT)
         lab.attach_root()
-        server = S3Server(tmp_path / "s3", host=host.ip, netns=host.name).start()
-        proxy = DelayProxy((host.ip, server.port), delay_ms=3).start()
-        try:
+        with delayed(tmp_path / "s3", host=host.ip, netns=host.name) as (_, proxy):
             upload(tree, proxy.endpoint, "bootseer/tree")
             yield "bootseer/tree", proxy
-        finally:
-            proxy.stop()
-            server.stop()
-
-
-@pytest.fixture
-def prog(tmp_path: Path) -> Path:
-    p = tmp_path / "prog.py"
-    p.write_text(PROG)
-    return p
 
 
 def test_a_capped_mount_pays_the_cap_and_still_records_then_skips_replay(

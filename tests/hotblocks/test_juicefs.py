@@ -20,10 +20,10 @@ from bootseer_cli.hotblocks import probe
 from tests.support.delayproxy import DelayProxy
 from tests.support.juicefsmount import JuicefsMount, make_volume
 from tests.support.juicefsmount import available as juicefs_available
-from tests.support.s3server import S3Server
+from tests.support.s3server import delayed
 
 from .conftest import bootseer, wait_for, write_config
-from .test_loaders import PROG, _exec, _show, make_tree
+from .test_loaders import _exec, _show, make_tree
 
 pytestmark = [
     pytest.mark.integration,
@@ -38,20 +38,8 @@ def volume(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     """The tree in a JuiceFS volume: (metadata URL, local copy, the delaying proxy in front of its bucket)."""
     base = tmp_path_factory.mktemp("juicefs")
     tree = make_tree(base)
-    server = S3Server(base / "s3").start()
-    proxy = DelayProxy(("127.0.0.1", server.port), delay_ms=3).start()
-    try:
+    with delayed(base / "s3") as (server, proxy):
         yield make_volume(tree, proxy.endpoint, server.bucket, base), tree, proxy
-    finally:
-        proxy.stop()
-        server.stop()
-
-
-@pytest.fixture
-def prog(tmp_path: Path) -> Path:
-    p = tmp_path / "prog.py"
-    p.write_text(PROG)
-    return p
 
 
 @pytest.fixture

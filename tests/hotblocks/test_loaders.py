@@ -26,7 +26,7 @@ from tests.support.lazyfs import LazyMount
 from tests.support.rclonemount import RcloneMount, upload
 from tests.support.s3fsmount import S3fsMount
 from tests.support.s3fsmount import available as s3fs_available
-from tests.support.s3server import S3Server
+from tests.support.s3server import delayed
 
 from .conftest import bootseer, wait_for, write_config
 
@@ -36,17 +36,6 @@ pytestmark = [
 ]
 
 SMALL, BIG = 200, 3
-# the start: imports-like reads of 40 small files, the head of one big file
-PROG = """
-import os, sys, bootseer_cli
-root = sys.argv[1]
-for i in range(40):
-    with open(os.path.join(root, "pkg", f"m{i:03d}.py"), "rb") as f:
-        f.read()
-with open(os.path.join(root, "big0.bin"), "rb") as f:
-    f.read(300_000)
-bootseer_cli.ready()
-"""
 
 
 def make_tree(base: Path) -> Path:
@@ -65,21 +54,9 @@ def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     """The tree in a bucket: (remote, local copy, the delaying proxy in front of the S3 server)."""
     base = tmp_path_factory.mktemp("loaders")
     tree = make_tree(base)
-    server = S3Server(base / "s3").start()
-    proxy = DelayProxy(("127.0.0.1", server.port), delay_ms=3).start()
-    try:
+    with delayed(base / "s3") as (_, proxy):
         upload(tree, proxy.endpoint, "bootseer/tree")
         yield "bootseer/tree", tree, proxy
-    finally:
-        proxy.stop()
-        server.stop()
-
-
-@pytest.fixture
-def prog(tmp_path: Path) -> Path:
-    p = tmp_path / "prog.py"
-    p.write_text(PROG)
-    return p
 
 
 def _mount(bucket: tuple[str, Path, DelayProxy], tmp_path: Path, mode: str) -> RcloneMount | S3fsMount:

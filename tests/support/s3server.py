@@ -12,13 +12,19 @@ objects, which the fault tests account for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .delayproxy import DelayProxy
 
 ACCESS_KEY = "bootseer-test-access"
 SECRET_KEY = "bootseer-test-secret-key"
@@ -121,3 +127,19 @@ class S3Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
         self.proc = None
+
+
+@contextlib.contextmanager
+def delayed(
+    root: Path, delay_ms: float = 3.0, host: str = "127.0.0.1", netns: str | None = None
+) -> Iterator[tuple[S3Server, DelayProxy]]:
+    """An S3 server (memory backend) with a delaying proxy in front of it, so every request a loader
+    makes costs a round trip; both stopped however the caller ends."""
+    from .delayproxy import DelayProxy
+
+    server = S3Server(root, host=host, netns=netns).start()
+    try:
+        with DelayProxy((host, server.port), delay_ms=delay_ms) as proxy:
+            yield server, proxy
+    finally:
+        server.stop()
