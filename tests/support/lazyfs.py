@@ -20,17 +20,17 @@ however the caller ends.
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import ctypes.util
 import errno
 import os
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from .fuseproc import FuseProcess
 
 CHUNK = 1 << 20
 MAX_THREADS = 64
@@ -141,49 +141,37 @@ def serve(source: str, mountpoint: str, delay_ms: float, chunk: int, mbps: float
     )
 
 
-def _mounted(mountpoint: str) -> bool:
-    real = os.path.realpath(mountpoint)
-    with open("/proc/mounts") as f:
-        return any(line.split()[1] == real for line in f)
+class LazyMount(FuseProcess):
+    """The lazy filesystem as a subprocess (the FuseProcess lifecycle: `start()` waits until mounted,
+    `stop()` unmounts however the caller ends, `restart()` is a cold chunk cache and page cache)."""
 
-
-class LazyMount:
-    """The lazy filesystem as a subprocess: `start()` mounts (waits until mounted), `stop()` unmounts."""
+    name = "lazyfs"
 
     def __init__(
         self, source: Path, mountpoint: Path, delay_ms: float = 10.0, chunk: int = CHUNK, mbps: float = 0.0
     ) -> None:
-        self.source, self.mountpoint = source, mountpoint
+        super().__init__(mountpoint, mountpoint.parent)
+        self.source = source
         self.delay_ms, self.chunk, self.mbps = delay_ms, chunk, mbps
         self.log = mountpoint.parent / f".{mountpoint.name}.fetches"
-        self.proc: subprocess.Popen[bytes] | None = None
-        atexit.register(self.stop)
 
-    def start(self) -> LazyMount:
-        self.mountpoint.mkdir(parents=True, exist_ok=True)
-        self.log.unlink(missing_ok=True)
-        self.log.touch()
-        root = str(Path(__file__).resolve().parents[2])
+    def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "tests.support.lazyfs", str(self.source), str(self.mountpoint)]
         argv += ["--delay-ms", str(self.delay_ms), "--chunk", str(self.chunk), "--mbps", str(self.mbps)]
-        argv += ["--log", str(self.log)]
+        return [*argv, "--log", str(self.log)]
+
+    def env(self) -> dict[str, str]:
+        root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
         libfuse3 = ctypes.util.find_library("fuse3")
         if libfuse3 and "FUSE_LIBRARY_PATH" not in env:  # mfusepy prefers libfuse2 where both are installed
             env["FUSE_LIBRARY_PATH"] = libfuse3
-        # stderr to a file, never a pipe: a pipe nobody drains fills up and freezes the filesystem
-        self.errlog = self.mountpoint.parent / f".{self.mountpoint.name}.stderr"
-        with open(self.errlog, "wb") as err:
-            self.proc = subprocess.Popen(argv, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.time() + 20
-        while not _mounted(str(self.mountpoint)):
-            if self.proc.poll() is not None:
-                err = self.errlog.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"lazyfs did not mount: {err}")
-            if time.time() > deadline:
-                self.stop()
-                raise RuntimeError("lazyfs did not mount within 20 s")
-            time.sleep(0.05)
+        return env
+
+    def start(self, timeout: float = 20.0) -> LazyMount:
+        self.log.unlink(missing_ok=True)  # each mount's fetches from scratch
+        self.log.touch()
+        super().start(timeout)
         return self
 
     def fetches(self) -> list[tuple[str, int]]:
@@ -193,28 +181,6 @@ class LazyMount:
             path, _, index = line.rpartition(" ")
             out.append((path, int(index)))
         return out
-
-    def stop(self) -> None:
-        if _mounted(str(self.mountpoint)):
-            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True, check=False)
-        if self.proc is not None:
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-
-    def restart(self) -> LazyMount:
-        """Unmount and mount again: a cold chunk cache and an empty page cache for the mount."""
-        self.stop()
-        return self.start()
-
-    def __enter__(self) -> LazyMount:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def main() -> None:
