@@ -34,6 +34,10 @@ class IntegrityError(StoreError):
     """Data did not match its digest: never use it."""
 
 
+class StageFatal(BootseerError):
+    """A stage failure that must stop the start (the user's own setup command failed)."""
+
+
 def run_guarded(fn: Callable[[], Any]) -> Any:
     """Run a CLI body: a BootseerError becomes one line on stderr and its exit code, never a traceback."""
     try:

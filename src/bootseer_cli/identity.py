@@ -82,9 +82,7 @@ def key_env_values(env: EnvSettings, environ: Mapping[str, str] | None = None) -
 def env_roots(env: EnvSettings) -> list[str]:
     """The env's roots as the key knows them: absolute, symlinks resolved (`./.venv` and `/opt/venv`
     are two envs; one directory reached by two names is one)."""
-    from .envsnap.setup import resolve_roots
-
-    return [os.path.realpath(r) for r in resolve_roots(env)]
+    return [os.path.realpath(r) for r in env.resolve_roots()]
 
 
 def keys_for(settings: Settings, environ: Mapping[str, str] | None = None, roots: list[str] | None = None) -> Keys:

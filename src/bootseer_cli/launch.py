@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import BootseerError
+from .errors import BootseerError, StageFatal
 from .events import RunInfo, record
 from .launcher import check_command, gpus_hint, node_rank_hint, resolve_command
 from .settings import Settings
-from .stage import STAGE_NAMES, StageContext, StageFatal, StageResult, run_order
+from .stage import STAGE_NAMES, StageContext, StageResult, run_order
 from .units import fmt_seconds
 
 if TYPE_CHECKING:

@@ -11,10 +11,12 @@ expects.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import Config
+from .errors import BootseerError
 from .paths import default_mountpoint
 
 
@@ -79,6 +81,23 @@ class EnvSettings:
 
     def resolve_path(self, p: str) -> Path:
         return Path(_resolve(self.base_dir, p))
+
+    def resolve_roots(self) -> list[str]:
+        """`roots` (default: the running interpreter's prefix) plus `extra_roots`, absolute and normalised.
+
+        A root nested inside another is dropped (it is scanned as part of its parent). Here, below every
+        capability, so that the keys, the env stage and the commands read one answer without importing
+        each other.
+        """
+        roots = list(self.roots or [sys.prefix]) + list(self.extra_roots)
+        out: list[str] = []
+        for r in roots:
+            p = os.path.normpath(os.path.abspath(str(self.resolve_path(r))))
+            if p == "/":
+                raise BootseerError("[env] roots: '/' cannot be a root (name the directories the setup writes into)")
+            if p not in out:
+                out.append(p)
+        return [r for r in out if not any(r != o and r.startswith(o + "/") for o in out)]
 
 
 @dataclass(frozen=True)

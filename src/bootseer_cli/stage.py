@@ -39,10 +39,6 @@ class StageResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class StageFatal(BootseerError):
-    """A stage failure that must stop the start (the user's own setup command failed)."""
-
-
 @dataclass
 class StageContext:
     """What stages share: the settings, this run, lazily the keys and the store, and what to hand on."""

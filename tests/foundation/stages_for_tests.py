@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bootseer_cli.stage import StageContext, StageFatal, StageResult
+from bootseer_cli.errors import StageFatal
+from bootseer_cli.stage import StageContext, StageResult
 
 
 def ok(ctx: StageContext) -> StageResult:

@@ -231,7 +231,7 @@ def test_unreachable_store_falls_back(
 
 def test_fatal_stage_stops(ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
     use_stage(monkeypatch, "fatal")
-    with pytest.raises(launch.StageFatal) as err:
+    with pytest.raises(StageFatal) as err:
         launch.run_stages(ctx, set())
     assert err.value.exit_code == 4
 

@@ -33,11 +33,11 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None) -> None:
     from ..envsnap import manifest
     from ..envsnap.journal import recover
     from ..envsnap.lock import tree_lock
-    from ..envsnap.setup import baseline_path, resolve_roots, take_baseline
+    from ..envsnap.setup import baseline_path, take_baseline
     from ..identity import keys_for
 
     settings = Settings.from_config(load_config(config, store))
-    roots = resolve_roots(settings.env)
+    roots = settings.env.resolve_roots()
     # The key as of before the setup: a setup into the base prefix changes the image fingerprint, and
     # fresh nodes (which compute the key before their setup) must find the snapshot under this one.
     key = keys_for(settings).env.digest
@@ -67,13 +67,13 @@ def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt
     """Capture what changed under the env roots since `bootseer baseline` and publish it."""
     from ..cache import cache_for
     from ..envsnap import manifest, snapshot
-    from ..envsnap.setup import baseline_path, resolve_roots
+    from ..envsnap.setup import baseline_path
     from ..envsnap.stamp import write_stamp
     from ..identity import keys_for
     from ..store import open_store
 
     settings = Settings.from_config(load_config(config, store))
-    roots = resolve_roots(settings.env)
+    roots = settings.env.resolve_roots()
     path = baseline_path(roots)
     if not path.exists():
         raise BootseerError(f"no baseline for {', '.join(roots)}: run `bootseer baseline` before the setup")

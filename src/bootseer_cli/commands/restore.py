@@ -36,7 +36,6 @@ def _restore(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]
     from ..cache import cache_for
     from ..envsnap.journal import recover
     from ..envsnap.lock import tree_lock
-    from ..envsnap.setup import resolve_roots
     from ..envsnap.snapshot import restore
     from ..envsnap.stamp import stamp_state
     from ..identity import keys_for
@@ -45,7 +44,7 @@ def _restore(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]
     from ..units import fmt_bytes
 
     settings = Settings.from_config(cfg)
-    roots = resolve_roots(settings.env)
+    roots = settings.env.resolve_roots()
     key = keys_for(settings).env.digest
     with tree_lock(roots, lambda m: err(f"bootseer: {m}"), lambda m: err(f"bootseer: warning: {m}")):
         recover(roots, lambda m: err(f"bootseer: {m}"))

@@ -1,7 +1,7 @@
 """The tree a setup writes into, and running the setup on it.
 
-- `resolve_roots` and `excluded_paths`: which directories a snapshot covers, and bootseer's own
-  state inside them that must never be part of one;
+- `excluded_paths`: bootseer's own state inside the roots (`EnvSettings.resolve_roots` names the
+  roots), which must never be part of a snapshot;
 - `take_baseline`: stamp → strip → baseline, the one sequence before any setup (`exec` on the
   lease holder, `exec` without a store, `bootseer baseline` before a setup run by hand);
 - `run_setup`: the `[env] setup` commands, in the interpreter's environment; `fresh_setup` is
@@ -19,26 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BootseerError
+from ..errors import BootseerError, StageFatal
 from ..settings import EnvSettings, StoreSettings
 from .manifest import Manifest, scan
 from .stamp import remove_stamp, strip_carried
-
-
-def resolve_roots(env: EnvSettings) -> list[str]:
-    """`[env] roots` (default: the running interpreter's prefix) plus `extra_roots`, normalised.
-
-    A root nested inside another is dropped (it is scanned as part of its parent).
-    """
-    roots = list(env.roots or [sys.prefix]) + list(env.extra_roots)
-    out: list[str] = []
-    for r in roots:
-        p = os.path.normpath(os.path.abspath(str(env.resolve_path(r))))
-        if p == "/":
-            raise BootseerError("[env] roots: '/' cannot be a root (name the directories the setup writes into)")
-        if p not in out:
-            out.append(p)
-    return [r for r in out if not any(r != o and r.startswith(o + "/") for o in out)]
 
 
 def excluded_paths(store: StoreSettings) -> list[str]:
@@ -95,7 +79,6 @@ def run_setup(env: EnvSettings, info: Callable[[str], None]) -> None:
     Output goes to our stderr (stdout belongs to the launcher). A failing command stops here with
     its exit status, which `bootseer exec` passes on.
     """
-    from ..stage import StageFatal
 
     environ = setup_environ()
     for cmd in env.setup:

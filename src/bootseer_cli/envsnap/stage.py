@@ -23,7 +23,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError
-from ..stage import StageContext, StageFatal, StageResult
+from ..errors import StageFatal
+from ..stage import StageContext, StageResult
 from ..units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -56,9 +57,8 @@ def _restored_result(r: Restored, note: str = "") -> StageResult:
 def run_stage(ctx: StageContext) -> StageResult:
     from .journal import recover
     from .lock import tree_lock
-    from .setup import resolve_roots
 
-    roots = resolve_roots(ctx.settings.env)
+    roots = ctx.settings.env.resolve_roots()
     try:
         key = ctx.keys.env.digest
     except StageFatal:

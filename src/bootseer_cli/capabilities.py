@@ -1,0 +1,170 @@
+"""The capability table: every capability of bootseer, declared once, in one row.
+
+`launch` (which stages run, in which order, the summary line), the agent (which task kinds it knows),
+`gc` (which ref kinds keep their blobs), the report (the stage order and labels), `--skip`, `doctor`,
+`prefetch` and `bootseer config` (the settings sections) iterate this table; none of them names a
+capability. Adding a capability is its package plus one row here.
+
+Rows hold strings and dataclasses only, never imports of the capability: a target is "module:name"
+and is imported when it is needed, so `bootseer exec` with nothing to do imports no capability (and
+neither pyarrow nor libtorrent). Tests add a row by appending to `CAPABILITIES` before the table is read.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+
+def resolve(target: str) -> Any:
+    """The object a "module:name" (or "module:Class.attr") target names, imported now."""
+    module, _, name = target.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class StageEntry:
+    """A capability's stage in `bootseer exec`.
+
+    `run` takes a `StageContext` and returns a `StageResult`. `wanted` takes the capability's settings
+    section and says whether the stage has work (cheap and import-free: it lives on the settings class).
+    `order` is the position in the run; the table's order is the display order (summary line, report).
+    """
+
+    run: str
+    wanted: str
+    order: int
+
+
+@dataclass(frozen=True)
+class AgentTask:
+    """A kind of work the agent does after exec: `handler(task, agent)`, `task` being an instance of
+    the frozen dataclass `spec` names (its fields are what the stage hands over)."""
+
+    kind: str
+    handler: str
+    spec: str
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One row of the table.
+
+    - `name`: the stage name (`--skip NAME`, the summary line, the report's events) and the settings
+      section (`[name]` in bootseer.toml) unless `section` says otherwise;
+    - `label`: what the report calls the stage;
+    - `settings`: "module:Class" of the frozen settings section (fields declare unit, env var, help);
+    - `stage`: the stage, if the capability runs one in `exec`;
+    - `agent_tasks`: the after-exec work its stage hands to the agent;
+    - `gc_keep`: "module:function" `(store, policy, scan) -> None` that adds the digests the
+      capability's refs name to the keep set (and what its policy lets go to the doomed list); `gc_phase`
+      orders the passes (a pass that follows other refs' blobs, like the torrents, runs later);
+    - `prefetch`: "module:function" `(settings, store, cache, keys) -> list[Item]`, for `bootseer prefetch`;
+    - `doctor`: "module:function" `(settings) -> list[Check]`, for `bootseer doctor`.
+    """
+
+    name: str
+    label: str
+    settings: str
+    section: str = ""
+    stage: StageEntry | None = None
+    agent_tasks: tuple[AgentTask, ...] = ()
+    gc_keep: str = ""
+    gc_phase: int = 0
+    prefetch: str = ""
+    doctor: str = ""
+
+    @property
+    def section_name(self) -> str:
+        return self.section or self.name
+
+
+_S = "bootseer_cli.settings"
+
+
+def _task(kind: str, module: str, handler: str, spec: str) -> AgentTask:
+    return AgentTask(kind, f"bootseer_cli.{module}:{handler}", f"bootseer_cli.{module}:{spec}")
+
+
+# The table's order is the display order; `StageEntry.order` the run order. The env stage runs first:
+# a hot-block record taken on a warm node (or by `prewarm`) includes the files the env snapshot
+# restores, so the image stage must look at them after they are restored, or a fresh node would find
+# the record mostly stale and re-record instead of replaying.
+CAPABILITIES: list[Capability] = [
+    Capability(
+        "image",
+        "image (hot blocks)",
+        f"{_S}:ImageSettings",
+        stage=StageEntry("bootseer_cli.hotblocks.stage:run_stage", f"{_S}:ImageSettings.wanted", order=1),
+        agent_tasks=(
+            _task("hot-record", "hotblocks.agent_tasks", "record_task", "RecordTask"),
+            _task("hot-prefetch", "hotblocks.agent_tasks", "prefetch_task", "PrefetchTask"),
+            _task("hot-judge", "hotblocks.agent_tasks", "judge_task", "JudgeTask"),
+        ),
+        gc_keep="bootseer_cli.hotblocks.upkeep:gc_keep",
+        prefetch="bootseer_cli.hotblocks.upkeep:prefetch",
+        doctor="bootseer_cli.hotblocks.upkeep:doctor",
+    ),
+    Capability(
+        "env",
+        "env (snapshot)",
+        f"{_S}:EnvSettings",
+        stage=StageEntry("bootseer_cli.envsnap.stage:run_stage", f"{_S}:EnvSettings.wanted", order=0),
+        agent_tasks=(_task("env-publish", "envsnap.agent_tasks", "publish_task", "PublishTask"),),
+        gc_keep="bootseer_cli.envsnap.upkeep:gc_keep",
+        prefetch="bootseer_cli.envsnap.upkeep:prefetch",
+    ),
+    Capability(
+        "checkpoint",
+        "checkpoint",
+        f"{_S}:CheckpointSettings",
+        stage=StageEntry("bootseer_cli.stripe.stage:run_stage", f"{_S}:CheckpointSettings.wanted", order=2),
+        agent_tasks=(_task("ckpt-umount", "stripe.agent_tasks", "unmount_task", "UnmountTask"),),
+        gc_keep="bootseer_cli.stripe.upkeep:gc_keep",
+        prefetch="bootseer_cli.stripe.upkeep:prefetch",
+        doctor="bootseer_cli.stripe.upkeep:doctor",
+    ),
+    Capability(
+        "compile",
+        "compile (torch.compile caches)",
+        f"{_S}:CompileSettings",
+        stage=StageEntry("bootseer_cli.compilecache.stage:run_stage", f"{_S}:CompileSettings.wanted", order=3),
+        agent_tasks=(_task("compile-publish", "compilecache.tasks", "publish_task", "PublishTask"),),
+        gc_keep="bootseer_cli.compilecache.upkeep:gc_keep",
+    ),
+    Capability(
+        "p2p",
+        "p2p (swarm)",
+        f"{_S}:P2PSettings",
+        agent_tasks=(_task("seed", "p2p.seed", "run_seed", "SeedTask"),),
+        gc_keep="bootseer_cli.p2p.upkeep:gc_keep",
+        gc_phase=1,  # a torrent ref follows its blob: kept while another ref keeps the blob
+        doctor="bootseer_cli.p2p.upkeep:doctor",
+    ),
+]
+
+
+def stages() -> list[Capability]:
+    """The capabilities that run a stage, in display order."""
+    return [c for c in CAPABILITIES if c.stage is not None]
+
+
+def stage_names() -> tuple[str, ...]:
+    return tuple(c.name for c in stages())
+
+
+def run_order() -> list[Capability]:
+    return sorted(stages(), key=lambda c: c.stage.order if c.stage else 0)
+
+
+def agent_tasks() -> dict[str, AgentTask]:
+    """Task kind -> its declaration, over every capability."""
+    return {t.kind: t for c in CAPABILITIES for t in c.agent_tasks}
+
+
+def labels() -> dict[str, str]:
+    return {c.name: c.label for c in CAPABILITIES}
