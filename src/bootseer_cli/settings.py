@@ -258,3 +258,51 @@ def _compile(cfg: Config) -> CompileSettings:
         device=g("compile", "device"),
         publish=bool(g("compile", "publish")),
     )
+
+
+def settings_doc(settings: Settings) -> dict[str, dict[str, object]]:
+    """The settings as JSON-able sections, for the agent (agent.json): it gets what `exec` ran with
+    instead of reading a config file again. The store URI is left out (it may carry credentials, which
+    reach the agent through its environment only)."""
+    import dataclasses
+
+    def plain(v: object) -> object:
+        if isinstance(v, Path):
+            return str(v)
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return v
+
+    doc: dict[str, dict[str, object]] = {}
+    for f in dataclasses.fields(settings):
+        section = getattr(settings, f.name)
+        if dataclasses.is_dataclass(section):
+            doc[f.name] = {g.name: plain(getattr(section, g.name)) for g in dataclasses.fields(section)}
+    doc["store"].pop("uri", None)
+    doc["_"] = {"config_path": str(settings.config_path) if settings.config_path else None}
+    return doc
+
+
+def settings_from_doc(doc: dict[str, dict[str, object]], store_uri: str | None) -> Settings:
+    """`settings_doc` read back, with the store URI from where the agent has it (its environment)."""
+    import dataclasses
+    import typing
+
+    sections: dict[str, object] = {}
+    hints = typing.get_type_hints(Settings)
+    for name, cls in hints.items():
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)) or name not in doc:
+            continue
+        values = dict(doc[name])
+        if name == "store":
+            values["uri"] = store_uri
+        types = typing.get_type_hints(cls)
+        for k, v in list(values.items()):
+            t = str(types.get(k, ""))
+            if isinstance(v, list):
+                values[k] = tuple(v)
+            elif v is not None and "Path" in t:
+                values[k] = Path(str(v))
+        sections[name] = cls(**values)
+    path = doc.get("_", {}).get("config_path")
+    return Settings(**sections, config_path=Path(str(path)) if path else None)  # type: ignore[arg-type]
