@@ -1,8 +1,8 @@
-"""The `exec` pipeline, top to bottom: settings → the wanted stages (stage.STAGES, in run order) →
-summary line → agent → os.execvpe(launcher).
+"""The `exec` pipeline, top to bottom: settings → the wanted stages (the capability table's, in run
+order) → summary line → agent → os.execvpe(launcher).
 
-Each stage lives in its capability's package and is named in the table of `stage.py`, imported only
-when wanted, so `bootseer exec` with nothing to do imports neither pyarrow nor libtorrent. A stage
+Each stage lives in its capability's package and is named in the capability table (`capabilities.py`),
+imported only when wanted, so `bootseer exec` with nothing to do imports neither pyarrow nor libtorrent. A stage
 that fails for any reason other than a user's own setup failing is recorded, warned about, and
 skipped: the job still starts, by the slow path.
 """
@@ -15,17 +15,15 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .capabilities import Capability, resolve, run_order, stage_names
 from .errors import BootseerError, StageFatal
 from .events import RunInfo, record
 from .launcher import check_command, gpus_hint, node_rank_hint, resolve_command
 from .settings import Settings
-from .stage import STAGE_NAMES, StageContext, StageResult, run_order
+from .stage import StageContext, StageResult
 from .units import fmt_seconds
-
-if TYPE_CHECKING:
-    pass
 
 StageRow = tuple[str, StageResult | None, float]
 
@@ -39,11 +37,9 @@ def execute(settings: Settings, command: list[str], skip: set[str] | None = None
     t0 = time.time()
     check_command(command)
     skip = set(skip or ()) | set(settings.exec.skip)
-    unknown = skip - set(STAGE_NAMES)
-    if unknown:
-        raise BootseerError(f"--skip: unknown stage {sorted(unknown)[0]!r} (stages: {', '.join(STAGE_NAMES)})", 2)
+    check_skip(skip, settings)
     quiet = settings.exec.quiet
-    active = [s.name for s in run_order() if s.name not in skip and s.wanted(settings)]
+    active = [c.name for c in run_order() if c.name not in skip and wanted(c, settings)]
     if not active:
         _exec(command, resolve_command(command), os.environ)
         return
@@ -77,28 +73,48 @@ def _hand_over(ctx: StageContext) -> None:
         _upload_quietly(ctx)
 
 
+def check_skip(skip: set[str], settings: Settings) -> None:
+    """Every skipped name must be a stage; the message says where the bad name came from."""
+    names = stage_names()
+    for name in sorted(skip - set(names)):
+        where = "[exec] skip" if name in settings.exec.skip else "--skip"
+        import difflib
+
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise BootseerError(f"{where}: unknown stage {name!r} ({hint}stages: {', '.join(names)})", 2)
+
+
+def wanted(cap: Capability, settings: Settings) -> bool:
+    """Whether a capability's stage has work: its `wanted` predicate on its own settings section."""
+    assert cap.stage is not None
+    return bool(resolve(cap.stage.wanted)(settings.section(cap.section_name)))
+
+
 def run_stages(ctx: StageContext, skip: set[str]) -> list[StageRow]:
     """Each wanted stage in run order; the rows come back in display order (None: not run)."""
+    display = {name: i for i, name in enumerate(stage_names())}
     results: list[tuple[int, StageRow]] = []
-    for stage in run_order():
-        if stage.name in skip or not stage.wanted(ctx.settings):
-            results.append((stage.display, (stage.name, None, 0.0)))
+    for cap in run_order():
+        assert cap.stage is not None
+        if cap.name in skip or not wanted(cap, ctx.settings):
+            results.append((display[cap.name], (cap.name, None, 0.0)))
             continue
         start = time.time()
         try:
-            result = stage.run(ctx)
+            result = resolve(cap.stage.run)(ctx)
         except StageFatal:
-            record(ctx.run, stage.name, start, time.time(), "failed", reason="fatal")
+            record(ctx.run, cap.name, start, time.time(), "failed", reason="fatal")
             raise
         except KeyboardInterrupt:
             raise
         except Exception as e:  # a stage must never stop the job: warn and take the slow path
             reason = str(e) or type(e).__name__
-            ctx.warn(f"{stage.name} stage failed, continuing without it: {reason}")
+            ctx.warn(f"{cap.name} stage failed, continuing without it: {reason}")
             result = StageResult(outcome="failed", summary="failed", reason=reason)
         end = time.time()
-        _record_result(ctx.run, stage.name, start, end, result)
-        results.append((stage.display, (stage.name, result, end - start)))
+        _record_result(ctx.run, cap.name, start, end, result)
+        results.append((display[cap.name], (cap.name, result, end - start)))
     return [row for _, row in sorted(results, key=lambda r: r[0])]
 
 

@@ -1,23 +1,40 @@
-"""The frozen settings each capability reads, built once from the layered config.
+"""The frozen settings each capability reads, and how they are built from the layered config.
 
-`Config` (config.py) knows where every value came from, which `bootseer config` needs; the
-capabilities need none of that, only typed values. `Settings.from_config` is the one place that
-reads `cfg.get(...)`: a capability takes its own small dataclass (`EnvSettings`, `ImageSettings`, …),
-so its signature says which settings it depends on and a test can build one without a file.
-Relative paths are resolved here, against the config file's directory, as a user reading the file
-expects.
+Each section is a frozen dataclass whose fields declare themselves (settingspec.py): the field's name
+is the key in bootseer.toml, its metadata the kind, unit, environment variables, choices and help.
+`config.py` derives the schema, the checks and `bootseer config` from these classes, so a setting is
+written once. `Config` knows where every value came from; the capabilities need none of that, only
+typed values: a capability takes its own small section (`EnvSettings`, `ImageSettings`, …), so its
+signature says which settings it depends on and a test can build one without a file. The sections
+are the core ones here and one per row of the capability table (`section_classes`). Relative paths
+resolve against the config file's directory, as a user reading the file expects.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from .config import Config
 from .errors import BootseerError
 from .paths import default_mountpoint
+from .settingspec import (
+    Meta,
+    defaults_of,
+    flag,
+    integer,
+    location,
+    number,
+    seconds_or,
+    settings_of,
+    size_gb,
+    strings,
+    text,
+)
 
 
 def _resolve(base_dir: Path, p: str) -> str:
@@ -25,59 +42,98 @@ def _resolve(base_dir: Path, p: str) -> str:
     return str(path if path.is_absolute() else base_dir / path)
 
 
+class Origin(Protocol):
+    """What building a section may ask of the config besides the values: where a value came from."""
+
+    base_dir: Path
+
+    def is_set(self, section: str, key: str) -> bool: ...
+
+
+# ---- the core sections (every capability reads them) -----------------------------------------------
+
+
 @dataclass(frozen=True)
 class StoreSettings:
-    uri: str | None = None  # None: the embedded local store under the user cache dir
-    cache_dir: Path | None = None  # None: platformdirs user cache
-    cache_max_bytes: int = 50 << 30
+    uri: str | None = text(
+        None, "The store: file://, s3://, hdfs://, gs:// or a path (unset: a local store).", env=("BOOTSEER_STORE",)
+    )
+    cache_dir: Path | None = location(None, "The node-local blob cache (unset: the user cache directory).")
+    cache_max_gb: float = size_gb(50.0, "Bound on the node cache; least recently used blobs go first.")
+
+    @property
+    def cache_max_bytes(self) -> int:
+        return int(self.cache_max_gb * 10**9)
 
 
 @dataclass(frozen=True)
 class ExecSettings:
-    quiet: bool = False
-    skip: tuple[str, ...] = ()
-    agent: bool = True
+    quiet: bool = flag(False, "No summary line.", env=("BOOTSEER_QUIET",))
+    skip: tuple[str, ...] = strings((), "Stages not to run (see bootseer exec --help).")
+    agent: bool = flag(True, "Start the agent that serves mounts, seeds and uploads after exec.")
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    gpus_per_node: int | None = integer(
+        None, "GPUs per node for the report (unset: what the launcher said, else 8).", minimum=1
+    )
+
+
+# ---- the capabilities' sections ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ImageSettings:
-    enabled: bool = False  # `enabled = true`, or `record`/`roots` set by the user: see _image_enabled
-    ref: str | None = None
-    roots: tuple[str, ...] | None = None
-    record: str = "auto"
-    replay: str = "auto"  # "auto": skipped where a root's filesystem drops pages at every open
-    ready: str | float = "quiet"
-    prefetch_threads: int = 64
-    prefetch_mbps: float = 0.0
-    foreground_s: float = 10.0
-
-
-def _image_enabled(cfg: Config) -> bool:
-    """The image stage runs only when asked: its first start evicts the roots' page cache and records.
-
-    `enabled` decides when the user set it; else `record` or `roots` set by the user to a value other
-    than the default turn it on. A key that restates its default (`bootseer init` writes a few) never does.
-    """
-    from .config import SCHEMA
-
-    if cfg.source("image", "enabled") != "default":
-        return bool(cfg.get("image", "enabled"))
-    return any(
-        cfg.source("image", key) != "default" and cfg.get("image", key) != SCHEMA["image"][key][1]
-        for key in ("record", "roots")
+    enabled: bool = flag(False, "Record and replay the start's hot blocks (also on when record or roots is set).")
+    ref: str | None = text(
+        None, "The image, pinned by digest (unset: asked of the engine, else a fingerprint).", env=("BOOTSEER_IMAGE",)
     )
+    roots: tuple[str, ...] | None = strings(None, "Trees whose reads are recorded (unset: the interpreter's).")
+    record: str = text("auto", "When to record the hot blocks.", choices=("auto", "always", "never"))
+    replay: str = text(
+        "auto", "When to replay ('auto': not where the tree drops pages at open).", choices=("auto", "always", "never")
+    )
+    ready: str | float = seconds_or(
+        "quiet", "When a start is over: a ready() call, quiet reads, or seconds.", choices=("call", "quiet")
+    )
+    prefetch_threads: int = integer(64, "Streams at most for the replay.", minimum=1)
+    prefetch_mbps: float = number(0.0, "Cap on the background replay (0: none).", unit="MB/s")
+    foreground_s: float = number(10.0, "How long the replay may hold the launcher back.", unit="s")
+
+    def wanted(self) -> bool:
+        return self.enabled
+
+    @classmethod
+    def derive(cls, values: dict[str, object], origin: Origin) -> None:
+        """The image stage runs only when asked: its first start evicts the roots' page cache and records.
+
+        `enabled` decides when the user set it; else `record` or `roots` set by the user to a value other
+        than the default turn it on. A key that restates its default (`bootseer init` writes a few) never does.
+        """
+        if origin.is_set("image", "enabled"):
+            return
+        defaults = defaults_of(cls)
+        values["enabled"] = any(
+            origin.is_set("image", key) and values[key] != defaults[key] for key in ("record", "roots")
+        )
 
 
 @dataclass(frozen=True)
 class EnvSettings:
-    setup: tuple[str, ...] = ()
-    files: tuple[str, ...] = ()
-    roots: tuple[str, ...] | None = None  # as written; envsnap resolves them (default: sys.prefix)
-    extra_roots: tuple[str, ...] = ()
-    key_env: tuple[str, ...] = ()
-    wait_s: float = 600.0
-    lease_ttl_s: float = 60.0  # renewed every third of it while the builder works (and its agent uploads)
-    base_dir: Path = field(default_factory=Path.cwd)  # relative paths (roots, -r files) resolve here
+    setup: tuple[str, ...] = strings((), "The setup commands (pip install -r ...): what a snapshot captures.")
+    files: tuple[str, ...] = strings((), "Files whose bytes are part of the env key, besides those the setup names.")
+    roots: tuple[str, ...] | None = strings(None, "Trees the setup writes into (unset: the interpreter's prefix).")
+    extra_roots: tuple[str, ...] = strings((), "More trees to capture (compile caches, torch extensions).")
+    key_env: tuple[str, ...] = strings((), "Environment variables whose values are part of the env key.")
+    wait_s: float = number(600.0, "How long a node waits for another node's build of the same env.", unit="s")
+    lease_ttl_s: float = number(
+        60.0, "The builder's lease: another node builds this long after the builder died.", unit="s"
+    )
+    base_dir: Path = field(default_factory=Path.cwd)  # the config file's folder: relative paths resolve here
+
+    def wanted(self) -> bool:
+        return bool(self.setup)
 
     def resolve_path(self, p: str) -> Path:
         return Path(_resolve(self.base_dir, p))
@@ -99,50 +155,80 @@ class EnvSettings:
                 out.append(p)
         return [r for r in out if not any(r != o and r.startswith(o + "/") for o in out)]
 
+    @classmethod
+    def derive(cls, values: dict[str, object], origin: Origin) -> None:
+        values["base_dir"] = origin.base_dir
+
 
 @dataclass(frozen=True)
 class CheckpointSettings:
-    name: str | None = None
-    tag: str = "latest"
-    # resolved against the config file's directory; default: a private per-user runtime directory
-    mountpoint: str = field(default_factory=default_mountpoint)
-    mode: str = "mount"
-    targets: tuple[str, ...] = ()
-    stripes: int = 4
-    cell_size: int = 1 << 20
-    allow_other: bool = False  # FUSE allow_other: other local users may read the mount
+    name: str | None = text(None, "The checkpoint to mount or pull (unset: none).")
+    tag: str = text("latest", "Its tag.", pattern=r".+")
+    mountpoint: str = field(
+        default_factory=default_mountpoint,
+        metadata={"setting": Meta("path", "Where it is mounted (unset: a private per-user runtime directory).")},
+    )
+    mode: str = text("mount", "Mount it through FUSE, or pull it to local disk.", choices=("mount", "pull"))
+    targets: tuple[str, ...] = strings((), "Storage targets the stripes spread over (unset: the store).")
+    stripes: int = integer(4, "Stripes a pushed checkpoint is cut into.", minimum=1)
+    cell_size: int = integer(1 << 20, "Bytes dealt to one stripe at a time.", unit="B", minimum=1)
+    allow_other: bool = flag(False, "FUSE allow_other: other local users may read the mount.")
+
+    def wanted(self) -> bool:
+        return bool(self.name)
 
 
 @dataclass(frozen=True)
 class P2PSettings:
-    enabled: bool = False
-    port: str = "6881-6891"
-    peers: tuple[str, ...] = ()
-    seed_s: float = 300.0
-    origin_mbps: float = 0.0
-    deadline_s: float = 30.0
-    host: str | None = None  # address to listen on and announce; None: the one that routes to the store
-    listen: str | None = None  # address the listener binds; None: the announced one (0.0.0.0 only if set so)
-
-
-@dataclass(frozen=True)
-class ReportSettings:
-    # None when the config does not set it: the report then uses what the launcher said, else 8
-    gpus_per_node: int | None = None
+    enabled: bool = flag(False, "Fetch blobs from the job's swarm (libtorrent) before the store.")
+    port: str = text(
+        "6881-6891", "Port, or range of ports, to listen on.", pattern=r"\d{1,5}(-\d{1,5})?", example="6881-6891"
+    )
+    peers: tuple[str, ...] = strings((), "host:port of peers to try first.", env=("BOOTSEER_PEERS",))
+    seed_s: float = number(300.0, "How long the agent seeds after the launcher ended.", unit="s")
+    origin_mbps: float = number(0.0, "Cap on what the first node serves (0: none).", unit="MB/s")
+    deadline_s: float = number(30.0, "How long a swarm fetch may take before the store serves it.", unit="s")
+    host: str | None = text(None, "Address to listen on and announce (unset: the one that routes to the store).")
+    listen: str | None = text(None, "Address the listener binds (unset: the announced one).")
 
 
 @dataclass(frozen=True)
 class CompileSettings:
-    enabled: bool = False
-    cache_dir: Path | None = None  # None: <user cache>/compile; one subdirectory per compile key
-    max_bytes: int = 10 * 10**9  # decimal GB, like every size bootseer prints
-    device: str | None = None  # None: detected
-    publish: bool = True
+    enabled: bool = flag(False, "Restore torch.compile caches for the compile key, and publish new ones.")
+    cache_dir: Path | None = location(None, "Node-local compile caches (unset: under the user cache directory).")
+    max_gb: float = size_gb(10.0, "Bound on the published cache (least recently used entries out first).")
+    device: str | None = text(None, "The device kind in the key (unset: detected).")
+    publish: bool = flag(True, "Publish what the run added.")
+
+    def wanted(self) -> bool:
+        return self.enabled
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.max_gb * 10**9)
+
+
+CORE_SECTIONS: dict[str, type] = {"store": StoreSettings, "exec": ExecSettings, "report": ReportSettings}
+
+
+def section_classes() -> dict[str, type]:
+    """Every settings section, by its name in bootseer.toml: the core ones, then one per capability row."""
+    from .capabilities import CAPABILITIES, resolve
+
+    out = dict(CORE_SECTIONS)
+    for cap in CAPABILITIES:
+        if cap.settings:
+            out[cap.section_name] = resolve(cap.settings)
+    return out
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Every capability's settings, plus the config file they came from (for the agent and `-v`)."""
+    """Every section's settings, plus the config file they came from (for `-v`).
+
+    The sections bootseer ships are typed attributes; a section added by a capability row that is not
+    one of them (a test's toy capability, a plugin) is in `extra`; `section(name)` answers for both.
+    """
 
     store: StoreSettings = field(default_factory=StoreSettings)
     exec: ExecSettings = field(default_factory=ExecSettings)
@@ -152,157 +238,89 @@ class Settings:
     p2p: P2PSettings = field(default_factory=P2PSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
     compile: CompileSettings = field(default_factory=CompileSettings)
+    extra: Mapping[str, object] = field(default_factory=dict)
     config_path: Path | None = None
 
+    def section(self, name: str) -> object:
+        return getattr(self, name) if name in _TYPED else self.extra[name]
+
+    def sections(self) -> dict[str, object]:
+        return {**{n: getattr(self, n) for n in _TYPED}, **self.extra}
+
     @classmethod
-    def from_config(cls, cfg: Config) -> Settings:
-        return cls(
-            store=_store(cfg),
-            exec=ExecSettings(
-                quiet=bool(cfg.get("exec", "quiet")),
-                skip=tuple(cfg.get("exec", "skip")),
-                agent=bool(cfg.get("exec", "agent")),
-            ),
-            image=_image(cfg),
-            env=_env(cfg),
-            checkpoint=_checkpoint(cfg),
-            p2p=_p2p(cfg),
-            report=ReportSettings(
-                gpus_per_node=int(cfg.get("report", "gpus_per_node"))
-                if cfg.source("report", "gpus_per_node") != "default"
-                else None
-            ),
-            compile=_compile(cfg),
-            config_path=cfg.path,
-        )
+    def from_config(cls, cfg: ConfigLike) -> Settings:
+        typed: dict[str, object] = {}
+        extra: dict[str, object] = {}
+        for name, section_cls in section_classes().items():
+            built = build_section(section_cls, name, cfg.values(name), cfg)
+            (typed if name in _TYPED else extra)[name] = built
+        return cls(**typed, extra=extra, config_path=cfg.path)  # type: ignore[arg-type]
 
 
-# One builder per section: the only readers of `cfg.get`.
+_TYPED = ("store", "exec", "image", "env", "checkpoint", "p2p", "report", "compile")
 
 
-def _store(cfg: Config) -> StoreSettings:
-    cache_dir = cfg.get("store", "cache_dir")
-    return StoreSettings(
-        uri=cfg.get("store", "uri"),
-        cache_dir=Path(cache_dir).expanduser() if cache_dir else None,
-        cache_max_bytes=int(cfg.get("store", "cache_max_gb") * (1 << 30)),
-    )
+class ConfigLike(Origin, Protocol):
+    path: Path | None
+
+    def values(self, section: str) -> dict[str, object]: ...
 
 
-def _image(cfg: Config) -> ImageSettings:
-    g = cfg.get
-    roots = g("image", "roots")
-    return ImageSettings(
-        enabled=_image_enabled(cfg),
-        ref=g("image", "ref"),
-        roots=tuple(roots) if roots is not None else None,
-        record=g("image", "record"),
-        replay=g("image", "replay"),
-        ready=g("image", "ready"),
-        prefetch_threads=int(g("image", "prefetch_threads")),
-        prefetch_mbps=float(g("image", "prefetch_mbps")),
-        foreground_s=float(g("image", "foreground_s")),
-    )
+def build_section(cls: type, name: str, values: Mapping[str, object], origin: Origin) -> object:
+    """One section from checked config values: lists become tuples, paths resolve against the config file's
+    folder, and the class's own `derive` fills what follows from the others."""
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    out: dict[str, object] = {}
+    for key, meta in settings_of(cls).items():
+        v = values.get(key)
+        if v is None:
+            continue  # unset: the field's own default (or default factory) applies
+        if meta.kind == "list":
+            v = tuple(v)  # type: ignore[call-overload]
+        elif meta.kind == "path":
+            resolved = _resolve(origin.base_dir, str(v))
+            v = Path(resolved) if "Path" in types[key] else resolved
+        out[key] = v
+    derive = getattr(cls, "derive", None)
+    if derive is not None:
+        derive(out, origin)
+    return cls(**out)
 
 
-def _env(cfg: Config) -> EnvSettings:
-    g = cfg.get
-    roots = g("env", "roots")
-    return EnvSettings(
-        setup=tuple(g("env", "setup")),
-        files=tuple(g("env", "files")),
-        roots=tuple(roots) if roots is not None else None,
-        extra_roots=tuple(g("env", "extra_roots")),
-        key_env=tuple(g("env", "key_env")),
-        wait_s=float(g("env", "wait_s")),
-        lease_ttl_s=float(g("env", "lease_ttl_s")),
-        base_dir=cfg.base_dir,
-    )
-
-
-def _checkpoint(cfg: Config) -> CheckpointSettings:
-    g = cfg.get
-    return CheckpointSettings(
-        name=g("checkpoint", "name"),
-        tag=g("checkpoint", "tag") or "latest",
-        mountpoint=_resolve(cfg.base_dir, g("checkpoint", "mountpoint") or default_mountpoint()),
-        mode=g("checkpoint", "mode"),
-        targets=tuple(g("checkpoint", "targets")),
-        stripes=int(g("checkpoint", "stripes")),
-        cell_size=int(g("checkpoint", "cell_size")),
-        allow_other=bool(g("checkpoint", "allow_other")),
-    )
-
-
-def _p2p(cfg: Config) -> P2PSettings:
-    g = cfg.get
-    return P2PSettings(
-        enabled=bool(g("p2p", "enabled")),
-        port=str(g("p2p", "port")),
-        peers=tuple(g("p2p", "peers")),
-        seed_s=float(g("p2p", "seed_s")),
-        origin_mbps=float(g("p2p", "origin_mbps")),
-        deadline_s=float(g("p2p", "deadline_s")),
-        host=g("p2p", "host"),
-        listen=g("p2p", "listen"),
-    )
-
-
-def _compile(cfg: Config) -> CompileSettings:
-    g = cfg.get
-    cache_dir = g("compile", "cache_dir")
-    return CompileSettings(
-        enabled=bool(g("compile", "enabled")),
-        cache_dir=Path(_resolve(cfg.base_dir, cache_dir)) if cache_dir else None,
-        max_bytes=int(g("compile", "max_gb") * 10**9),
-        device=g("compile", "device"),
-        publish=bool(g("compile", "publish")),
-    )
+def _plain(v: object) -> object:
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    return v
 
 
 def settings_doc(settings: Settings) -> dict[str, dict[str, object]]:
     """The settings as JSON-able sections, for the agent (agent.json): it gets what `exec` ran with
     instead of reading a config file again. The store URI is left out (it may carry credentials, which
     reach the agent through its environment only)."""
-    import dataclasses
-
-    def plain(v: object) -> object:
-        if isinstance(v, Path):
-            return str(v)
-        if isinstance(v, tuple):
-            return [plain(x) for x in v]
-        return v
-
     doc: dict[str, dict[str, object]] = {}
-    for f in dataclasses.fields(settings):
-        section = getattr(settings, f.name)
-        if dataclasses.is_dataclass(section):
-            doc[f.name] = {g.name: plain(getattr(section, g.name)) for g in dataclasses.fields(section)}
+    for name, section in settings.sections().items():
+        doc[name] = {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)}  # type: ignore[arg-type]
     doc["store"].pop("uri", None)
     doc["_"] = {"config_path": str(settings.config_path) if settings.config_path else None}
     return doc
 
 
-def settings_from_doc(doc: dict[str, dict[str, object]], store_uri: str | None) -> Settings:
+def settings_from_doc(doc: Mapping[str, Mapping[str, object]], store_uri: str | None) -> Settings:
     """`settings_doc` read back, with the store URI from where the agent has it (its environment)."""
-    import dataclasses
-    import typing
-
-    sections: dict[str, object] = {}
-    hints = typing.get_type_hints(Settings)
-    for name, cls in hints.items():
-        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)) or name not in doc:
-            continue
-        values = dict(doc[name])
+    typed: dict[str, object] = {}
+    extra: dict[str, object] = {}
+    for name, cls in section_classes().items():
+        values = dict(doc.get(name, {}))
         if name == "store":
             values["uri"] = store_uri
-        types = typing.get_type_hints(cls)
-        for k, v in list(values.items()):
-            t = str(types.get(k, ""))
+        for f in dataclasses.fields(cls):
+            v = values.get(f.name)
             if isinstance(v, list):
-                values[k] = tuple(v)
-            elif v is not None and "Path" in t:
-                values[k] = Path(str(v))
-        sections[name] = cls(**values)
+                values[f.name] = tuple(v)
+            elif v is not None and "Path" in str(f.type):
+                values[f.name] = Path(str(v))
+        (typed if name in _TYPED else extra)[name] = cls(**values)
     path = doc.get("_", {}).get("config_path")
-    return Settings(**sections, config_path=Path(str(path)) if path else None)  # type: ignore[arg-type]
+    return Settings(**typed, extra=extra, config_path=Path(str(path)) if path else None)  # type: ignore[arg-type]

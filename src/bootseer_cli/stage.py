@@ -1,21 +1,19 @@
-"""The stage contract: what `bootseer exec` hands a stage, what a stage hands back, and the table of stages.
+"""The stage contract: what `bootseer exec` hands a stage, and what a stage hands back.
 
 A stage lives in its capability's package (`envsnap/stage.py`, …) and depends on this module only,
-never on the pipeline that drives it (`launch.py`). Adding a stage is one `Stage` entry in `STAGES`
-plus its package: the summary line, `--skip`, the run order and the report follow from the table.
-Stages are named here by "module:function" and imported only when wanted, so `bootseer exec` with
-nothing to do imports neither pyarrow nor libtorrent.
+never on the pipeline that drives it (`launch.py`). Which stages exist, in which order, is the
+capability table's business (`capabilities.py`), not this module's: a contract that imports no
+capability cannot close an import circle through one.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import BootseerError, StoreError
+from .errors import StoreError
 from .events import RunInfo
 from .settings import Settings
 
@@ -101,35 +99,3 @@ class StageContext:
 
     def add_agent_task(self, kind: str, **params: Any) -> None:
         self.agent_tasks.append({"kind": kind, **params})
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One stage of `exec`: where it shows (`display`), when it runs (`order`), whether it has work."""
-
-    name: str
-    display: int  # position in the summary line and the report
-    order: int  # position in the run
-    wanted: Callable[[Settings], bool]  # cheap and import-free
-    target: str  # "module:function" taking a StageContext, returning a StageResult
-
-    def run(self, ctx: StageContext) -> StageResult:
-        module, func = self.target.split(":")
-        return getattr(importlib.import_module(module), func)(ctx)
-
-
-# The env stage runs first: a hot-block record taken on a warm node (or by `prewarm`) includes the
-# files the env snapshot restores, so the image stage must look at them after they are restored, or
-# a fresh node would find the record mostly stale and re-record instead of replaying.
-STAGES: tuple[Stage, ...] = (
-    Stage("image", 0, 1, lambda s: s.image.enabled, "bootseer_cli.hotblocks.stage:run_stage"),
-    Stage("env", 1, 0, lambda s: bool(s.env.setup), "bootseer_cli.envsnap.stage:run_stage"),
-    Stage("checkpoint", 2, 2, lambda s: bool(s.checkpoint.name), "bootseer_cli.stripe.stage:run_stage"),
-    Stage("compile", 3, 3, lambda s: s.compile.enabled, "bootseer_cli.compilecache.stage:run_stage"),
-)
-
-STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in sorted(STAGES, key=lambda s: s.display))
-
-
-def run_order() -> list[Stage]:
-    return sorted(STAGES, key=lambda s: s.order)

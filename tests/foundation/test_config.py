@@ -65,10 +65,10 @@ def test_config_found_in_cwd_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ("[env]\nsetup = [\n", "invalid TOML"),
         ('[env]\nsetpu = ["x"]\n', "bootseer.toml:2: unknown key 'setpu' in [env]"),
         ("[nope]\nx = 1\n", "bootseer.toml:1: unknown section [nope]"),
-        ('[env]\nwait_s = "soon"\n', "[env] wait_s must be float"),
+        ('[env]\nwait_s = "soon"\n', "[env] wait_s must be a number of seconds >= 0"),
         ('\n\n[image]\nrecord = "sometimes"\n', "bootseer.toml:4: [image] record must be one of auto, always, never"),
-        ("[env]\nsetup = [1, 2]\n", "[env] setup must be list[str]"),
-        ("[p2p]\nenabled = 1\n", "[p2p] enabled must be bool"),
+        ("[env]\nsetup = [1, 2]\n", "[env] setup must be a list of strings"),
+        ("[p2p]\nenabled = 1\n", "[p2p] enabled must be true or false"),
     ],
 )
 def test_bad_files_name_key_and_line(tmp_path: Path, text: str, needle: str) -> None:
@@ -156,3 +156,60 @@ def test_init_config_leaves_the_image_stage_off(tmp_path: Path) -> None:
     runs = list((tmp_path / "cache").rglob("events.jsonl"))
     stages = {json.loads(line)["stage"] for f in runs for line in f.read_text().splitlines()}
     assert "env" in stages and "image" not in stages, stages
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        # Each passed `bootseer config` before and failed later, in a stage (issue 29, item 8).
+        (
+            '[image]\nready = "soon"\n',
+            "bootseer.toml:2: [image] ready must be one of call, quiet or a number of seconds",
+        ),
+        ('[p2p]\nport = "abc"\n', "bootseer.toml:2: [p2p] port must be text (like 6881-6891)"),
+        ("[store]\ncache_max_gb = -5\n", "[store] cache_max_gb must be a number of GB (decimal: 10^9 bytes) >= 0"),
+        ("[checkpoint]\nstripes = 0\n", "[checkpoint] stripes must be a whole number >= 1"),
+        ('[evn]\nsetup = ["x"]\n', "unknown section [evn] (did you mean [env]?)"),
+        ('[env]\nsetpu = ["x"]\n', "unknown key 'setpu' in [env] (did you mean setup?)"),
+    ],
+)
+def test_every_value_is_checked_at_load(tmp_path: Path, text: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(write(tmp_path, text))
+    assert needle in str(err.value)
+
+
+def test_an_unknown_bootseer_variable_is_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = load(write(tmp_path, ""), environ={"BOOTSEER_ENV_WAITS": "5", "BOOTSEER_RUN_ID": "r1"})
+    err = capsys.readouterr().err
+    assert "BOOTSEER_ENV_WAITS is not a bootseer setting, ignored (did you mean BOOTSEER_ENV_WAIT_S?)" in err
+    assert "BOOTSEER_RUN_ID" not in err  # a fact for the launcher, not a setting
+    assert cfg.get("env", "wait_s") == 600.0
+
+
+def test_sizes_are_decimal_gb_and_the_old_meaning_is_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bootseer_cli.settings import Settings
+    from bootseer_cli.units import fmt_bytes
+
+    default = Settings.from_config(load(write(tmp_path, "")))
+    assert fmt_bytes(default.store.cache_max_bytes) == "50.0 GB"  # was 53.7 GB: GiB counted as GB
+    assert fmt_bytes(default.compile.max_bytes) == "10.0 GB"
+    assert "cache_max_gb" not in capsys.readouterr().err  # nothing to say about a default
+    settings = Settings.from_config(load(write(tmp_path, "[store]\ncache_max_gb = 2\n")))
+    assert settings.store.cache_max_bytes == 2 * 10**9
+    assert "[store] cache_max_gb now counts decimal GB" in capsys.readouterr().err
+
+
+def test_bootseer_config_prints_each_unit_beside_its_value(tmp_path: Path) -> None:
+    write(tmp_path, "[store]\ncache_max_gb = 2\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "bootseer_cli", "config"], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert (
+        "cache_max_gb = 2.0    # file:" in r.stdout
+        and "GB" in r.stdout.split("cache_max_gb = 2.0", 1)[1].split("\n")[0]
+    )
+    assert "max_gb = 10.0    # default · GB" in r.stdout

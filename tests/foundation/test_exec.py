@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli import events, launch, stage
+from bootseer_cli import capabilities, events, launch
 from bootseer_cli.config import load
-from bootseer_cli.errors import StoreError
+from bootseer_cli.errors import StageFatal, StoreError
 from bootseer_cli.events import RunInfo
 from bootseer_cli.settings import Settings
 from bootseer_cli.stage import StageContext
@@ -133,7 +133,7 @@ def test_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
     r = run(["exec", "--", "true"], cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
-    assert "[env] setup must be list[str]" in r.stderr
+    assert "[env] setup must be a list of strings" in r.stderr
 
 
 def test_unknown_skip_stage(tmp_path: Path) -> None:
@@ -173,13 +173,22 @@ def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StageContext:
     return StageContext(settings=Settings.from_config(cfg), run=RunInfo.new(), command=["true"])
 
 
+def swap_stages(monkeypatch: pytest.MonkeyPatch, funcs: dict[str, str]) -> None:
+    """Replace stage functions (by capability name) in the one capability table."""
+    table = [
+        dataclasses.replace(
+            c, stage=dataclasses.replace(c.stage, run=f"tests.foundation.stages_for_tests:{funcs[c.name]}")
+        )
+        if c.name in funcs and c.stage
+        else c
+        for c in capabilities.CAPABILITIES
+    ]
+    monkeypatch.setattr(capabilities, "CAPABILITIES", table)
+
+
 def use_stage(monkeypatch: pytest.MonkeyPatch, func: str) -> None:
-    """Replace the checkpoint stage's function in the one table of stages."""
-    table = tuple(
-        dataclasses.replace(s, target=f"tests.foundation.stages_for_tests:{func}") if s.name == "checkpoint" else s
-        for s in stage.STAGES
-    )
-    monkeypatch.setattr(stage, "STAGES", table)
+    """Replace the checkpoint stage's function."""
+    swap_stages(monkeypatch, {"checkpoint": func})
 
 
 def test_stage_result_is_recorded(ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -286,15 +295,18 @@ def test_env_runs_before_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["true"]\n[image]\nrecord = "never"\n')
-    swap = {"env": "note_env", "image": "note_image"}
-    table = tuple(
-        dataclasses.replace(s, target=f"tests.foundation.stages_for_tests:{swap[s.name]}") if s.name in swap else s
-        for s in stage.STAGES
-    )
-    monkeypatch.setattr(stage, "STAGES", table)
+    swap_stages(monkeypatch, {"env": "note_env", "image": "note_image"})
     stages_for_tests.CALLS.clear()
     cfg = load()
     ctx = StageContext(settings=Settings.from_config(cfg), run=RunInfo.new(), command=["true"])
     results = launch.run_stages(ctx, set())
     assert stages_for_tests.CALLS == ["env", "image"]
     assert [name for name, _, _ in results] == ["image", "env", "checkpoint", "compile"]
+
+
+def test_skip_in_the_config_is_blamed_on_the_config(tmp_path: Path) -> None:
+    """`[exec] skip = ["imgae"]` used to blame a `--skip` flag nobody passed (issue 29, item 8)."""
+    (tmp_path / "bootseer.toml").write_text('[exec]\nskip = ["imgae"]\n')
+    r = run(["exec", "--", "true"], cwd=tmp_path)
+    assert r.returncode == 2 and "[exec] skip: unknown stage 'imgae' (did you mean 'image'?" in r.stderr
+    assert "--skip" not in r.stderr

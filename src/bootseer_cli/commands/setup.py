@@ -77,18 +77,22 @@ def _config_text(cfg: Config) -> str:
     actually used."""
     from ..paths import blob_cache_dir, default_store_uri
 
+    from ..config import schema
+
+    spec = schema()
     lines = [f"# config file: {cfg.path or '(none: defaults and environment only)'}"]
     for section, keys in cfg.settings.items():
         lines.append(f"[{section}]")
         for key, s in keys.items():
+            unit = spec[section][key].unit
             if s.value is not None:
-                lines.append(f"{key} = {_toml_value(_shown(s.value))}    # {s.source}")
+                lines.append(f"{key} = {_toml_value(_shown(s.value))}    # {s.source}" + (f" · {unit}" if unit else ""))
             elif (section, key) == ("store", "uri"):
                 lines.append(f"# {key} = (unset: the local store {default_store_uri()})")
             elif (section, key) == ("store", "cache_dir"):
                 lines.append(f"# {key} = (unset: {blob_cache_dir()})")
             else:
-                lines.append(f"# {key} = (unset)")
+                lines.append(f"# {key} = (unset: {spec[section][key].help.rstrip('.')})")
         lines.append("")
     return "\n".join(lines)
 
