@@ -75,9 +75,8 @@ def _config_text(cfg: Config) -> str:
 
     An unset value is a comment saying what applies instead, so the output parses and shows the store
     actually used."""
-    from ..paths import blob_cache_dir, default_store_uri
-
     from ..config import schema
+    from ..paths import blob_cache_dir, default_store_uri
 
     spec = schema()
     lines = [f"# config file: {cfg.path or '(none: defaults and environment only)'}"]

@@ -22,8 +22,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BootseerError
-from ..errors import StageFatal
+from ..errors import BootseerError, StageFatal
 from ..stage import StageContext, StageResult
 from ..units import fmt_bytes
 
