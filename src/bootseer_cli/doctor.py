@@ -5,24 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import BootseerError
 from .units import fmt_bytes
+from .upkeep import Check
 
 if TYPE_CHECKING:
-    from .settings import ImageSettings, P2PSettings, Settings, StoreSettings
-
-
-@dataclass
-class Check:
-    """One line of `bootseer doctor`: what was checked, how it went, and how to fix it when it did not."""
-
-    name: str
-    status: str  # ok | warn | fail
-    detail: str
-    fix: str = ""
+    from .settings import Settings, StoreSettings
 
 
 def check_store(settings: StoreSettings) -> Check:
@@ -43,32 +33,6 @@ def check_store(settings: StoreSettings) -> Check:
             "check [store] uri, the credentials and that the server is up",
         )
     return Check("store", "ok", f"{store.uri} is reachable and writable")
-
-
-def check_fuse() -> Check:
-    if not os.path.exists("/dev/fuse"):
-        return Check(
-            "fuse",
-            "warn",
-            "/dev/fuse is missing: checkpoints can be pulled, not mounted",
-            "load the fuse module, or give the container --device /dev/fuse --cap-add SYS_ADMIN",
-        )
-    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        return Check(
-            "fuse", "warn", "/dev/fuse is not readable and writable by this user", "add the user to group fuse"
-        )
-    if shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
-        return Check(
-            "fuse", "warn", "fusermount3 is not installed (needed to unmount as non-root)", "apt-get install fuse3"
-        )
-    try:
-        import ctypes.util
-
-        if ctypes.util.find_library("fuse3") is None and ctypes.util.find_library("fuse") is None:
-            return Check("fuse", "warn", "libfuse is not installed", "apt-get install fuse3")
-    except OSError:  # find_library runs ldconfig/gcc; a machine without them is not a FUSE failure
-        pass
-    return Check("fuse", "ok", "/dev/fuse and libfuse are usable")
 
 
 def check_cache(settings: StoreSettings) -> Check:
@@ -111,28 +75,6 @@ def _no_docker(sock: str, e: Exception) -> Check:
     )
 
 
-def check_p2p(settings: P2PSettings) -> Check:
-    spec = settings.port
-    lo, _, hi = spec.partition("-")
-    try:
-        ports = range(int(lo), int(hi or lo) + 1)
-    except ValueError:
-        return Check("p2p", "fail", f"[p2p] port {spec!r} is not a port or a range", 'use e.g. port = "6881-6891"')
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return Check("p2p", "ok", f"TCP port {port} is free for the swarm")
-    return Check(
-        "p2p",
-        "warn" if not settings.enabled else "fail",
-        f"no free TCP port in {spec}",
-        "pick another [p2p] port range",
-    )
-
-
 def check_hostname(timeout_s: float = 2.0) -> Check:
     """Does this node's hostname resolve? torchrun's rendezvous looks it up and hangs for minutes when not
     (`--network none`, a container without --hostname/--add-host). Bounded: the lookup runs in a daemon
@@ -165,31 +107,12 @@ def check_hostname(timeout_s: float = 2.0) -> Check:
     )
 
 
-def check_image_roots(image: ImageSettings) -> list[Check]:
-    """One line per image root: does its filesystem keep a file's pages across opens (hotblocks/probe.py)?"""
-    from .hotblocks.probe import probe_roots
-    from .hotblocks.roots import resolve_roots
-
-    out = []
-    for p in probe_roots(resolve_roots(image)):
-        if p.keeps:
-            out.append(Check("image root", "ok", p.line()))
-        elif p.drops:
-            fix = 'replay is skipped here; set [image] replay = "always" if the loader keeps its own cache'
-            out.append(Check("image root", "warn", p.line(), fix))
-        else:
-            out.append(Check("image root", "warn", p.line(), "check that the root is readable"))
-    return out
-
-
 def run_checks(settings: Settings) -> list[Check]:
-    """Every check, in the order `bootseer doctor` prints them."""
-    return [
-        check_store(settings.store),
-        check_fuse(),
-        check_cache(settings.store),
-        check_docker(),
-        check_p2p(settings.p2p),
-        check_hostname(),
-        *check_image_roots(settings.image),
-    ]
+    """The machine's checks, then each capability's (its `doctor` hook), in the order `bootseer doctor` prints them."""
+    from .capabilities import CAPABILITIES, resolve
+
+    checks = [check_store(settings.store), check_cache(settings.store), check_docker(), check_hostname()]
+    for cap in CAPABILITIES:  # each capability checks what it needs of this machine
+        if cap.doctor:
+            checks += resolve(cap.doctor)(settings)
+    return checks

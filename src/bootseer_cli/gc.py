@@ -1,15 +1,14 @@
 """Garbage collection of the store (`bootseer gc`): keep policies, then the blobs nothing names any more.
 
-What goes, by kind:
+What goes, by kind. Each capability says what of its own goes, in the `gc_keep` hook its row of the
+capability table names (its package's `upkeep.py`); this module knows no capability:
 
-- `env` and `hot` refs (snapshots, hot-block records) not used for `keep_days`. "Used" is the newest
-  of the ref's `created`, its `used` (refreshed by the stages at most once a day, `touch_used`) and
-  the ref file's own modification time.
+- `env` and `hot` refs (snapshots, hot-block records) not used for `keep_days` (`upkeep.aged_refs`).
 - `compile` keys whose every entry was last used more than `keep_days` ago (all shards of the key).
 - `ckpt` tags beyond the newest `keep_tags` of each name (the tag `latest.json` names is always kept).
+- `torrent` refs whose blob is no longer kept and which are older than `keep_days` (a later phase).
 - `events` files older than `keep_days`; node-local run directories older than `keep_days` whose agent
   has ended (they are this node's, not the store's).
-- `torrent` refs whose blob is no longer kept and which are older than `keep_days`.
 - Every blob no remaining ref, compile entry or manifest names ("orphans"), and checkpoint stripes on
   other targets that no remaining manifest names.
 
@@ -24,79 +23,19 @@ gc (even one reusing an orphan blob) keeps its blob.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import shutil
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, IntegrityError, StoreError
+from .capabilities import CAPABILITIES, resolve
+from .errors import StoreError
 from .procs import pid_alive
+from .upkeep import DAY_S, KEEP_EVERYTHING, Doomed, Policy, Scan, is_digest, number
 
 if TYPE_CHECKING:
     from .store import Store
-
-DAY_S = 86400.0
-DEFAULT_KEEP_DAYS = 30.0
-DEFAULT_KEEP_TAGS = 5
-GRACE_S = 3600.0
-_HEX = frozenset("0123456789abcdef")
-# Blob-naming ref kinds with a keep-days policy (the torrent refs follow their blob, compile is sharded).
-_AGED_KINDS = ("env", "hot")
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How much to keep. `now` is a parameter so that a test can age things without waiting."""
-
-    keep_days: float = DEFAULT_KEEP_DAYS
-    keep_tags: int = DEFAULT_KEEP_TAGS
-    grace_s: float = GRACE_S
-    now: float = field(default_factory=time.time)
-
-    def __post_init__(self) -> None:
-        if not self.keep_days >= 0:
-            raise ConfigError(f"--keep-days {self.keep_days}: expected a number of days >= 0")
-        if self.keep_tags < 1:
-            raise ConfigError(f"--keep-tags {self.keep_tags}: keep at least the newest tag (>= 1)")
-
-    @property
-    def cutoff(self) -> float:
-        return self.now - self.keep_days * DAY_S
-
-
-KEEP_EVERYTHING = Policy(keep_days=math.inf, keep_tags=1 << 30)
-
-
-@dataclass(frozen=True)
-class Doomed:
-    """One thing gc removes: store paths on `target` ("" = the main store) or a node-local directory."""
-
-    kind: str  # env | hot | compile | torrent | ckpt | events | stripe | blob | run
-    name: str
-    bytes: int
-    rels: tuple[str, ...] = ()
-    target: str = ""
-    local: str = ""
-    last_used: float = 0.0
-
-    def as_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "bytes": self.bytes, "last_used": self.last_used or None}
-
-
-@dataclass
-class Scan:
-    """What one pass over the store found: what goes (blobs aside), and the names still in use."""
-
-    doomed: list[Doomed] = field(default_factory=list)
-    live: set[str] = field(default_factory=set)  # blob digests on the main store still named
-    live_stripes: set[tuple[str, str]] = field(default_factory=set)  # (target, digest) off the main store
-    held: list[str] = field(default_factory=list)  # why something old was kept (leases)
-    building: bool = False  # a live env build lease: orphan blobs wait for the next gc
-    lease_digests: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -117,26 +56,6 @@ class Plan:
         return out
 
 
-def _is_digest(v: object) -> bool:
-    return isinstance(v, str) and len(v) == 64 and set(v) <= _HEX
-
-
-def _digests(doc: object) -> Iterator[str]:
-    """Every sha256 digest a ref document names, wherever it sits (`blob`, `torrent`, extras)."""
-    if _is_digest(doc):
-        yield str(doc)
-    elif isinstance(doc, dict):
-        for v in doc.values():
-            yield from _digests(v)
-    elif isinstance(doc, list):
-        for v in doc:
-            yield from _digests(v)
-
-
-def _number(v: object) -> float:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
-
-
 # ---- the passes ------------------------------------------------------------------------------------
 
 
@@ -148,122 +67,28 @@ def _leases(store: Store, now: float, scan: Scan) -> set[str]:
         if key.startswith("."):
             continue
         doc = store.read_lease(key) or {}
-        if _number(doc.get("expires")) <= now:
+        if number(doc.get("expires")) <= now:
             continue
         if key.startswith("env-"):
             building.add(key[len("env-") :])
             scan.building = True
-        elif key.startswith("p2p-") and _is_digest(key[4:68]):
+        elif key.startswith("p2p-") and is_digest(key[4:68]):
             scan.lease_digests.add(key[4:68])
     return building
 
 
-def _aged_refs(store: Store, kind: str, policy: Policy, leased: set[str], scan: Scan) -> None:
-    """env/hot refs: unused for keep_days -> doomed (unless leased); otherwise their digests stay live."""
-    for f in store.list_info(f"refs/{kind}"):
-        if not f.rel.endswith(".json"):
-            continue
-        key = f.rel.rsplit("/", 1)[1][: -len(".json")]
-        try:
-            doc = store.read_ref(kind, key)
-        except (IntegrityError, StoreError):
-            continue  # unreadable: kept as it is (unusable either way; its blob is an orphan)
-        if doc is None:
-            continue
-        last = max(_number(doc.get("used")), _number(doc.get("created")), f.mtime)
-        if last >= policy.cutoff or key in leased:
-            if last < policy.cutoff:
-                scan.held.append(f"{kind} {key[:12]}: a live build lease")
-            scan.live.update(_digests(doc))
-            continue
-        scan.doomed.append(Doomed(kind, key, f.size, (f.rel,), last_used=last))
-
-
-def _compile_keys(store: Store, policy: Policy, scan: Scan) -> None:
-    """A compile key goes whole when none of its entries was used within keep_days."""
-    shards: dict[str, list[Any]] = {}
-    for f in store.list_info("refs/compile"):
-        parts = f.rel.split("/")
-        if len(parts) == 4 and parts[3].endswith(".json"):
-            shards.setdefault(parts[2], []).append(f)
-    for key, files in sorted(shards.items()):
-        last = max(f.mtime for f in files)
-        digests: set[str] = set()
-        for f in files:
-            with contextlib.suppress(ValueError, StoreError):
-                doc = json.loads(store.get_bytes(f.rel) or b"{}")
-                entries = doc.get("entries") if isinstance(doc, dict) else None
-                for e in (entries or {}).values() if isinstance(entries, dict) else ():
-                    if isinstance(e, dict) and _is_digest(e.get("digest")):
-                        digests.add(e["digest"])
-                        last = max(last, _number(e.get("used")))
-        if last >= policy.cutoff:
-            scan.live.update(digests)
-        else:
-            size = sum(f.size for f in files)
-            scan.doomed.append(Doomed("compile", key, size, tuple(f.rel for f in files), last_used=last))
-
-
-def _checkpoints(store: Store, policy: Policy, scan: Scan) -> list[tuple[str, str, int]]:
-    """Tags beyond the newest keep_tags go; returns the stripes (target, digest, size) of those tags."""
-    from .stripe.catalog import list_names, public_uri
-    from .stripe.layout import MANIFEST, Manifest, ckpt_prefix, latest_rel
-
-    main = {"", public_uri(store.uri)}
-    gone: list[tuple[str, str, int]] = []
-    for name in list_names(store):
-        hint: dict[str, Any] = {}
-        with contextlib.suppress(ValueError, StoreError):
-            hint = json.loads(store.get_bytes(latest_rel(name)) or b"{}")
-        manifests = []
-        for tag in store.list_dirs(ckpt_prefix(name)):
-            rel = f"{ckpt_prefix(name)}/{tag}/{MANIFEST}"
-            with contextlib.suppress(IntegrityError, StoreError):
-                data = store.get_bytes(rel)
-                if data is not None:
-                    manifests.append((Manifest.from_json(data), rel, len(data)))
-        manifests.sort(key=lambda m: (m[0].created, m[0].tag))
-        for i, (m, rel, size) in enumerate(manifests):
-            if i >= len(manifests) - policy.keep_tags or m.tag == hint.get("tag"):
-                for s in m.stripes:
-                    if s.target in main:
-                        scan.live.add(s.digest)
-                    else:
-                        scan.live_stripes.add((s.target, s.digest))
-                continue
-            scan.doomed.append(Doomed("ckpt", f"{name}:{m.tag}", size, (rel,), last_used=m.created))
-            gone += [("" if s.target in main else s.target, s.digest, s.size) for s in m.stripes]
-    return gone
-
-
-def _torrents(store: Store, policy: Policy, scan: Scan) -> None:
-    """A torrent ref follows its blob: kept while the blob is kept or while it is young (`p2p publish`)."""
-    for f in store.list_info("refs/torrent"):
-        key = f.rel.rsplit("/", 1)[1].removesuffix(".json")
-        try:
-            doc = store.read_ref("torrent", key) or {}
-        except StoreError:
-            continue
-        if key in scan.live or key in scan.lease_digests or f.mtime >= policy.cutoff:
-            scan.live.add(key)
-            scan.live.update(_digests(doc))
-        else:
-            scan.doomed.append(Doomed("torrent", key, f.size, (f.rel,), last_used=f.mtime))
-
-
 def scan_store(store: Store, policy: Policy) -> tuple[Scan, list[tuple[str, str, int]]]:
-    """Every ref kind, the checkpoints and the events under `policy` (blobs come after, in `plan`)."""
+    """Every capability's refs (its `gc_keep` hook, by phase) and the events under `policy` (blobs come
+    after, in `plan`)."""
     scan = Scan()
-    leased = _leases(store, policy.now, scan)
-    for kind in _AGED_KINDS:
-        _aged_refs(store, kind, policy, leased, scan)
-    _compile_keys(store, policy, scan)
-    stripes = _checkpoints(store, policy, scan)
-    _torrents(store, policy, scan)
+    scan.leased_env = _leases(store, policy.now, scan)
+    hooked = sorted((c for c in CAPABILITIES if c.gc_keep), key=lambda c: c.gc_phase)
+    for cap in hooked:  # each capability keeps what its refs name (and lets go what its policy says)
+        resolve(cap.gc_keep)(store, policy, scan)
     for f in store.list_info("events"):
         if f.mtime < policy.cutoff and f.rel.endswith(".parquet"):
             scan.doomed.append(Doomed("events", f.rel.removeprefix("events/"), f.size, (f.rel,), last_used=f.mtime))
-    return scan, stripes
+    return scan, scan.gone_stripes
 
 
 def _orphans(store: Store, policy: Policy, scan: Scan) -> list[Doomed]:
@@ -274,7 +99,7 @@ def _orphans(store: Store, policy: Policy, scan: Scan) -> list[Doomed]:
     out = []
     for f in store.list_info("blobs/sha256"):
         digest = f.rel.rsplit("/", 1)[1]
-        if not _is_digest(digest) or digest in scan.live or digest in scan.lease_digests:
+        if not is_digest(digest) or digest in scan.live or digest in scan.lease_digests:
             continue
         if f.mtime > policy.now - policy.grace_s:
             continue
@@ -360,7 +185,7 @@ def touch_used(store: Store, kind: str, key: str, doc: dict[str, Any], now: floa
     then kept for keep_days from its last recorded use, which is the worst case).
     """
     now = time.time() if now is None else now
-    if now - max(_number(doc.get("used")), _number(doc.get("created"))) < DAY_S:
+    if now - max(number(doc.get("used")), number(doc.get("created"))) < DAY_S:
         return
     clean = {k: v for k, v in doc.items() if not k.startswith("_")}
     with contextlib.suppress(StoreError, OSError):

@@ -17,9 +17,9 @@ from .options import ConfigOpt, JsonOpt, StoreOpt, load_config, load_settings
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..doctor import Check
     from ..keys import Key, Keys
     from ..settings import Settings
+    from ..upkeep import Check
 
 
 def init(

@@ -1,0 +1,38 @@
+"""The compile capability's upkeep hooks (capability table): which compile caches `bootseer gc` keeps."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import TYPE_CHECKING
+
+from ..errors import StoreError
+from ..upkeep import Doomed, Policy, Scan, is_digest, number
+
+if TYPE_CHECKING:
+    from ..store import FileInfo, Store
+
+
+def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:
+    """A compile key goes whole when none of its entries was used within keep_days."""
+    shards: dict[str, list[FileInfo]] = {}
+    for f in store.list_info("refs/compile"):
+        parts = f.rel.split("/")
+        if len(parts) == 4 and parts[3].endswith(".json"):
+            shards.setdefault(parts[2], []).append(f)
+    for key, files in sorted(shards.items()):
+        last = max(f.mtime for f in files)
+        digests: set[str] = set()
+        for f in files:
+            with contextlib.suppress(ValueError, StoreError):
+                doc = json.loads(store.get_bytes(f.rel) or b"{}")
+                entries = doc.get("entries") if isinstance(doc, dict) else None
+                for e in (entries or {}).values() if isinstance(entries, dict) else ():
+                    if isinstance(e, dict) and is_digest(e.get("digest")):
+                        digests.add(e["digest"])
+                        last = max(last, number(e.get("used")))
+        if last >= policy.cutoff:
+            scan.live.update(digests)
+        else:
+            size = sum(f.size for f in files)
+            scan.doomed.append(Doomed("compile", key, size, tuple(f.rel for f in files), last_used=last))

@@ -1,0 +1,56 @@
+"""The swarm's upkeep hooks (capability table): which torrent refs `bootseer gc` keeps, and whether
+the swarm's port is free here (`bootseer doctor`)."""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING
+
+from ..errors import StoreError
+from ..upkeep import Check, Doomed, Policy, Scan, digests_in
+
+if TYPE_CHECKING:
+    from ..settings import P2PSettings, Settings
+    from ..store import Store
+
+
+def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:
+    """A torrent ref follows its blob: kept while the blob is kept or while it is young (`p2p publish`)."""
+    for f in store.list_info("refs/torrent"):
+        key = f.rel.rsplit("/", 1)[1].removesuffix(".json")
+        try:
+            doc = store.read_ref("torrent", key) or {}
+        except StoreError:
+            continue
+        if key in scan.live or key in scan.lease_digests or f.mtime >= policy.cutoff:
+            scan.live.add(key)
+            scan.live.update(digests_in(doc))
+        else:
+            scan.doomed.append(Doomed("torrent", key, f.size, (f.rel,), last_used=f.mtime))
+
+
+def doctor(all_settings: Settings) -> list[Check]:
+    """Is a port of `[p2p] port` free for the swarm?"""
+    return [_check_port(all_settings.p2p)]
+
+
+def _check_port(settings: P2PSettings) -> Check:
+    spec = settings.port
+    lo, _, hi = spec.partition("-")
+    try:
+        ports = range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        return Check("p2p", "fail", f"[p2p] port {spec!r} is not a port or a range", 'use e.g. port = "6881-6891"')
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return Check("p2p", "ok", f"TCP port {port} is free for the swarm")
+    return Check(
+        "p2p",
+        "warn" if not settings.enabled else "fail",
+        f"no free TCP port in {spec}",
+        "pick another [p2p] port range",
+    )
