@@ -1,0 +1,3 @@
+from tests.foundation.toycap import main
+
+main()
