@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .capabilities import CAPABILITIES, resolve
+from . import capabilities
 from .errors import StoreError
 from .procs import pid_alive
 from .upkeep import DAY_S, KEEP_EVERYTHING, Doomed, Policy, Scan, is_digest, number
@@ -82,9 +82,9 @@ def scan_store(store: Store, policy: Policy) -> tuple[Scan, list[tuple[str, str,
     after, in `plan`)."""
     scan = Scan()
     scan.leased_env = _leases(store, policy.now, scan)
-    hooked = sorted((c for c in CAPABILITIES if c.gc_keep), key=lambda c: c.gc_phase)
+    hooked = sorted((c for c in capabilities.CAPABILITIES if c.gc_keep), key=lambda c: c.gc_phase)
     for cap in hooked:  # each capability keeps what its refs name (and lets go what its policy says)
-        resolve(cap.gc_keep)(store, policy, scan)
+        capabilities.resolve(cap.gc_keep)(store, policy, scan)
     for f in store.list_info("events"):
         if f.mtime < policy.cutoff and f.rel.endswith(".parquet"):
             scan.doomed.append(Doomed("events", f.rel.removeprefix("events/"), f.size, (f.rel,), last_used=f.mtime))
