@@ -207,7 +207,7 @@ def load(
         settings[section][key] = Setting(v, "flag")
     for section, key in _MIGRATED_TO_GB:
         s = settings[section][key]
-        if s.source != "default":
+        if s.source != "default" and s.value != _default(spec[section][key], section, key):
             _warn(
                 f"[{section}] {key} now counts decimal GB (10^9 bytes), as every size bootseer prints; "
                 f"{s.value:g} was {s.value * 2**30 / 1e9:.1f} GB before ({s.source})"
