@@ -18,6 +18,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .errors import ConfigError
+
 if TYPE_CHECKING:
     from .settings import CheckpointSettings
     from .store import Store
@@ -66,14 +68,20 @@ def push_checkpoint(
     from .stripe.push import push as _push
 
     uris = targets if targets is not None else list(settings.targets)
+    k = settings.stripes if stripes is None else stripes  # 0 is a value given, not "unset"
+    cells = settings.cell_size if cell_size is None else cell_size
+    if k < 1:
+        raise ConfigError(f"--stripes {k}: a checkpoint needs at least 1 stripe")
+    if cells < 1:
+        raise ConfigError(f"--cell-size {cells}: a cell holds at least 1 byte")
     with phase_bars(name, enabled=bars) as progress:
         return _push(
             store,
             directory,
             name,
             tag,
-            stripes=stripes or settings.stripes,
-            cell_size=cell_size or settings.cell_size,
+            stripes=k,
+            cell_size=cells,
             targets=[Store(u) for u in uris] or None,
             progress=progress,
         )

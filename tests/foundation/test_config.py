@@ -213,3 +213,16 @@ def test_bootseer_config_prints_each_unit_beside_its_value(tmp_path: Path) -> No
         and "GB" in r.stdout.split("cache_max_gb = 2.0", 1)[1].split("\n")[0]
     )
     assert "max_gb = 10.0    # default · GB" in r.stdout
+
+
+def test_ckpt_push_refuses_zero_stripes(tmp_path: Path) -> None:
+    """`ckpt push --stripes 0` silently became 4 (issue 29, item 8)."""
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "w.bin").write_bytes(b"x" * 100)
+    store = (tmp_path / "store").as_uri()
+    r = subprocess.run(
+        [sys.executable, "-m", "bootseer_cli", "ckpt", "push", "ck", "--name", "m", "--stripes", "0", "--store", store],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--stripes 0: a checkpoint needs at least 1 stripe" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "store" / "ckpt").exists()
