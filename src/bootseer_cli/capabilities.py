@@ -5,7 +5,7 @@
 `prefetch` and `bootseer config` (the settings sections) iterate this table; none of them names a
 capability. Adding a capability is its package plus one row here.
 
-Rows hold strings and dataclasses only, never imports of the capability: a target is "module:name"
+Rows hold strings, tuples and dataclasses only, never imports of the capability: a target is "module:name"
 and is imported when it is needed, so `bootseer exec` with nothing to do imports no capability (and
 neither pyarrow nor libtorrent). Tests add a row by appending to `CAPABILITIES` before the table is read.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def resolve(target: str) -> Any:
@@ -26,8 +26,7 @@ def resolve(target: str) -> Any:
     return obj
 
 
-@dataclass(frozen=True)
-class StageEntry:
+class StageEntry(NamedTuple):
     """A capability's stage in `bootseer exec`.
 
     `run` takes a `StageContext` and returns a `StageResult`. `wanted` takes the capability's settings
@@ -40,8 +39,7 @@ class StageEntry:
     order: int
 
 
-@dataclass(frozen=True)
-class AgentTask:
+class AgentTask(NamedTuple):
     """A kind of work the agent does after exec: `handler(task, agent)`, `task` being an instance of
     the frozen dataclass `spec` names (its fields are what the stage hands over)."""
 
@@ -50,7 +48,7 @@ class AgentTask:
     spec: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # a row is itself: compared by identity (and cheaper to declare)
 class Capability:
     """One row of the table.
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .settingspec import Meta, check, parse, settings_of
+from .settingspec import Meta, check, defaults_of, parse, settings_of
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -185,9 +185,13 @@ def load(
     environ: dict[str, str] | None = None,
 ) -> Config:
     """Build the effective config. `overrides` are flag values: {(section, key): value}."""
+    from .settings import section_classes
+
     environ = dict(os.environ) if environ is None else environ
-    spec = schema()
-    settings = {s: {k: Setting(_default(m, s, k), "default") for k, m in keys.items()} for s, keys in spec.items()}
+    classes = section_classes()
+    spec = {name: settings_of(cls) for name, cls in classes.items()}
+    defaults = {name: _defaults(cls) for name, cls in classes.items()}
+    settings = {s: {k: Setting(defaults[s][k], "default") for k in keys} for s, keys in spec.items()}
     path = find_config_file(config_file)
     base_dir = Path.cwd()
     if path is not None:
@@ -207,7 +211,7 @@ def load(
         settings[section][key] = Setting(v, "flag")
     for section, key in _MIGRATED_TO_GB:
         s = settings[section][key]
-        if s.source != "default" and s.value != _default(spec[section][key], section, key):
+        if s.source != "default" and s.value != defaults[section][key]:
             _warn(
                 f"[{section}] {key} now counts decimal GB (10^9 bytes), as every size bootseer prints; "
                 f"{s.value:g} was {s.value * 2**30 / 1e9:.1f} GB before ({s.source})"
@@ -215,14 +219,10 @@ def load(
     return Config(settings=settings, path=path, base_dir=base_dir)
 
 
-def _default(meta: Meta, section: str, key: str) -> Any:
-    """A declared default as `bootseer config` shows it (tuples as lists; a default factory as unset)."""
-    from .settings import section_classes
-
-    for f in dataclasses.fields(section_classes()[section]):
-        if f.name == key:
-            d = f.default
-            if d is dataclasses.MISSING:
-                return None
-            return list(d) if isinstance(d, tuple) else d
-    return None
+def _defaults(cls: type) -> dict[str, Any]:
+    """A section's declared defaults as `bootseer config` shows them (tuples as lists; a default made by a
+    factory, like the per-user mountpoint, as unset)."""
+    out: dict[str, Any] = {}
+    for key, d in defaults_of(cls).items():
+        out[key] = None if d is dataclasses.MISSING else list(d) if isinstance(d, tuple) else d
+    return out

@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
+from typing import NamedTuple
 
 from .errors import ConfigError
 
@@ -22,9 +23,8 @@ from .errors import ConfigError
 KINDS = ("str", "bool", "int", "float", "list", "path", "str|float")
 
 
-@dataclass(frozen=True)
-class Meta:
-    """What a field says of itself besides its name and default."""
+class Meta(NamedTuple):
+    """What a field says of itself besides its name and default (a tuple: declared on every start)."""
 
     kind: str
     help: str

@@ -176,9 +176,7 @@ def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StageContext:
 def swap_stages(monkeypatch: pytest.MonkeyPatch, funcs: dict[str, str]) -> None:
     """Replace stage functions (by capability name) in the one capability table."""
     table = [
-        dataclasses.replace(
-            c, stage=dataclasses.replace(c.stage, run=f"tests.foundation.stages_for_tests:{funcs[c.name]}")
-        )
+        dataclasses.replace(c, stage=c.stage._replace(run=f"tests.foundation.stages_for_tests:{funcs[c.name]}"))
         if c.name in funcs and c.stage
         else c
         for c in capabilities.CAPABILITIES
