@@ -6,6 +6,7 @@ has a thread to stop; the tests look for any process still carrying the run dire
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -142,3 +143,116 @@ def test_agent_settings_come_from_its_spec(tmp_path: Path) -> None:
     assert settings.p2p.seed_s == 12.5
     assert settings.store.uri == "file:///from-exec"  # exec's flags and environment won over the file
     assert settings.config_path == tmp_path / "bootseer.toml"
+
+
+def _spec_dir(tmp_path: Path, spec: dict[str, object]) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"job": "j", "node": "n", "rank": 0, "run": "r"}))
+    (run_dir / "agent.json").write_text(json.dumps(spec))
+    return run_dir
+
+
+def test_agent_gets_the_settings_exec_ran_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """agent.json carries the settings (not the store URI: that comes through BOOTSEER_STORE); no config
+    file is read again, so a file changed or gone since exec does not matter."""
+    from bootseer_cli.agent import Agent
+    from bootseer_cli.settings import P2PSettings, Settings, StoreSettings, settings_doc
+
+    settings = Settings(
+        store=StoreSettings(uri="s3://key:secret@bucket/p", cache_dir=tmp_path / "c"),
+        p2p=P2PSettings(seed_s=12.5, peers=("a:1", "b:2")),
+        config_path=tmp_path / "gone.toml",
+    )
+    doc = settings_doc(settings)
+    assert "secret" not in json.dumps(doc)
+    run_dir = _spec_dir(tmp_path, {"launcher_pid": os.getpid(), "settings": doc, "tasks": []})
+    monkeypatch.setenv("BOOTSEER_STORE", "s3://key:secret@bucket/p")
+    assert Agent(run_dir).settings == settings
+
+
+def _samples() -> list[object]:
+    """One spec of every task kind, as a stage would hand it over."""
+    from bootseer_cli.compilecache.tasks import PublishTask as CompilePublish
+    from bootseer_cli.envsnap.agent_tasks import PublishTask as EnvPublish
+    from bootseer_cli.hotblocks.agent_tasks import JudgeTask, PrefetchTask, RecordTask
+    from bootseer_cli.p2p.seed import SeedTask
+    from bootseer_cli.stripe.agent_tasks import UnmountTask
+
+    return [
+        RecordTask(image_key="k", roots=["/a", "/b"], ready=2.5, started=1.0, fan_fd=7),
+        RecordTask(image_key="k", roots=["/a"], covered="/run/covered.json"),
+        PrefetchTask(file="/run/remaining.json", threads=4, mbps=10.0),
+        JudgeTask(image_key="k", record="b" * 64, replayed=True, started=3.0, ready="call"),
+        EnvPublish(
+            env_key="e",
+            roots=["/venv"],
+            upload={"blob": "/c/pending/x.tar.zst", "digest": "d", "size": 1},
+            lease_key="leases/env/e",
+            lease_owner="n-1",
+            lease_expires=5.0,
+            lease_ttl_s=60.0,
+        ),
+        UnmountTask(mountpoint="/mnt/ckpt", pid=42),
+        CompilePublish(key="c", baseline="/run/baseline.json", max_bytes=10, ready="quiet", started=2.0),
+        SeedTask(blobs=[{"digest": "d", "torrent": "t"}], fetches=[{"digest": "d", "origin": True}]),
+    ]
+
+
+def test_every_task_kind_goes_through_agent_json_and_back() -> None:
+    """Each kind of the capability table: its spec is a frozen dataclass, its handler resolves, and a
+    spec written as exec writes it (JSON) is read back by the agent as the same spec."""
+    import dataclasses
+
+    from bootseer_cli.agent import task_from_doc
+    from bootseer_cli.capabilities import agent_tasks, resolve
+    from bootseer_cli.stage import agent_task_doc
+
+    table = agent_tasks()
+    seen = set()
+    for spec in _samples():
+        doc = json.loads(json.dumps(agent_task_doc(spec)))
+        found = task_from_doc(doc)
+        assert found is not None, doc
+        decl, back = found
+        assert back == spec and type(back) is type(spec)
+        assert callable(resolve(decl.handler))
+        seen.add(decl.kind)
+    assert seen == set(table)
+    for decl in table.values():
+        cls = resolve(decl.spec)
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, decl.spec  # type: ignore[attr-defined]
+    # Only the env upload is waited for after the launcher ends.
+    assert [decl.kind for decl in table.values() if getattr(resolve(decl.spec), "finish", False)] == ["env-publish"]
+
+
+def test_a_spec_class_outside_the_table_is_refused(tmp_path: Path) -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Stray:
+        x: int = 1
+
+    from bootseer_cli.stage import agent_task_kind
+
+    with pytest.raises(TypeError, match="not the spec of any agent task"):
+        agent_task_kind(Stray())
+
+
+def test_unknown_and_malformed_tasks_are_logged_and_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An agent.json from another version: a kind nobody declares, a task missing a field. The agent
+    logs each, runs the rest, and ends with its launcher as always."""
+    from bootseer_cli import agent as agent_mod
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    tasks = [{"kind": "teleport", "to": "mars"}, {"kind": "ckpt-umount"}, {"kind": "hot-prefetch", "file": "/nope"}]
+    run_dir = _spec_dir(tmp_path, {"launcher_pid": dead.pid, "tasks": tasks})
+    monkeypatch.setenv("BOOTSEER_STORE", (tmp_path / "store").as_uri())
+    monkeypatch.setattr(agent_mod.Agent, "upload_events", lambda self: None)
+    assert agent_mod.main(run_dir) == 0
+    out = capsys.readouterr().out
+    assert "unknown task kind 'teleport': ignored" in out
+    assert "task ckpt-umount not started" in out and "mountpoint" in out
+    assert "task hot-prefetch failed" in out  # it started: its file is missing
+    assert "agent done" in out

@@ -1,18 +1,21 @@
 """The agent: a detached sidecar that outlives `exec` and serves the launcher while it runs.
 
-`bootseer exec` writes `agent.json` into the run directory (the launcher's pid, the store, a list of
-tasks) and starts `bootseer agent --run-dir D` in its own session. The agent runs each task in a
-thread (`TASKS` maps a task's kind to its handler), uploads the run's stage events early and again at
-the end, and when the launcher's pid ends (normally, by failure or by SIGKILL) tells every task to
-stop, waits for them to clean up (unmount, stop seeding) and exits. A task handler is
-`handler(task: dict, agent: Agent) -> None` and must return soon after `agent.stopping` is set,
-unless the task is marked `finish` (the env upload): the agent then waits for it to end.
+`bootseer exec` writes `agent.json` into the run directory (the launcher's pid, the settings exec ran
+with, a list of tasks) and starts `bootseer agent --run-dir D` in its own session. The agent runs each
+task in a thread, uploads the run's stage events early and again at the end, and when the launcher's
+pid ends (normally, by failure or by SIGKILL) tells every task to stop, waits for them to clean up
+(unmount, stop seeding) and exits.
+
+A task is `{"kind": K, **fields}`: the capability table (capabilities.py) declares each kind once, with
+its spec (a frozen dataclass, which the agent rebuilds from the fields) and its handler,
+`handler(spec, agent: Agent) -> None`. A handler must return soon after `agent.stopping` is set,
+unless its spec class says `finish = True` (the env upload): the agent then waits for it to end.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
+import dataclasses
 import json
 import os
 import select
@@ -24,22 +27,12 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .capabilities import AgentTask, agent_tasks, resolve
 from .events import RunInfo, upload
 
 if TYPE_CHECKING:
     from .settings import Settings
     from .store import Store
-
-# task kind -> "module:function"
-TASKS: dict[str, str] = {
-    "hot-record": "bootseer_cli.hotblocks.agent_tasks:record_task",
-    "hot-prefetch": "bootseer_cli.hotblocks.agent_tasks:prefetch_task",
-    "hot-judge": "bootseer_cli.hotblocks.agent_tasks:judge_task",
-    "seed": "bootseer_cli.p2p.seed:run_seed",
-    "ckpt-umount": "bootseer_cli.stripe.stage:agent_unmount",
-    "compile-publish": "bootseer_cli.compilecache.tasks:publish_task",
-    "env-publish": "bootseer_cli.envsnap.agent_tasks:publish_task",
-}
 
 STOP_GRACE_S = 30.0
 
@@ -71,19 +64,26 @@ class Agent:
 
     @property
     def settings(self) -> Settings:
-        """The settings `exec` ran with: its config file and store URI, as the spec names them.
+        """The settings `exec` ran with, as agent.json carries them (`settings_doc`), with the store URI
+        of `store_uri`; an older spec without them names its config file, read again here.
 
-        Built on first use, so that a config that no longer loads fails the task that needs it (in
-        its thread, logged) and never the agent, which must still stop the tasks when the launcher ends.
+        Built on first use, so that settings that do not load fail the task that needs them (in its
+        thread, logged) and never the agent, which must still stop the tasks when the launcher ends.
         """
         with self._lock:
             if self._settings is None:
-                from .config import load
-                from .settings import Settings
+                doc = self.spec.get("settings")
+                if doc is not None:
+                    from .settings import settings_from_doc
 
-                cfg_file = self.spec.get("config_file")
-                cfg = load(Path(cfg_file) if cfg_file else None, {("store", "uri"): self.store_uri})
-                self._settings = Settings.from_config(cfg)
+                    self._settings = settings_from_doc(doc, self.store_uri)
+                else:
+                    from .config import load
+                    from .settings import Settings
+
+                    cfg_file = self.spec.get("config_file")
+                    cfg = load(Path(cfg_file) if cfg_file else None, {("store", "uri"): self.store_uri})
+                    self._settings = Settings.from_config(cfg)
             return self._settings
 
     @property
@@ -149,18 +149,41 @@ def _is_zombie(pid: int) -> bool:
         return False
 
 
-def _run_task(agent: Agent, task: dict[str, Any]) -> None:
-    """One task in its thread: whatever it raises is logged, so the other tasks and the agent go on."""
-    kind = task.get("kind", "")
-    target = TASKS.get(kind)
-    if target is None:
-        agent.log(f"unknown task kind {kind!r}: ignored")
-        return
-    module, func = target.split(":")
+def task_from_doc(doc: dict[str, Any]) -> tuple[AgentTask, Any] | None:
+    """The declaration of a task of agent.json and its spec, rebuilt from the fields its class has (a
+    field it does not know is dropped); None for a kind no capability declares."""
+    decl = agent_tasks().get(str(doc.get("kind", "")))
+    if decl is None:
+        return None
+    cls = resolve(decl.spec)
+    names = {f.name for f in dataclasses.fields(cls)}
+    return decl, cls(**{k: v for k, v in doc.items() if k in names})
+
+
+def _start_task(agent: Agent, doc: dict[str, Any]) -> tuple[threading.Thread, bool] | None:
+    """A task of agent.json started in its thread, and whether the agent waits for it to finish; None
+    (logged) for an unknown kind or fields its spec refuses."""
+    kind = doc.get("kind", "") if isinstance(doc, dict) else ""
     try:
-        getattr(importlib.import_module(module), func)(task, agent)
+        found = task_from_doc(doc)
+    except Exception:  # keep-alive: a spec that does not import or build loses its task, never the agent
+        agent.log(f"task {kind} not started:\n{traceback.format_exc()}")
+        return None
+    if found is None:
+        agent.log(f"unknown task kind {kind!r}: ignored")
+        return None
+    decl, spec = found
+    t = threading.Thread(target=_run_task, args=(agent, decl, spec), name=decl.kind, daemon=True)
+    t.start()
+    return t, bool(getattr(spec, "finish", False))
+
+
+def _run_task(agent: Agent, decl: AgentTask, spec: Any) -> None:
+    """One task in its thread: whatever it raises is logged, so the other tasks and the agent go on."""
+    try:
+        resolve(decl.handler)(spec, agent)
     except Exception:  # keep-alive: a task's failure (any kind) must not end the agent or the other tasks
-        agent.log(f"task {kind} failed:\n{traceback.format_exc()}")
+        agent.log(f"task {decl.kind} failed:\n{traceback.format_exc()}")
 
 
 def main(run_dir: Path) -> int:
@@ -174,11 +197,7 @@ def main(run_dir: Path) -> int:
 
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, _on_term)
-    threads = []
-    for task in agent.spec.get("tasks", []):
-        t = threading.Thread(target=_run_task, args=(agent, task), name=task.get("kind", "task"), daemon=True)
-        t.start()
-        threads.append((t, bool(task.get("finish"))))
+    threads = [started for doc in agent.spec.get("tasks", []) if (started := _start_task(agent, doc))]
     agent.upload_events()
     agent.wait_launcher()
     agent.log("launcher ended; stopping tasks")

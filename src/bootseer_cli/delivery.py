@@ -20,6 +20,7 @@ from .errors import BootseerError
 
 if TYPE_CHECKING:
     from .cache import BlobCache
+    from .p2p.seed import SeedTask
     from .settings import P2PSettings
     from .store import Store
 
@@ -105,7 +106,7 @@ def after_publish(p2p: P2PSettings, store: Store, digest: str, path: Path) -> di
 HANDOFF_LINGER_S = 5.0
 
 
-def handoff(cap_s: float | None = HANDOFF_LINGER_S) -> list[dict[str, Any]]:
+def handoff(cap_s: float | None = HANDOFF_LINGER_S) -> list[SeedTask]:
     """Before `exec`: stop this process's swarm (after serving the peers still downloading from it, a
     few seconds at most: the agent serves them again right after) and return the agent tasks that keep
     seeding the fetched blobs. `cap_s=None` lingers up to `[p2p] deadline_s`. No-op without P2P (and
@@ -114,5 +115,6 @@ def handoff(cap_s: float | None = HANDOFF_LINGER_S) -> list[dict[str, Any]]:
         return []
     _swarm_used.clear()
     from .p2p.fetch import shutdown
+    from .p2p.seed import SeedTask
 
-    return [{"kind": "seed", **spec} for spec in shutdown(cap_s)]
+    return [SeedTask(blobs=spec["blobs"], fetches=spec["fetches"]) for spec in shutdown(cap_s)]

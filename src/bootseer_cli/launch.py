@@ -173,17 +173,20 @@ def _launcher_facts(command: list[str]) -> dict[str, Any]:
 def _spawn_agent(ctx: StageContext, launcher_pid: int) -> None:
     """Start the agent detached (double fork: reparented to init, never a zombie of the launcher).
 
-    The store URI may carry credentials: agent.json (0600) names it redacted, for a human, and the
+    agent.json (0600) carries the settings exec ran with (the agent reads no config file) and the
+    tasks. The store URI may carry credentials: agent.json names it redacted, for a human, and the
     full URI reaches the agent only through its environment (BOOTSEER_STORE), never a file or argv.
     """
     from .redact import redact
+    from .settings import settings_doc
+    from .stage import agent_task_doc
 
     uri = ctx.settings.store.uri
     spec = {
         "store": redact(uri) if uri else None,
         "launcher_pid": launcher_pid,
-        "tasks": ctx.agent_tasks,
-        "config_file": str(ctx.settings.config_path) if ctx.settings.config_path else None,
+        "settings": settings_doc(ctx.settings),
+        "tasks": [agent_task_doc(t) for t in ctx.agent_tasks],
     }
     _write_private(ctx.run.run_dir / "agent.json", json.dumps(spec, default=str))
     env = {k: v for k, v in os.environ.items() if k != "BOOTSEER_STORE"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from .errors import StoreError
 from .events import RunInfo
@@ -21,6 +21,32 @@ if TYPE_CHECKING:
     from .cache import BlobCache
     from .keys import Keys
     from .store import Store
+
+
+class AgentTaskSpec(Protocol):
+    """An agent task: an instance of the frozen dataclass that its kind's row of the capability table
+    names (`capabilities.AgentTask.spec`). Its fields are plain JSON values (str, int, float, bool,
+    lists and dicts of them): `agent_task_doc` writes them into agent.json, the agent reads them back."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+def agent_task_kind(task: AgentTaskSpec) -> str:
+    """The kind the capability table declares for `task`'s class; a class no row names is a bug."""
+    from .capabilities import agent_tasks
+
+    target = f"{type(task).__module__}:{type(task).__qualname__}"
+    for kind, decl in agent_tasks().items():
+        if decl.spec == target:
+            return kind
+    raise TypeError(f"{target} is not the spec of any agent task in capabilities.py")
+
+
+def agent_task_doc(task: AgentTaskSpec) -> dict[str, Any]:
+    """What agent.json holds of a task: its kind, then its fields."""
+    import dataclasses
+
+    return {"kind": agent_task_kind(task), **dataclasses.asdict(task)}
 
 
 @dataclass
@@ -46,7 +72,7 @@ class StageContext:
     command: list[str]
     quiet: bool = False
     exports: dict[str, str] = field(default_factory=dict)  # environment added for the launcher
-    agent_tasks: list[dict[str, Any]] = field(default_factory=list)
+    agent_tasks: list[AgentTaskSpec] = field(default_factory=list)  # for the agent, in agent.json
     before_agent: list[Callable[[], None]] = field(default_factory=list)  # run just before the agent starts
     agent_fds: list[int] = field(default_factory=list)  # fds the agent inherits (the image stage's fanotify group)
     _keys: Keys | None = None
@@ -97,5 +123,7 @@ class StageContext:
 
             print(f"bootseer: {redact_text(msg)}", file=sys.stderr, flush=True)
 
-    def add_agent_task(self, kind: str, **params: Any) -> None:
-        self.agent_tasks.append({"kind": kind, **params})
+    def add_agent_task(self, task: AgentTaskSpec) -> None:
+        """Hand `task` to the agent (its class must be a spec of the capability table: checked now)."""
+        agent_task_kind(task)
+        self.agent_tasks.append(task)

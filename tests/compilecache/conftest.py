@@ -80,9 +80,9 @@ class FakeAgent:
 
 def publish_as_agent(ctx: StageContext) -> FakeAgent:
     """Run the stage's "compile-publish" task the way the agent would."""
-    from bootseer_cli.compilecache.tasks import publish_task
+    from bootseer_cli.compilecache.tasks import PublishTask, publish_task
 
-    (task,) = [t for t in ctx.agent_tasks if t["kind"] == "compile-publish"]
+    (task,) = [t for t in ctx.agent_tasks if isinstance(t, PublishTask)]
     agent = FakeAgent(store=open_store(ctx.settings.store.uri), run=ctx.run)
     publish_task(task, agent)
     return agent

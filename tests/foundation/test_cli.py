@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.entry import _parse_exec
+from bootseer_cli.verbs.exec import ExecOptions, ExecUsageError, parse_exec
 
 BOOTSEER = [sys.executable, "-m", "bootseer_cli"]
 
@@ -19,20 +19,77 @@ def run(args: list[str], cwd: Path, **kw: object) -> subprocess.CompletedProcess
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--", "torchrun", "x.py"], ({}, ["torchrun", "x.py"])),
-        (["-q", "--config", "a.toml", "--", "ls", "-l"], ({"quiet": True, "config": "a.toml"}, ["ls", "-l"])),
+        (["--", "torchrun", "x.py"], (ExecOptions(), ["torchrun", "x.py"])),
+        (["-q", "--config", "a.toml", "--", "ls", "-l"], (ExecOptions(quiet=True, config="a.toml"), ["ls", "-l"])),
         (
             ["--config=a.toml", "--store=s3://b/p", "--skip", "image,env", "ls"],
-            ({"config": "a.toml", "store": "s3://b/p", "skip": "image,env"}, ["ls"]),
+            (ExecOptions(config="a.toml", store="s3://b/p", skip=("image", "env")), ["ls"]),
         ),
-        (["-c", "x.toml", "python", "-c", "pass"], ({"config": "x.toml"}, ["python", "-c", "pass"])),
+        (["-c", "x.toml", "python", "-c", "pass"], (ExecOptions(config="x.toml"), ["python", "-c", "pass"])),
+        (["-qv", "-cx.toml", "ls"], (ExecOptions(config="x.toml", quiet=True, verbose=True), ["ls"])),
+        (["-qc", "x.toml", "--", "-weird"], (ExecOptions(config="x.toml", quiet=True), ["-weird"])),
+        (["x", "--", "y"], (ExecOptions(), ["x", "--", "y"])),
         (["--help"], None),
-        (["--bogus", "--", "ls"], None),
+        (["-qh"], None),
         (["--config"], None),
     ],
 )
 def test_fast_exec_parser(args: list[str], expected: object) -> None:
-    assert _parse_exec(args) == expected
+    assert parse_exec(args) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sotre", "x", "--", "true"], "no such option --sotre (did you mean --store?)"),
+        (["--bogus", "--", "ls"], "no such option --bogus;"),
+        (["--skip=env", "--confg=a.toml", "ls"], "no such option --confg (did you mean --config?)"),
+        (["-qx", "ls"], "no such option -qx"),
+        (["--quiet=1", "ls"], "option --quiet takes no value"),
+    ],
+)
+def test_fast_exec_parser_refuses_unknown_options(args: list[str], message: str) -> None:
+    with pytest.raises(ExecUsageError) as e:
+        parse_exec(args)
+    assert message in str(e.value) and e.value.exit_code == 2
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_unknown_exec_option_is_a_usage_error_before_any_stage(tmp_path: Path, fast: bool) -> None:
+    """`exec --sotre x -- true` used to run every stage, then exec `--sotre` (127). Now: exit 2 and one
+    line naming the option and the one meant, and no stage ran (the env setup would create the marker).
+    The typer command (what `--help` reaches, and callers of the app) refuses it as well."""
+    marker = tmp_path / "marker"
+    (tmp_path / "bootseer.toml").write_text(f'[env]\nsetup = ["touch {marker}"]\n')
+    if fast:
+        r = run(["exec", "--sotre", "x", "--", "true"], tmp_path, env={**_env(), "XDG_CACHE_HOME": str(tmp_path)})
+        assert r.returncode == 2, r.stderr
+        (line,) = r.stderr.strip().splitlines()
+        assert "--sotre" in line and "did you mean --store?" in line, line
+    else:
+        code = (
+            "import sys; from bootseer_cli.cli import main; "
+            "sys.argv = ['bootseer', 'exec', '--sotre', 'x', '--', 'true']; main()"
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env={**_env(), "XDG_CACHE_HOME": str(tmp_path)},
+        )
+        assert r.returncode == 2, r.stderr
+        assert "--sotre" in r.stderr and "--store" in r.stderr, r.stderr
+    assert not marker.exists()
+
+
+def test_exec_skip_help_lists_the_stages_of_the_table(tmp_path: Path) -> None:
+    from bootseer_cli.capabilities import stage_names
+
+    r = run(["exec", "--help"], tmp_path)
+    assert r.returncode == 0
+    assert ",".join(stage_names()) in " ".join(r.stdout.split()).replace(", ", ",")
 
 
 def test_help_lists_every_verb(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ import pytest
 import tomllib
 
 from bootseer_cli.config import find_config_file, load
-from bootseer_cli.entry import _parse_exec
 from bootseer_cli.paths import default_store_uri
+from bootseer_cli.verbs.exec import ExecOptions, parse_exec
 
 BOOTSEER = [sys.executable, "-m", "bootseer_cli"]
 
@@ -53,8 +53,8 @@ def test_the_walk_stops_at_the_root(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_exec_verbose_names_the_config(tmp_path: Path) -> None:
-    assert _parse_exec(["-v", "--", "true"]) == ({"verbose": True}, ["true"])
-    assert _parse_exec(["--verbose", "true"]) == ({"verbose": True}, ["true"])
+    assert parse_exec(["-v", "--", "true"]) == (ExecOptions(verbose=True), ["true"])
+    assert parse_exec(["--verbose", "true"]) == (ExecOptions(verbose=True), ["true"])
     project, deep = _project(tmp_path)
     r = run(["exec", "-v", "--skip", "env", "--", "sh", "-c", "exit 3"], deep)
     assert r.returncode == 3, r.stderr

@@ -91,7 +91,7 @@ def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt
 
 def restore(config: ConfigOpt = None, store: StoreOpt = None) -> None:
     """Restore the snapshot for the current env key: exit 0 on a hit, 3 when there is none."""
-    from .restore import restore_verb
+    from ..verbs.restore import restore_verb
 
     code = restore_verb(load_config(config, store), typer.echo, lambda m: typer.echo(m, err=True))
     if code:

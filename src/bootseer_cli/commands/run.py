@@ -1,8 +1,8 @@
 """`bootseer exec` and the hidden `bootseer agent`: the verbs that start a job and serve it while it runs.
 
 `bootseer exec` normally never reaches this module: `entry.py` parses its few options by hand so that
-typer is not imported in front of every start. This typer version is what `--help` and unusual
-arguments go through, and it must accept exactly what the fast path accepts.
+typer is not imported in front of every start. This typer version is what `--help` goes through, and
+it must accept exactly what the fast path accepts; both run `verbs.exec.run_exec`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from typing import Annotated
 
 import typer
 
-from .options import ConfigOpt, StoreOpt, load_config
+from ..capabilities import stage_names
+from .options import ConfigOpt, StoreOpt
 
 SkipOpt = Annotated[
     str | None,
-    typer.Option("--skip", metavar="STAGES", help="Stages not to run, comma-separated: image,env,checkpoint,compile."),
+    typer.Option("--skip", metavar="STAGES", help=f"Stages not to run, comma-separated: {','.join(stage_names())}."),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No summary line ($BOOTSEER_QUIET=1).")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Say which config file and store are used.")]
@@ -34,16 +35,16 @@ def exec_(
 ) -> None:
     """Run the configured stages, then exec COMMAND (the launcher and its arguments, after --) in place
     (same pid, exit status, signals)."""
-    from ..launch import execute
-    from ..settings import Settings
+    from ..verbs.exec import ExecOptions, run_exec
 
-    cfg = load_config(config, store, exec__quiet=True if quiet else None)
-    if verbose:
-        from ..entry import config_line
-
-        typer.echo(config_line(cfg), err=True)
-    skipped = {s.strip() for s in (skip or "").split(",") if s.strip()}
-    execute(Settings.from_config(cfg), list(command or []), skipped)
+    options = ExecOptions(
+        config=str(config) if config is not None else None,
+        store=store,
+        skip=ExecOptions.skip_list(skip),
+        quiet=quiet,
+        verbose=verbose,
+    )
+    run_exec(options, list(command or []))
 
 
 def agent(run_dir: Annotated[Path, typer.Option("--run-dir", help="The run directory exec prepared.")]) -> None:
@@ -54,9 +55,7 @@ def agent(run_dir: Annotated[Path, typer.Option("--run-dir", help="The run direc
 
 
 def register(app: typer.Typer) -> None:
-    # exec's arguments are the launcher's: nothing after the first non-option is bootseer's.
-    app.command(
-        "exec",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False},
-    )(exec_)
+    # exec's arguments are the launcher's: nothing after the first non-option is bootseer's. An unknown
+    # option before it is a usage error (click's), never the start of the command.
+    app.command("exec", context_settings={"allow_extra_args": True, "allow_interspersed_args": False})(exec_)
     app.command("agent", hidden=True)(agent)

@@ -91,14 +91,16 @@ def _arrange_publish(ctx: StageContext, key: Key, roots: dict[str, Path], base: 
     except OSError as e:
         ctx.warn(f"compile: cannot write the baseline ({e.strerror or e}); not publishing")
         return "not publishing"
+    from .tasks import PublishTask
+
     ctx.add_agent_task(
-        "compile-publish",
-        key=key.digest,
-        roots={k: str(v) for k, v in roots.items()},
-        baseline=str(path),
-        max_bytes=ctx.settings.compile.max_bytes,
-        ready=ctx.settings.image.ready,
-        started=time.time(),
+        PublishTask(
+            key=key.digest,
+            baseline=str(path),
+            max_bytes=ctx.settings.compile.max_bytes,
+            ready=ctx.settings.image.ready,
+            started=time.time(),
+        )
     )
     return "publishing after ready"
 

@@ -1,9 +1,9 @@
 """The "env-publish" agent task: upload the env snapshot the builder captured before exec, while the
 job starts, holding the builder's single-flight lease until the ref is written.
 
-Task parameters (set by stage.py `_capture_and_hand_over`): env_key, roots, upload (snapshot.Upload
-as a dict: the pending blob in the node cache and the ref's counts), lease (key, owner, expires,
-ttl_s). The other nodes wait on that lease (stage.py `_single_flight`); the agent renews it (and
+Its spec, `PublishTask` (made by stage.py `_capture_and_hand_over`): env_key, roots, upload
+(snapshot.Upload as a dict: the pending blob in the node cache and the ref's counts), and the lease
+(key, owner, expires, ttl_s). The other nodes wait on that lease (stage.py `_single_flight`); the agent renews it (and
 touches the pending blob, so `sweep_pending` knows it has an uploader) and releases it after the ref
 is written, or at once when the upload fails, so the next node builds without waiting for the TTL.
 If the agent dies (the node, SIGKILL), nobody renews: the lease expires after its TTL and the next
@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BootseerError
 from ..events import record as record_event
@@ -26,21 +27,36 @@ if TYPE_CHECKING:
     from ..store import Lease
 
 
-def _lease_of(task: dict[str, Any], agent: Agent) -> Lease:
+@dataclass(frozen=True)
+class PublishTask:
+    """The "env-publish" task: upload the capture `upload` (`snapshot.Upload.as_task()`) of env `env_key` under
+    the builder's lease, handed over with it."""
+
+    finish: ClassVar[bool] = True  # the agent waits for it after the launcher ends (others wait on its lease)
+
+    env_key: str
+    roots: list[str]
+    upload: dict[str, Any]
+    lease_key: str
+    lease_owner: str
+    lease_expires: float
+    lease_ttl_s: float
+
+
+def _lease_of(task: PublishTask, agent: Agent) -> Lease:
     """The builder's lease, rebuilt from its parts on the agent's own store client."""
     from ..store import Lease
 
-    d = task["lease"]
-    return Lease(agent.store, str(d["key"]), str(d["owner"]), float(d["expires"]), float(d["ttl_s"]))
+    return Lease(agent.store, task.lease_key, task.lease_owner, task.lease_expires, task.lease_ttl_s)
 
 
-def publish_task(task: dict[str, Any], agent: Agent) -> None:
+def publish_task(task: PublishTask, agent: Agent) -> None:
     """Renew the lease, upload, write the ref, release; the pending blob never outlives the task."""
     from ..cache import cache_for
     from .snapshot import LeaseKeeper, Upload, publish
 
-    up = Upload.from_task(task["upload"])
-    key = str(task["env_key"])
+    up = Upload.from_task(task.upload)
+    key = task.env_key
     t0 = time.time()
     try:
         lease = _lease_of(task, agent)
@@ -55,7 +71,7 @@ def publish_task(task: dict[str, Any], agent: Agent) -> None:
         settings = agent.settings
         agent.log(f"env-publish: uploading env {key[:12]} ({fmt_bytes(up.size)}), lease renewed every {ttl / 3:.1f} s")
         with LeaseKeeper(lease, ttl, on_renew=touch):  # released on the way out, after the ref
-            publish(settings.p2p, agent.store, cache_for(settings.store), up, key, [str(r) for r in task["roots"]])
+            publish(settings.p2p, agent.store, cache_for(settings.store), up, key, [str(r) for r in task.roots])
     except (BootseerError, OSError) as e:  # the lease is released: the next node builds and publishes
         agent.log(f"env-publish: env {key[:12]} not published: {e}")
         record_event(agent.run, "env-publish", t0, time.time(), "failed", bytes=up.size, reason=str(e))

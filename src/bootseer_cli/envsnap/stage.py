@@ -241,18 +241,30 @@ def _capture_and_hand_over(
         return cap
     cap = snap.pin_pending(ctx.cache, cap)
     write_stamp(roots, _keys_now(ctx, key), cap.digest, cap.entries, cap.deletion_paths)
+    from dataclasses import replace
+
+    from .agent_tasks import PublishTask
+
     lease = keeper.lease
-    task_lease = {"key": lease.key, "owner": lease.owner, "expires": lease.expires, "ttl_s": keeper.ttl_s}
+    task = PublishTask(
+        env_key=key,
+        roots=list(roots),
+        upload=snap.Upload.of(cap).as_task(),
+        lease_key=lease.key,
+        lease_owner=lease.owner,
+        lease_expires=lease.expires,
+        lease_ttl_s=keeper.ttl_s,
+    )
 
     def stop_renewing() -> None:
         keeper.stop_renewing()
-        task_lease["expires"] = lease.expires  # agent.json is written after this hook
+        # agent.json is written after this hook: the agent gets the lease as it was last renewed
+        i = next(i for i, t in enumerate(ctx.agent_tasks) if t is task)
+        ctx.agent_tasks[i] = replace(task, lease_expires=lease.expires)
 
     keeper.hand_over()
     ctx.before_agent.append(stop_renewing)
-    ctx.add_agent_task(
-        "env-publish", finish=True, env_key=key, roots=roots, upload=snap.Upload.of(cap).as_task(), lease=task_lease
-    )
+    ctx.add_agent_task(task)
     summary = f"setup {setup_s:.1f} s, captured {cap.files} files ({fmt_bytes(cap.size)}); the agent uploads it"
     return StageResult(
         outcome="built",

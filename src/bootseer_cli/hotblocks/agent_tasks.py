@@ -2,9 +2,10 @@
 "hot-prefetch" (finish a replay that the foreground deadline cut short, behind the program) and
 "hot-judge" (time this start to ready, for the never-slower verdict).
 
-The image stage (stage.py) hands these to the agent (agent.py), which runs each in a thread and
-names them by "module:function" in its `TASKS` table. What the next start must know (an empty record,
-a replay that did not pay) goes to the store (status.py): the agent cannot print to the start's output.
+The image stage (stage.py) hands these to the agent (agent.py) as the frozen dataclasses below (the
+capability table, capabilities.py, names each kind's spec and handler); the agent runs each in a
+thread. What the next start must know (an empty record, a replay that did not pay) goes to the store
+(status.py): the agent cannot print to the start's output.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..events import record as record_event
 from ..units import fmt_seconds
@@ -26,11 +28,44 @@ if TYPE_CHECKING:
     from .pagecache import FileInfo
 
 
-def _wait(task: dict[str, Any], agent: Agent, sleep: Callable[[float], bool]) -> tuple[str, float, float]:
+@dataclass(frozen=True)
+class RecordTask:
+    """The "hot-record" task: the start's opens come from the fanotify group `fan_fd` (inherited by the agent),
+    else from the files an eviction walk covered (`covered`: a JSON list in the run directory)."""
+
+    image_key: str
+    roots: list[str]
+    ready: str | float = "quiet"  # the `[image] ready` mode: when the start is over
+    started: float = 0.0  # when the stage started timing (0: when the task starts)
+    fan_fd: int | None = None
+    covered: str | None = None
+
+
+@dataclass(frozen=True)
+class PrefetchTask:
+    """The "hot-prefetch" task: the extents the foreground deadline left, a JSON list at `file`."""
+
+    file: str
+    threads: int = 16
+    mbps: float = 0.0
+
+
+@dataclass(frozen=True)
+class JudgeTask:
+    """The "hot-judge" task: time this start (of `record`, replayed or not) to ready, for the never-slower verdict."""
+
+    image_key: str
+    record: str
+    replayed: bool
+    started: float = 0.0
+    ready: str | float = "quiet"
+
+
+def _wait(task: RecordTask | JudgeTask, agent: Agent, sleep: Callable[[float], bool]) -> tuple[str, float, float]:
     """Wait until the launcher's start is over; (why, when, when the stage started timing)."""
-    started = float(task.get("started") or time.time())
+    started = float(task.started or time.time())
     why, at = wait_ready_at(
-        parse_mode(task.get("ready", "quiet")),
+        parse_mode(task.ready),
         agent.launcher_pid,
         agent.ready_file,
         alive=agent.launcher_alive,
@@ -40,12 +75,12 @@ def _wait(task: dict[str, Any], agent: Agent, sleep: Callable[[float], bool]) ->
     return why, at, started
 
 
-def record_task(task: dict[str, Any], agent: Agent) -> None:
+def record_task(task: RecordTask, agent: Agent) -> None:
     """Wait until the start is over (draining the fanotify group meanwhile), scan what it opened, publish."""
     from .opens import OpenLog
 
-    roots = [str(r) for r in task["roots"]]
-    fan_fd = task.get("fan_fd")
+    roots = [str(r) for r in task.roots]
+    fan_fd = task.fan_fd
     try:
         log = OpenLog(int(fan_fd), roots, ignore_pids=(os.getpid(),)) if fan_fd is not None else None
     except OSError as e:  # the group was not handed over (an exec that closed it): nothing to record from
@@ -63,19 +98,19 @@ def record_task(task: dict[str, Any], agent: Agent) -> None:
     _scan_and_publish(task, agent, roots, log, (why, at - started))
 
 
-def _files_seen(task: dict[str, Any], log: OpenLog | None) -> list[FileInfo] | None:
+def _files_seen(task: RecordTask, log: OpenLog | None) -> list[FileInfo] | None:
     """The files to scan: those the start opened (fanotify), those the eviction walk covered, or all."""
     from .record import file_infos
 
     if log is not None:
         return file_infos(log.paths)
-    if task.get("covered"):
-        return file_infos(json.loads(Path(task["covered"]).read_text()))
+    if task.covered:
+        return file_infos(json.loads(Path(task.covered).read_text()))
     return None
 
 
 def _scan_and_publish(
-    task: dict[str, Any], agent: Agent, roots: list[str], log: OpenLog | None, ready: tuple[str, float]
+    task: RecordTask, agent: Agent, roots: list[str], log: OpenLog | None, ready: tuple[str, float]
 ) -> None:
     """Scan, publish (or note why the record is empty, for the next start), and give the verdict its baseline."""
     from .record import publish, scan_seen
@@ -83,7 +118,7 @@ def _scan_and_publish(
 
     why, seconds = ready
     t0 = time.time()
-    image_key = str(task["image_key"])
+    image_key = task.image_key
     files = _files_seen(task, log)
     rec = scan_seen(image_key, roots, files)
     if not rec.extents:
@@ -108,15 +143,15 @@ def _scan_and_publish(
     )
 
 
-def judge_task(task: dict[str, Any], agent: Agent) -> None:
+def judge_task(task: JudgeTask, agent: Agent) -> None:
     """Time this start to ready and add it to the record's verdict (with or without replay)."""
     from .status import add_sample
 
     why, at, started = _wait(task, agent, agent.wait)
     seconds = at - started
-    replayed = bool(task.get("replayed"))
+    replayed = task.replayed
     side = "with" if replayed else "without"
-    verdict = add_sample(agent.store, str(task["image_key"]), str(task["record"]), side, seconds)
+    verdict = add_sample(agent.store, task.image_key, task.record, side, seconds)
     state = f"replay off: {verdict['why']}" if verdict["off"] else "replay on"
     agent.log(f"hot-judge ({why}): ready after {fmt_seconds(seconds)} {side} replay; {state}")
     record_event(
@@ -126,20 +161,20 @@ def judge_task(task: dict[str, Any], agent: Agent) -> None:
         at,
         "with-replay" if replayed else "without-replay",
         reason=why,
-        detail=str(task["image_key"]),
-        record=task["record"],
+        detail=task.image_key,
+        record=task.record,
         off=verdict["off"],
     )
 
 
-def prefetch_task(task: dict[str, Any], agent: Agent) -> None:
+def prefetch_task(task: PrefetchTask, agent: Agent) -> None:
     """Read the extents the stage's deadline left (a JSON file in the run directory) until done or stopped."""
     from .replay import run
 
-    path = Path(task["file"])
+    path = Path(task.file)
     work = [(str(p), int(o), int(n)) for p, o, n in json.loads(path.read_text())]
     t0 = time.time()
-    res = run(work, threads=int(task.get("threads", 16)), mbps=float(task.get("mbps", 0.0)), stop=agent.stopping.is_set)
+    res = run(work, threads=task.threads, mbps=task.mbps, stop=agent.stopping.is_set)
     agent.log(
         f"hot-prefetch: {res.bytes_read} bytes in {fmt_seconds(res.seconds)}, {len(res.remaining)} extents not read"
     )

@@ -23,12 +23,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError, StoreError
 from ..stage import StageContext, StageResult
 from ..units import fmt_bytes
+from .agent_tasks import JudgeTask, PrefetchTask, RecordTask
 from .pagecache import evict, untrusted_files
 from .probe import probe_roots
 from .ready import parse_mode
@@ -170,14 +172,8 @@ def _why_not_replay(ctx: StageContext, rec: Record, blob: str) -> tuple[str, str
 def _judge_later(ctx: StageContext, image_key: str, blob: str, replayed: bool, started: float) -> None:
     """Have the agent time this start to ready, for the never-slower verdict (status.py)."""
     if ctx.settings.exec.agent and blob:
-        ctx.add_agent_task(
-            "hot-judge",
-            image_key=image_key,
-            record=blob,
-            replayed=replayed,
-            started=started,
-            ready=ctx.settings.image.ready,
-        )
+        ready = ctx.settings.image.ready
+        ctx.add_agent_task(JudgeTask(image_key=image_key, record=blob, replayed=replayed, started=started, ready=ready))
 
 
 def _hand_on_remaining(ctx: StageContext, remaining: list[Extent]) -> str:
@@ -188,7 +184,7 @@ def _hand_on_remaining(ctx: StageContext, remaining: list[Extent]) -> str:
     path = ctx.run.run_dir / REMAINING_FILE
     _write_json(path, remaining)
     image = ctx.settings.image
-    ctx.add_agent_task("hot-prefetch", file=str(path), threads=image.prefetch_threads, mbps=image.prefetch_mbps)
+    ctx.add_agent_task(PrefetchTask(file=str(path), threads=image.prefetch_threads, mbps=image.prefetch_mbps))
     return f"{left} to the agent"
 
 
@@ -234,11 +230,11 @@ def _arrange_recording(ctx: StageContext, image_key: str, roots: list[str], why:
     held = _empty_backoff(ctx, image_key, roots)
     if held is not None:
         return held
-    base = {"image_key": image_key, "roots": roots, "ready": parse_mode(ctx.settings.image.ready)}
+    base = RecordTask(image_key=image_key, roots=list(roots), ready=parse_mode(ctx.settings.image.ready))
     fan_fd, no_fanotify = open_group(roots)
     if fan_fd is not None:
         ctx.agent_fds.append(fan_fd)
-        ctx.add_agent_task("hot-record", **base, fan_fd=fan_fd, started=time.time())
+        ctx.add_agent_task(replace(base, fan_fd=fan_fd, started=time.time()))
         return StageResult(
             outcome="miss", summary=f"recording this start ({why})", cache="miss", reason=why, extra={"roots": roots}
         )
@@ -272,7 +268,7 @@ def _empty_backoff(ctx: StageContext, image_key: str, roots: list[str]) -> Stage
 
 
 def _record_by_eviction(
-    ctx: StageContext, base: dict[str, Any], drops: list[str], why: str, stale: bool, no_fanotify: str
+    ctx: StageContext, base: RecordTask, drops: list[str], why: str, stale: bool, no_fanotify: str
 ) -> StageResult:
     """Without fanotify: evict what a time-bounded walk reaches, record those files at the end."""
     if drops:
@@ -284,7 +280,7 @@ def _record_by_eviction(
         ctx.warn(f"image: {line}")
         return _skipped("not recorded (stale record)", line)
     ctx.info(f"image: recording by eviction ({no_fanotify})")
-    files, complete = _bounded_walk(base["roots"], EVICT_BUDGET_S)
+    files, complete = _bounded_walk(base.roots, EVICT_BUDGET_S)
     bad = untrusted_files(files)
     if bad:
         refused = refusal(files, bad)
@@ -295,7 +291,7 @@ def _record_by_eviction(
     _write_json(covered, [f.path for f in files])
     if not complete:
         ctx.info(f"image: eviction walk stopped at {EVICT_BUDGET_S:g} s; the record covers {len(files)} files")
-    ctx.add_agent_task("hot-record", **base, covered=str(covered), started=time.time())
+    ctx.add_agent_task(replace(base, covered=str(covered), started=time.time()))
     return StageResult(
         outcome="miss",
         summary=f"recording this start ({why})",

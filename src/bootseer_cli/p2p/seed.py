@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +39,17 @@ def _write_status(run_dir: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, run_dir / STATUS_NAME)
 
 
-def run_seed(task: dict[str, Any], agent: Agent) -> None:
-    """The agent task: serve `task["blobs"]` from the node cache for `[p2p] seed_s`, or until the agent stops."""
+@dataclass(frozen=True)
+class SeedTask:
+    """The blobs to keep seeding (`{"digest", "torrent"}` each, both in the node cache) and what the
+    swarm fetched before exec (for `bootseer p2p status`), as `p2p.fetch.shutdown` returns them."""
+
+    blobs: list[dict[str, str]] = field(default_factory=list)
+    fetches: list[dict[str, Any]] = field(default_factory=list)
+
+
+def run_seed(task: SeedTask, agent: Agent) -> None:
+    """The agent task: serve `task.blobs` from the node cache for `[p2p] seed_s`, or until the agent stops."""
     from ..cache import cache_for
     from .swarm import Swarm
 
@@ -51,7 +61,7 @@ def run_seed(task: dict[str, Any], agent: Agent) -> None:
         "pid": os.getpid(),
         "started": started,
         "seed_until": started + p2p.seed_s,
-        "fetches": task.get("fetches", []),
+        "fetches": task.fetches,
         "blobs": [],
     }
     _write_status(agent.run_dir, status)
@@ -64,7 +74,7 @@ def run_seed(task: dict[str, Any], agent: Agent) -> None:
     swarm = Swarm(p2p.listen or host, p2p.port, announce_host=host)
     seeding: Seeding = []
     try:
-        _add_blobs(task.get("blobs", []), cache_for(settings.store), swarm, store, agent, seeding)
+        _add_blobs(task.blobs, cache_for(settings.store), swarm, store, agent, seeding)
         agent.log(f"seed: serving {len(seeding)} blob(s) on {host}:{swarm.port} for {p2p.seed_s:g} s")
         _serve(seeding, swarm, store, p2p, agent, status)
     finally:

@@ -1,8 +1,8 @@
 """The checkpoint stage of `bootseer exec`: mount (or pull) `[checkpoint] name:tag` before the launcher starts.
 
 Mount mode starts the FUSE server detached, with the exec process (which becomes the launcher) as its
-owner: the server unmounts itself when that pid ends, and the agent's `ckpt-umount` task does the
-same on its way out, so the mount never outlives the job even if one of the two dies. If the mount
+owner: the server unmounts itself when that pid ends, and the agent's `ckpt-umount` task (agent_tasks.py)
+does the same on its way out, so the mount never outlives the job even if one of the two dies. If the mount
 cannot be made (no FUSE here), the stage warns and pulls instead; if the store is unreachable the
 launch code warns and the job starts without a checkpoint. Either way the launcher finds the
 directory in `$BOOTSEER_CKPT_DIR`.
@@ -10,17 +10,15 @@ directory in `$BOOTSEER_CKPT_DIR`.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError
 from ..stage import StageContext, StageResult
+from .agent_tasks import UnmountTask
 
 if TYPE_CHECKING:
-    from ..agent import Agent
     from .layout import Manifest
 
 
@@ -74,7 +72,7 @@ def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> St
     except BootseerError as e:
         ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {mp} ({e}); pulling it instead")
         return None
-    ctx.add_agent_task("ckpt-umount", mountpoint=mp, pid=pid)
+    ctx.add_agent_task(UnmountTask(mountpoint=mp, pid=pid))
     ctx.exports["BOOTSEER_CKPT_DIR"] = mp
     ctx.info(f"checkpoint {m.name}:{m.tag} mounted at {mp}")
     return StageResult("mounted", summary=f"mounted {m.name}:{m.tag}", extra=extra)
@@ -129,22 +127,3 @@ def _pull(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> Sta
         bytes_from_peers=r.bytes_from_peers,
         extra=extra,
     )
-
-
-def agent_unmount(task: dict[str, Any], agent: Agent) -> None:
-    """Agent task: hold the mount while the launcher runs, unmount when it ends."""
-    from .mount import mount_info, umount
-
-    mp = task["mountpoint"]
-    while not agent.wait(5.0):
-        if mount_info(mp) is None:
-            return  # unmounted already (by its server, or by hand)
-    try:
-        if umount(mp):
-            agent.log(f"unmounted {mp}")
-    except BootseerError as e:
-        agent.log(f"could not unmount {mp}: {e}")
-    pid = int(task.get("pid") or 0)
-    if pid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
