@@ -27,7 +27,9 @@ app = typer.Typer(
 )
 
 # The command modules, in the order their verbs appear in `bootseer --help` (groups follow the verbs).
-COMMAND_MODULES: tuple[str, ...] = ("run", "setup", "hot", "report", "p2p", "prewarm", "ckpt", "env", "cache", "gc")
+COMMAND_MODULES: tuple[str, ...] = (
+    "run", "setup", "hot", "report", "p2p", "prewarm", "ckpt", "env", "cache", "gc", "trust",
+)  # fmt: skip
 
 _registered = False
 

@@ -35,6 +35,17 @@ def check_store(settings: StoreSettings) -> Check:
     return Check("store", "ok", f"{store.uri} is reachable and writable")
 
 
+def check_trust(settings: Settings) -> Check:
+    """Which domain this node writes, what it reads, and whether refs are signed (one line to turn it on)."""
+    from .trust import describe, trust_for
+
+    try:
+        status, detail, fix = describe(trust_for(settings))
+    except BootseerError as e:
+        return Check("trust", "fail", str(e), "fix [trust] (bootseer trust keygen writes a key pair)")
+    return Check("trust", status, detail, fix)
+
+
 def check_cache(settings: StoreSettings) -> Check:
     from .cache import cache_for
 
@@ -111,7 +122,8 @@ def run_checks(settings: Settings) -> list[Check]:
     """The machine's checks, then each capability's (its `doctor` hook), in the order `bootseer doctor` prints them."""
     from .capabilities import CAPABILITIES, resolve
 
-    checks = [check_store(settings.store), check_cache(settings.store), check_docker(), check_hostname()]
+    checks = [check_store(settings.store), check_trust(settings), check_cache(settings.store), check_docker()]
+    checks.append(check_hostname())
     for cap in CAPABILITIES:  # each capability checks what it needs of this machine
         if cap.doctor:
             checks += resolve(cap.doctor)(settings)

@@ -60,6 +60,15 @@ class StoreSettings:
     )
     cache_dir: Path | None = location(None, "The node-local blob cache (unset: the user cache directory).")
     cache_max_gb: float = size_gb(50.0, "Bound on the node cache; least recently used blobs go first.")
+    domain: str | None = text(
+        None, "Trust domain: refs are read and written under <domain>/ (unset: the job owner's user name).",
+        pattern=r"[A-Za-z0-9._-]{1,64}", example="team-nlp",
+    )  # fmt: skip
+
+    def trust_domain(self) -> str:
+        from .trust import default_domain
+
+        return self.domain or default_domain()
 
     @property
     def cache_max_bytes(self) -> int:
@@ -71,6 +80,29 @@ class ExecSettings:
     quiet: bool = flag(False, "No summary line.", env=("BOOTSEER_QUIET",))
     skip: tuple[str, ...] = strings((), "Stages not to run (see bootseer exec --help).")
     agent: bool = flag(True, "Start the agent that serves mounts, seeds and uploads after exec.")
+    pass_store_credentials: bool = flag(
+        False, "Hand the store's credentials to the launcher (a job that pushes checkpoints itself)."
+    )
+
+
+@dataclass(frozen=True)
+class TrustSettings:
+    read_from: tuple[str, ...] = strings((), "Other domains whose signed refs this job uses (e.g. CI's prewarm).")
+    signing_key: Path | None = location(
+        None, "Private key that signs what this node publishes (bootseer trust keygen)."
+    )
+    verify_keys: tuple[str, ...] = strings((), "Public key files trusted, each for the domain it names.")
+    verify: str | None = text(
+        None, "'required': refuse unsigned refs; 'off': trust the store (unset: required when keys are set).",
+        choices=("required", "off"),
+    )  # fmt: skip
+
+    @classmethod
+    def derive(cls, values: dict[str, object], origin: Origin) -> None:
+        """Key files are relative to the config file, as every path in it."""
+        keys = values.get("verify_keys")
+        if isinstance(keys, tuple):
+            values["verify_keys"] = tuple(_resolve(origin.base_dir, k) for k in keys)
 
 
 @dataclass(frozen=True)
@@ -208,7 +240,12 @@ class CompileSettings:
         return int(self.max_gb * 10**9)
 
 
-CORE_SECTIONS: dict[str, type] = {"store": StoreSettings, "exec": ExecSettings, "report": ReportSettings}
+CORE_SECTIONS: dict[str, type] = {
+    "store": StoreSettings,
+    "exec": ExecSettings,
+    "trust": TrustSettings,
+    "report": ReportSettings,
+}
 
 
 def section_classes() -> dict[str, type]:
@@ -238,6 +275,7 @@ class Settings:
     p2p: P2PSettings = field(default_factory=P2PSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
     compile: CompileSettings = field(default_factory=CompileSettings)
+    trust: TrustSettings = field(default_factory=TrustSettings)
     extra: Mapping[str, object] = field(default_factory=dict)
     config_path: Path | None = None
 
@@ -257,7 +295,7 @@ class Settings:
         return cls(**typed, extra=extra, config_path=cfg.path)  # type: ignore[arg-type]
 
 
-_TYPED = ("store", "exec", "image", "env", "checkpoint", "p2p", "report", "compile")
+_TYPED = ("store", "exec", "image", "env", "checkpoint", "p2p", "report", "compile", "trust")
 
 
 class ConfigLike(Origin, Protocol):

@@ -36,6 +36,8 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+    from .settings import Settings
+
 SIG_FIELD = "_sig"
 PUBLIC_TAG = "bootseer-ed25519"
 KEY_FILE_MAX = 16 << 10
@@ -250,3 +252,33 @@ class Trust:
 def unsigned(domain: str | None = None) -> Trust:
     """The trust of a process without keys: its own domain, unsigned."""
     return Trust(domain=domain or default_domain())
+
+
+def trust_for(settings: Settings) -> Trust:
+    """This process's trust, from `[store] domain` and `[trust]` (keys are loaded, and checked, here)."""
+    t = settings.trust
+    own = check_domain(settings.store.trust_domain())
+    read_from = tuple(check_domain(d, "[trust] read_from") for d in t.read_from)
+    signer = load_signer(str(t.signing_key)) if t.signing_key else None
+    verifiers = load_verifiers(list(t.verify_keys)) if t.verify_keys else {}
+    return Trust(own, read_from, signer, verifiers, t.verify or "auto")
+
+
+def describe(trust: Trust) -> tuple[str, str, str]:
+    """(status, detail, fix) for `bootseer doctor`."""
+    domains = ", ".join(trust.domains)
+    if trust.verify == "off":
+        return (
+            "warn",
+            f'domain {trust.domain}; [trust] verify = "off": refs of {domains} are used unchecked',
+            ('remove verify = "off" once every publisher signs'),
+        )
+    if not trust.verifiers:
+        return (
+            "warn",
+            f"domain {trust.domain}; refs are unsigned: whoever can write the store can put code into its jobs",
+            f'bootseer trust keygen --domain {trust.domain} --out KEY, then set [trust] signing_key = "KEY.key" '
+            'and verify_keys = ["KEY.pub"]',
+        )
+    signs = f"signs with key {trust.signer.kid}" if trust.signer else "does not sign (no [trust] signing_key)"
+    return "ok", f"domain {trust.domain}; reads {domains}; {len(trust.verifiers)} verify key(s); {signs}", ""

@@ -91,7 +91,7 @@ def _config_text(cfg: Config) -> str:
             elif (section, key) == ("store", "cache_dir"):
                 lines.append(f"# {key} = (unset: {blob_cache_dir()})")
             else:
-                lines.append(f"# {key} = (unset: {spec[section][key].help.rstrip('.')})")
+                lines.append(f"# {key} = (unset)    # {spec[section][key].help}")
         lines.append("")
     return "\n".join(lines)
 
