@@ -18,7 +18,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ConfigError
+from .errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
     from .settings import CheckpointSettings
@@ -74,17 +74,25 @@ def push_checkpoint(
         raise ConfigError(f"--stripes {k}: a checkpoint needs at least 1 stripe")
     if cells < 1:
         raise ConfigError(f"--cell-size {cells}: a cell holds at least 1 byte")
-    with phase_bars(name, enabled=bars) as progress:
-        return _push(
-            store,
-            directory,
-            name,
-            tag,
-            stripes=k,
-            cell_size=cells,
-            targets=[Store(u) for u in uris] or None,
-            progress=progress,
-        )
+    try:
+        with phase_bars(name, enabled=bars) as progress:
+            return _push(
+                store,
+                directory,
+                name,
+                tag,
+                stripes=k,
+                cell_size=cells,
+                targets=[Store(u) for u in uris] or None,
+                progress=progress,
+            )
+    except (StoreError, OSError) as e:
+        if os.environ.get("BOOTSEER_STORE_WITHHELD") != "1":
+            raise
+        raise StoreError(
+            f"{e} (this job was started by bootseer exec, which keeps the store's credentials from the job: "
+            "set [exec] pass_store_credentials = true for a job that pushes checkpoints itself)"
+        ) from None
 
 
 def push(

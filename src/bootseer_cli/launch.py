@@ -41,7 +41,8 @@ def execute(settings: Settings, command: list[str], skip: set[str] | None = None
     quiet = settings.exec.quiet
     active = [c.name for c in run_order() if c.name not in skip and wanted(c, settings)]
     if not active:
-        _exec(command, resolve_command(command), os.environ)
+        env = launcher_base_environ(settings, os.environ)
+        _exec(command, resolve_command(command, env), env)
         return
     run = RunInfo.new(command)
     ctx = StageContext(settings=settings, run=run, command=command, quiet=quiet)
@@ -147,7 +148,7 @@ def summary_line(results: list[StageRow], total: float) -> str:
 
 def _launcher_environ(ctx: StageContext) -> dict[str, str]:
     """The launcher's environment: what it would have had, plus the stages' exports and the run's facts."""
-    env = dict(os.environ)
+    env = launcher_base_environ(ctx.settings, os.environ)
     env.update(ctx.exports)
     env.update(
         {
@@ -157,6 +158,35 @@ def _launcher_environ(ctx: StageContext) -> dict[str, str]:
             "BOOTSEER_EXEC_TIME": f"{time.time():.6f}",
         }
     )
+    return env
+
+
+# Where a store's client reads its credentials from, by scheme (pyarrow's S3, GCS and HDFS clients).
+_CREDENTIALS = {
+    "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"),
+    "gs": ("GOOGLE_APPLICATION_CREDENTIALS",),
+    "hdfs": ("HADOOP_TOKEN_FILE_LOCATION", "KRB5CCNAME"),
+}
+WITHHELD = "BOOTSEER_STORE_WITHHELD"
+
+
+def launcher_base_environ(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
+    """What the launcher inherits: this environment less the store's write credentials.
+
+    A training job runs code that any of its dependencies brought; with the store's credentials it
+    could rewrite what every other job restores. They reach the launcher only when the job pushes
+    checkpoints itself (`[exec] pass_store_credentials`); `BOOTSEER_STORE_WITHHELD=1` tells a
+    `bootseer ckpt push` inside the job why it cannot write.
+    """
+    env = dict(environ)
+    if settings.exec.pass_store_credentials:
+        return env
+    uri = settings.store.uri or ""
+    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    gone = [n for n in ("BOOTSEER_STORE", *_CREDENTIALS.get(scheme, ())) if n in env]
+    for name in gone:
+        del env[name]
+    env[WITHHELD] = "1"
     return env
 
 
