@@ -1,4 +1,5 @@
-"""The store: content-addressed blobs, small JSON refs and single-flight leases over any pyarrow.fs.
+"""The store: content-addressed blobs, small JSON refs and single-flight leases over any pyarrow.fs
+(the filesystem itself, with its atomic writes and listing, is `storefs.StoreFS`).
 
 Layout (DESIGN.md section 3)::
 
@@ -7,10 +8,7 @@ Layout (DESIGN.md section 3)::
     leases/<key>                  single-flight: owner, expiry
     ckpt/…, events/…              owned by their modules, through the generic put/get/list helpers
 
-Atomic publication. On filesystems with rename (file://, hdfs://) a blob or ref is written under a
-temporary name and renamed. Object stores (s3://, gs://) make an object visible only when its upload
-completes, so a blob is put under its final key directly; a failed upload is deleted, and since
-every reader verifies the digest and refs are written last, a partial object is never used.
+Blobs and refs are published atomically (see `storefs`): a reader never uses a partial object.
 
 Leases. On file:// a lease is created with O_EXCL, which is atomic. pyarrow exposes no
 create-if-absent on object stores, so there a lease is taken by writing a unique owner id, waiting
@@ -31,26 +29,16 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from typing import Any
 
 from .digests import sha256_file
 from .errors import IntegrityError, StoreError
-from .redact import redact, redact_text
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-    import pyarrow.dataset as pads
-    import pyarrow.fs as pafs
-
+from .storefs import StoreFS
 
 CHUNK = 4 << 20
-KEEP_NAME = ".keep"
-SUPPORTED_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "")
-_OBJECT_STORES = ("s3", "gcs")
 
 Progress = Callable[[int], None]
 
@@ -63,18 +51,6 @@ def blob_path(digest: str) -> str:
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
         raise IntegrityError(f"not a sha256 digest: {digest!r}")
     return f"blobs/sha256/{digest[:2]}/{digest}"
-
-
-def _local_root(uri: str, scheme: str) -> str | None:
-    """The directory of a local store URI (a path, or file:// without a host); None for any other."""
-    if scheme == "":
-        return str(Path(uri).expanduser().resolve())
-    parsed = urlparse(uri)
-    if scheme == "file" and parsed.netloc in ("", "localhost") and not parsed.query:
-        from urllib.parse import unquote
-
-        return unquote(parsed.path) or "/"
-    return None
 
 
 def _safe_key(key: str) -> str:
@@ -105,220 +81,8 @@ class Lease:
         return self.store.renew_lease(self, ttl_s)
 
 
-@dataclass(frozen=True)
-class StoredFile:
-    """A file in the store: its path relative to the store's root, size and modification time."""
-
-    rel: str
-    size: int
-    mtime: float
-
-
-class Store:
+class Store(StoreFS):
     """A bootseer store at a pyarrow.fs URI (`file:///…`, `s3://bucket/prefix?endpoint_override=…`)."""
-
-    def __init__(self, uri: str, settle_s: float = 1.0) -> None:
-        # `uri` is the display form (no credentials): every message uses it. The full URI, which may
-        # carry a secret, stays private: it opens the filesystem and is handed to a child process
-        # only through its environment or a 0600 file (`uri_with_credentials`).
-        self._full_uri = uri
-        self.uri = redact(uri)
-        self.settle_s = settle_s
-        scheme = urlparse(uri).scheme
-        if scheme not in SUPPORTED_SCHEMES:
-            raise StoreError(
-                f"store URI {self.uri!r}: unknown scheme {scheme!r} (use file://, s3://, gs://, hdfs:// or a path)"
-            )
-        self._fs: pafs.FileSystem | None = None
-        local = _local_root(uri, scheme)  # a local store opens without pyarrow (restores start faster)
-        if local is not None:
-            self.root = local
-        else:
-            import pyarrow as pa
-            import pyarrow.fs as pafs
-
-            try:
-                if scheme == "s3":
-                    self._fs, self.root = _open_s3(uri)
-                else:
-                    self._fs, self.root = pafs.FileSystem.from_uri(uri)
-            except (StoreError, OSError, ValueError, pa.ArrowException) as e:  # pyarrow's text is useful
-                raise StoreError(f"store {self.uri!r}: {_open_error(scheme, e)}") from None
-        self.root = self.root.rstrip("/")
-        self.kind = "local" if self._fs is None else self._fs.type_name  # "local", "s3", "gcs", "hdfs", …
-        self.is_local = self.kind == "local"
-        if self.is_local:
-            try:
-                Path(self.root).mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise StoreError(f"store {self.uri!r}: cannot create {self.root}: {e.strerror}") from None
-
-    @property
-    def fs(self) -> pafs.FileSystem:
-        """The pyarrow filesystem; for a local store made on first use (pyarrow costs ~0.3 s to import)."""
-        if self._fs is None:
-            import pyarrow.fs as pafs
-
-            self._fs = pafs.LocalFileSystem()
-        return self._fs
-
-    def uri_with_credentials(self) -> str:
-        """The full URI, secret included: only for a child's environment or a 0600 file, never argv or text."""
-        return self._full_uri
-
-    # ---- generic paths -------------------------------------------------------------------------
-    def path(self, rel: str) -> str:
-        return f"{self.root}/{rel}" if self.root else rel
-
-    def exists(self, rel: str) -> bool:
-        import pyarrow.fs as pafs
-
-        try:
-            return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
-        except OSError as e:
-            raise StoreError(f"store {self.uri}: cannot stat {rel}: {e}") from None
-
-    def size(self, rel: str) -> int:
-        import pyarrow.fs as pafs
-
-        info = self.fs.get_file_info(self.path(rel))
-        if info.type == pafs.FileType.NotFound:
-            raise StoreError(f"store {self.uri}: {rel} not found")
-        return int(info.size or 0)
-
-    def _ensure_parent(self, rel: str) -> None:
-        parent = self.path(rel).rsplit("/", 1)[0]
-        if not self.kind.startswith(_OBJECT_STORES):
-            self.fs.create_dir(parent, recursive=True)
-
-    @contextlib.contextmanager
-    def _atomic_output(self, rel: str) -> Iterator[IO[bytes]]:
-        """A stream that appears at `rel` whole or not at all (see the module docstring)."""
-        self._ensure_parent(rel)
-        final = self.path(rel)
-        direct = self.kind in _OBJECT_STORES
-        target = final if direct else f"{final}.tmp-{uuid.uuid4().hex[:12]}"
-        out = self.fs.open_output_stream(target)
-        try:
-            yield out
-            out.close()
-            if not direct:
-                self.fs.move(target, final)
-        except BaseException:
-            # Cleanup on the way out: the original error is the one to report (pyarrow raises OSError).
-            with contextlib.suppress(OSError):
-                out.close()
-            with contextlib.suppress(OSError):
-                self.fs.delete_file(target)
-            raise
-
-    def put_bytes(self, rel: str, data: bytes) -> None:
-        try:
-            with self._atomic_output(rel) as out:
-                out.write(data)
-        except OSError as e:
-            raise StoreError(f"store {self.uri}: cannot write {rel}: {e}") from None
-
-    def get_bytes(self, rel: str) -> bytes | None:
-        """The whole object, or None when it does not exist."""
-        if self.is_local:  # plain file I/O: no pyarrow on a local store's read path
-            try:
-                return Path(self.path(rel)).read_bytes()
-            except (FileNotFoundError, NotADirectoryError):
-                return None
-            except OSError as e:
-                raise StoreError(f"store {self.uri}: cannot read {rel}: {e}") from None
-        try:
-            with self.fs.open_input_stream(self.path(rel)) as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if "not found" in str(e).lower() or "no such file" in str(e).lower():
-                return None
-            raise StoreError(f"store {self.uri}: cannot read {rel}: {e}") from None
-
-    def delete(self, rel: str) -> None:
-        if self.kind not in _OBJECT_STORES:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.delete_file(self.path(rel))
-            return
-        self._keep_prefix(rel)
-        try:
-            self.fs.delete_file(self.path(rel))
-        except FileNotFoundError:
-            pass
-        except OSError:
-            # The object is deleted before pyarrow writes the parent marker; a server that refuses
-            # the marker (the prefix is a real directory there) has still done the delete.
-            if self.exists(rel):
-                raise
-
-    def _keep_prefix(self, rel: str) -> None:
-        """Make sure a delete never empties its prefix on an object store.
-
-        pyarrow writes a "directory marker" object after a delete, and S3 servers that map keys to
-        files (rclone's `serve s3`) store it, when the delete emptied the prefix, as an empty *file*
-        named like the prefix, after which nothing can be written under the prefix again. A hidden
-        `.keep` object keeps the prefix non-empty, on every server, for one small PUT per prefix.
-        """
-        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
-        keep = f"{parent}/{KEEP_NAME}" if parent else KEEP_NAME
-        if not self.exists(keep):
-            with self.fs.open_output_stream(self.path(keep)) as out:
-                out.write(b"")
-
-    def delete_dir(self, rel: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.delete_dir(self.path(rel))
-
-    def _file_infos(self, prefix: str, recursive: bool) -> list[Any]:
-        """pyarrow's infos of the files under `prefix` (temporaries and prefix markers left out)."""
-        import pyarrow.fs as pafs
-
-        sel = pafs.FileSelector(self.path(prefix), allow_not_found=True, recursive=recursive)
-        try:
-            infos = self.fs.get_file_info(sel)
-        except OSError as e:
-            raise StoreError(f"store {self.uri}: cannot list {prefix}: {e}") from None
-        return [i for i in infos if i.type == pafs.FileType.File and ".tmp-" not in i.path and i.base_name != KEEP_NAME]
-
-    def _rel(self, full: str) -> str:
-        return full[len(self.root) + 1 :] if self.root else full
-
-    def list(self, prefix: str, recursive: bool = False) -> list[str]:
-        """Relative paths of the files under `prefix` (empty when it does not exist)."""
-        return sorted(self._rel(i.path) for i in self._file_infos(prefix, recursive))
-
-    def list_info(self, prefix: str) -> list[StoredFile]:
-        """The files under `prefix`, recursively, with size and modification time (temporaries left out)."""
-        return sorted(
-            (
-                StoredFile(self._rel(i.path), i.size or 0, i.mtime.timestamp() if i.mtime is not None else 0.0)
-                for i in self._file_infos(prefix, True)
-            ),
-            key=lambda f: f.rel,
-        )
-
-    def parquet_dataset(self, rels: list[str], schema: pa.Schema | None = None) -> pads.Dataset:
-        """One pyarrow dataset over the Parquet files `rels` (pyarrow reads them on its own threads)."""
-        import pyarrow.dataset as ds
-
-        return ds.dataset([self.path(r) for r in rels], format="parquet", filesystem=self.fs, schema=schema)
-
-    def list_dirs(self, prefix: str) -> list[str]:
-        import pyarrow.fs as pafs
-
-        sel = pafs.FileSelector(self.path(prefix), allow_not_found=True)
-        infos = self.fs.get_file_info(sel)
-        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
-
-    def open_input(self, rel: str) -> pa.NativeFile:
-        """A random-access file (pyarrow NativeFile: read_at, seek, size) for ranged reads."""
-        try:
-            return self.fs.open_input_file(self.path(rel))
-        except OSError as e:
-            raise StoreError(f"store {self.uri}: cannot open {rel}: {e}") from None
 
     # ---- blobs ---------------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
@@ -687,58 +451,6 @@ class Store:
                 raise StoreError(f"store {self.uri}: a probe object did not read back")
         finally:
             self.delete(rel)
-
-
-def _open_error(scheme: str, e: Exception) -> str:
-    """Why a store did not open, in one line: pyarrow's text (redacted), or, when HDFS's native
-    client (libhdfs, or the JVM it needs) is missing, which it is and how to install it, instead of
-    the dozens of dlopen lines pyarrow lists."""
-    text = redact_text(str(e))
-    if scheme in ("hdfs", "viewfs"):
-        missing = next((lib for lib in ("libhdfs", "libjvm") if f"load {lib}" in text), None)
-        if missing:
-            return (
-                f"cannot load {missing}, which pyarrow needs for HDFS: install Java and Hadoop's libhdfs, "
-                "then set JAVA_HOME, ARROW_LIBHDFS_DIR (the directory of libhdfs.so) and "
-                "CLASSPATH=$(hadoop classpath --glob)"
-            )
-    return text
-
-
-def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, str]:
-    """pyarrow's S3FileSystem from an `s3://` URI, with directory-existence checks turned on.
-
-    `FileSystem.from_uri` cannot set `check_directory_existence_before_creation`; without it
-    every delete writes a parent "directory marker", which breaks S3 servers that map keys to files
-    (see `Store._keep_prefix`).
-    """
-    from urllib.parse import parse_qsl, unquote
-
-    import pyarrow.fs as pafs
-
-    parsed = urlparse(uri)
-    # The SDK's default request timeout (3 s without a byte) fails large transfers from a busy server.
-    kwargs: dict[str, Any] = {
-        "check_directory_existence_before_creation": True,
-        "request_timeout": 60.0,
-        "connect_timeout": 10.0,
-    }
-    if parsed.username:
-        kwargs["access_key"] = unquote(parsed.username)
-        kwargs["secret_key"] = unquote(parsed.password or "")
-    for name, value in parse_qsl(parsed.query):
-        if name in ("region", "scheme", "endpoint_override", "session_token", "role_arn", "session_name"):
-            kwargs[name] = value
-        elif name in ("allow_bucket_creation", "allow_bucket_deletion", "force_virtual_addressing"):
-            kwargs[name] = value.lower() in ("1", "true", "yes")
-        elif name in ("connect_timeout", "request_timeout"):
-            kwargs[name] = float(value)
-        else:
-            raise StoreError(f"store URI {redact(uri)!r}: unknown S3 option {name!r}")
-    bucket = parsed.hostname or ""
-    if not bucket:
-        raise StoreError(f"store URI {redact(uri)!r}: no bucket")
-    return pafs.S3FileSystem(**kwargs), f"{bucket}{parsed.path}".rstrip("/")
 
 
 def open_store(uri: str | None) -> Store:

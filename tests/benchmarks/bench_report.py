@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.report.support import node_events, write_run
 
 from bootseer_cli import events
-from bootseer_cli.report import analysis, load, render
+from bootseer_cli.report import analysis, load
+from bootseer_cli.report.page import job_html
+from bootseer_cli.report.svg import timeline_svg
 from bootseer_cli.store import Store
 
 REPEAT = 3
@@ -54,7 +56,7 @@ def bench(n: int, root: Path) -> dict[str, float]:
 
     def report() -> tuple[str, str, int]:
         r = analysis.analyze_job(load.load_job(store, "big"), "big")
-        return render.job_html(r), render.timeline_svg(r), r.nodes
+        return job_html(r), timeline_svg(r), r.nodes
 
     read_s, read_cpu, table = best(lambda: events.load_table(store, "big"))
     total_s, total_cpu, (page, svg, nodes) = best(report)

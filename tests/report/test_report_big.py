@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.report import analysis, load, render
+from bootseer_cli.report import analysis, load
+from bootseer_cli.report.page import job_html
+from bootseer_cli.report.svg import GROUP_ROWS
 from bootseer_cli.store import Store
 from bootseer_cli.units import fmt_seconds
 from tests.report.conftest import BIG_NODES, RESTARTED, STRAGGLER, BigJob
@@ -32,7 +34,7 @@ def test_figures_match_the_events(big_job: BigJob) -> None:
     t = time.monotonic()
     rows = load.load_job(Store(big_job.uri), big_job.job)
     report = analysis.analyze_job(rows, big_job.job)
-    page = render.job_html(report)
+    page = job_html(report)
     took = time.monotonic() - t
     assert took < 15, f"1,000-node report took {took:.1f} s"  # ~2 s on an idle 2-core machine
     assert len(rows) == len(big_job.rows)
@@ -77,7 +79,7 @@ def test_cli_json_html_svg_and_screenshot(big_job: BigJob, tmp_path: Path) -> No
     assert root.tag == f"{SVG}svg"
     labels = [el.text or "" for el in root.iter(f"{SVG}text")]
     # aggregated: 32 group rows plus the 10 slowest nodes one by one, the straggler starred
-    assert sum(1 for text in labels if text.startswith("#") and "·" in text) == render.GROUP_ROWS
+    assert sum(1 for text in labels if text.startswith("#") and "·" in text) == GROUP_ROWS
     assert any(text.startswith("★") and STRAGGLER in text for text in labels)
     assert len(list(root.iter(f"{SVG}rect"))) < 2000  # aggregated, not one row per node
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.report import render
+from bootseer_cli.report.svg import axis_ticks
 from bootseer_cli.store import Store
 from tests.report.support import chromium_screenshot, write_run
 
@@ -108,7 +108,7 @@ def test_small_cpu_job_page_in_chromium(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("tmax", [0.013, 0.13, 0.6, 0.95, 1.3, 2.6, 13.0, 47.0, 130.0, 1300.0, 5400.0])
 def test_tick_labels_are_distinct_at_every_scale(tmax: float) -> None:
-    axis_max, ticks = render.axis_ticks(tmax)
+    axis_max, ticks = axis_ticks(tmax)
     labels = [label for _, label in ticks]
     assert axis_max >= tmax and 4 <= len(labels) <= 12
     assert len(set(labels)) == len(labels), labels

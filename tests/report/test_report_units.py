@@ -10,8 +10,9 @@ import pytest
 
 from bootseer_cli.errors import ConfigError
 from bootseer_cli.launcher import gpus_hint
-from bootseer_cli.report import analysis
+from bootseer_cli.report import analysis, findings
 from bootseer_cli.report.load import parse_since
+from bootseer_cli.report.starts import cache_class, node_starts, percentile
 
 
 def test_percentile_is_linear_between_order_statistics() -> None:
@@ -19,18 +20,18 @@ def test_percentile_is_linear_between_order_statistics() -> None:
     for n in (2, 3, 10, 101):
         values = [rng.uniform(0, 100) for _ in range(n)]
         cuts = statistics.quantiles(values, n=100, method="inclusive")
-        assert analysis.percentile(values, 50) == pytest.approx(cuts[49])
-        assert analysis.percentile(values, 90) == pytest.approx(cuts[89])
-    assert analysis.percentile([4.0], 90) == 4.0
-    assert analysis.percentile([], 50) == 0.0
+        assert percentile(values, 50) == pytest.approx(cuts[49])
+        assert percentile(values, 90) == pytest.approx(cuts[89])
+    assert percentile([4.0], 90) == 4.0
+    assert percentile([], 50) == 0.0
 
 
 def test_cache_class() -> None:
-    assert analysis.cache_class({"cache": "hit", "outcome": "ok"}) == "hit"
-    assert analysis.cache_class({"cache": "miss", "outcome": "skipped"}) == "miss"
-    assert analysis.cache_class({"cache": "", "outcome": "restored"}) == "hit"
-    assert analysis.cache_class({"cache": "", "outcome": "built"}) == "miss"
-    assert analysis.cache_class({"cache": "", "outcome": "done"}) is None
+    assert cache_class({"cache": "hit", "outcome": "ok"}) == "hit"
+    assert cache_class({"cache": "miss", "outcome": "skipped"}) == "miss"
+    assert cache_class({"cache": "", "outcome": "restored"}) == "hit"
+    assert cache_class({"cache": "", "outcome": "built"}) == "miss"
+    assert cache_class({"cache": "", "outcome": "done"}) is None
 
 
 @pytest.mark.parametrize(
@@ -75,7 +76,7 @@ def test_job_starts_are_clustered_and_gpus_chosen() -> None:
     for k, t in ((0, 500.0), (1, 501.0)):  # 8 minutes later two of them restart
         extra = '{"gpus": 4, "gpus_from": "$LOCAL_WORLD_SIZE"}'
         evs += [_ev(f"n{k}", "b", "bootseer", t, t + 2, extra=extra), _ev(f"n{k}", "b", "ready", t + 2, t + 3)]
-    starts = analysis.node_starts(evs)
+    starts = node_starts(evs)
     assert sorted((s.node, s.attempt) for s in starts) == [("n0", 1), ("n0", 2), ("n1", 1), ("n1", 2), ("n2", 1)]
     first = analysis.analyze_job(evs, "j", attempt=1)
     assert first.nodes == 3 and first.startup_s == pytest.approx(11.0) and first.slowest_node == "n2"
@@ -122,7 +123,7 @@ def test_verdict_names_the_slow_tail() -> None:
     assert r.slowest_node == "n1" and r.startup_s == pytest.approx(39.0)
     assert r.straggler_wait_s == pytest.approx(39.0 - 12.0)
     assert r.verdict.startswith("Fix first: stragglers:")
-    assert "n1 (env miss 30.0 s vs 3.0 s p50)" in r.verdict
+    assert "n1 (env (snapshot) miss 30.0 s vs 3.0 s p50)" in r.verdict
     assert "n4 (checkpoint 25.0 s vs 4.0 s p50)" in r.verdict
 
 
@@ -130,7 +131,8 @@ def test_odd_jobs_render() -> None:
     """A crashed exec (no bootseer event), an agent-side stage, one node, 70 nodes: every view renders."""
     import xml.etree.ElementTree as ET
 
-    from bootseer_cli.report import render
+    from bootseer_cli.report import page, text
+    from bootseer_cli.report.svg import timeline_svg
 
     odd = [
         _ev("n0", "a", "image", 0.0, 2.0, cache="hit"),  # exec died after the image stage
@@ -151,10 +153,10 @@ def test_odd_jobs_render() -> None:
     ]
     for events in (odd, odd[1:2], many):
         report = analysis.analyze_job(events, "j")
-        ET.fromstring(render.timeline_svg(report))
-        assert "<svg" in render.job_html(report)
-        assert render.job_text(report).splitlines()[0].startswith("job j")
-    assert "n69" in render.timeline_svg(analysis.analyze_job(many, "j"))
+        ET.fromstring(timeline_svg(report))
+        assert "<svg" in page.job_html(report)
+        assert text.job_text(report).splitlines()[0].startswith("job j")
+    assert "n69" in timeline_svg(analysis.analyze_job(many, "j"))
 
 
 def test_stages_behind_the_launcher_are_not_blamed() -> None:
@@ -192,7 +194,7 @@ def test_findings_are_tagged_and_the_verdict_picks_by_tag() -> None:
             _ev(f"n{k}", "a", "bootseer", 0.0, env + 0.5),
         ]
     r = analysis.analyze_job(evs, "j")
-    found = analysis.findings(r)
+    found = findings.findings(r)
     assert {f.kind for f in found} == {"stage", "straggler"}
     straggler = next(f for f in found if f.kind == "straggler")
     assert (straggler.stage, straggler.node) == ("env", "n2")
@@ -209,12 +211,12 @@ def test_findings_are_tagged_and_the_verdict_picks_by_tag() -> None:
             _ev(f"n{k}", "a", "bootseer", 0.0, env + ckpt),
         ]
     r = analysis.analyze_job(tail, "j")
-    best = max(analysis.findings(r), key=lambda f: f.seconds)
+    best = max(findings.findings(r), key=lambda f: f.seconds)
     assert best.kind == "stragglers" and r.verdict == f"Fix first: {best.text}."
 
 
 def test_stage_rows_are_built_once_for_text_and_html() -> None:
-    from bootseer_cli.report import render
+    from bootseer_cli.report import page, text
 
     evs = [
         _ev("n0", "a", "env", 0.0, 3.0, cache="hit", bytes=3_000_000, bytes_from_store=2_500_000),
@@ -223,9 +225,34 @@ def test_stage_rows_are_built_once_for_text_and_html() -> None:
         _ev("n1", "a", "bootseer", 0.0, 150.5),
     ]
     r = analysis.analyze_job(evs, "j")
-    env = render.stage_cells(next(s for s in r.stages if s.stage == "env"))
+    env = text.stage_cells(next(s for s in r.stages if s.stage == "env"))
     assert (env.from_store, env.from_peers, env.max) == ("2.5 MB", "1.5 kB", "150 s")  # decimal SI, units.py
-    text_line = next(line for line in render.job_text(r).splitlines() if line.startswith("env"))
+    text_line = next(line for line in text.job_text(r).splitlines() if line.startswith("env"))
     assert re.split(r"\s{2,}", text_line) == [*env[:10], f"{env.straggler} (+{env.cost})"]
-    page = render.job_html(r)
-    assert "".join(f"<td>{c}</td>" for c in env[1:]) in page
+    html = page.job_html(r)
+    assert "".join(f"<td>{c}</td>" for c in env[1:]) in html
+
+
+def test_stage_table_follows_the_capability_table() -> None:
+    """Stage order and labels come from `capabilities`: the compile stage is shown, after checkpoint,
+    with its label, in the text table and on the page."""
+    from bootseer_cli.capabilities import labels, stage_names
+    from bootseer_cli.report import page, text
+
+    evs = []
+    for k in range(2):
+        evs += [
+            _ev(f"n{k}", "a", "compile", 5.0, 7.0, cache="hit"),
+            _ev(f"n{k}", "a", "env", 0.0, 2.0, cache="hit"),
+            _ev(f"n{k}", "a", "checkpoint", 2.0, 5.0),
+            _ev(f"n{k}", "a", "bootseer", 0.0, 7.5),
+            _ev(f"n{k}", "a", "ready", 7.5, 9.0 + k),
+        ]
+    r = analysis.analyze_job(evs, "j")
+    shown = [s.stage for s in r.stages]
+    assert shown == [*(s for s in stage_names() if s in shown), "bootseer", "ready"]
+    assert shown.index("checkpoint") < shown.index("compile")
+    compile_stats = next(s for s in r.stages if s.stage == "compile")
+    assert compile_stats.label == labels()["compile"] != "compile"
+    assert any(line.startswith(labels()["compile"]) for line in text.job_text(r).splitlines())
+    assert labels()["compile"] in page.job_html(r)

@@ -45,7 +45,8 @@ def report(
 ) -> None:
     """Where the startup time of a job went: per-stage p50/p90/max, hits, stragglers, GPU time wasted."""
     from ..errors import ConfigError
-    from ..report import analysis, load, render
+    from ..report import analysis, load, page, text
+    from ..report.svg import timeline_svg
     from ..store import open_store
 
     if job and last:
@@ -61,18 +62,18 @@ def report(
         seconds = load.parse_since(since)
         trend = analysis.analyze_trend(load.load_since(st, seconds), seconds, gpus_per_node, configured)
         if html:
-            _write(html, render.trend_html(trend))
-        typer.echo(render.to_json(trend) if as_json else render.trend_text(trend))
+            _write(html, page.trend_html(trend))
+        typer.echo(text.to_json(trend) if as_json else text.trend_text(trend))
         return
     name = job or load.last_job(st)
     result = analysis.analyze_job(
         load.load_job(st, name), name, gpus_flag=gpus_per_node, gpus_configured=configured, attempt=start
     )
     if html:
-        _write(html, render.job_html(result))
+        _write(html, page.job_html(result))
     if svg:
-        _write(svg, render.timeline_svg(result))
-    typer.echo(render.to_json(result) if as_json else render.job_text(result))
+        _write(svg, timeline_svg(result))
+    typer.echo(text.to_json(result) if as_json else text.job_text(result))
 
 
 def register(app: typer.Typer) -> None:
