@@ -43,6 +43,9 @@ def _local_root(uri: str, scheme: str) -> str | None:
     return None
 
 
+SHARED = "blobs"  # the one top-level prefix outside every domain
+
+
 @dataclass(frozen=True)
 class StoredFile:
     """A file in the store: its path relative to the store's root, size and modification time."""
@@ -70,6 +73,7 @@ class StoreFS:
                 f"store URI {self.uri!r}: unknown scheme {scheme!r} (use file://, s3://, gs://, hdfs:// or a path)"
             )
         self._fs: pafs.FileSystem | None = None
+        self.domain = ""  # the trust domain this view reads and writes (Store sets it); "" is the top level
         local = _local_root(uri, scheme)  # a local store opens without pyarrow (restores start faster)
         if local is not None:
             self.root = local
@@ -107,8 +111,16 @@ class StoreFS:
         return self._full_uri
 
     # ---- generic paths -------------------------------------------------------------------------
+    def scoped(self, rel: str) -> str:
+        """`rel` within the store: under this view's domain, except blobs, which every domain shares
+        (content-addressed and verified by digest, they need no owner)."""
+        if not self.domain or rel == SHARED or rel.startswith(SHARED + "/"):
+            return rel
+        return f"{self.domain}/{rel}"
+
     def path(self, rel: str) -> str:
-        return f"{self.root}/{rel}" if self.root else rel
+        s = self.scoped(rel)
+        return f"{self.root}/{s}" if self.root else s
 
     def exists(self, rel: str) -> bool:
         import pyarrow.fs as pafs
@@ -224,7 +236,8 @@ class StoreFS:
         return [i for i in infos if i.type == pafs.FileType.File and ".tmp-" not in i.path and i.base_name != KEEP_NAME]
 
     def _rel(self, full: str) -> str:
-        return full[len(self.root) + 1 :] if self.root else full
+        rel = full[len(self.root) + 1 :] if self.root else full
+        return rel.removeprefix(f"{self.domain}/") if self.domain else rel
 
     def list(self, prefix: str, recursive: bool = False) -> list[str]:
         """Relative paths of the files under `prefix` (empty when it does not exist)."""
