@@ -1,7 +1,7 @@
 """The "env-publish" agent task: upload the env snapshot the builder captured before exec, while the
 job starts, holding the builder's single-flight lease until the ref is written.
 
-Task parameters (set by stage.py `_capture_and_hand_over`): env_key, roots, upload (snapshot.Upload
+Task parameters (set by stage.py `_capture_and_hand_over`): env_key, roots, upload (publish.Upload
 as a dict: the pending blob in the node cache and the ref's counts), lease (key, owner, expires,
 ttl_s). The other nodes wait on that lease (stage.py `_single_flight`); the agent renews it (and
 touches the pending blob, so `sweep_pending` knows it has an uploader) and releases it after the ref
@@ -37,7 +37,8 @@ def _lease_of(task: dict[str, Any], agent: Agent) -> Lease:
 def publish_task(task: dict[str, Any], agent: Agent) -> None:
     """Renew the lease, upload, write the ref, release; the pending blob never outlives the task."""
     from ..cache import cache_for
-    from .snapshot import LeaseKeeper, Upload, publish
+    from .lease import LeaseKeeper
+    from .publish import Upload, publish
 
     up = Upload.from_task(task["upload"])
     key = str(task["env_key"])

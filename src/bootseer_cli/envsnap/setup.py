@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BootseerError, StageFatal
+from ..errors import StageFatal
 from ..settings import EnvSettings, StoreSettings
 from .manifest import Manifest, scan
 from .stamp import remove_stamp, strip_carried
