@@ -42,6 +42,8 @@ _swarm_used = threading.Event()
 
 @dataclass
 class Fetched:
+    """A blob on this node: its file, and where its bytes came from (the stage reports reads it)."""
+
     path: Path
     source: str  # "cache" | "peers" | "store"
     bytes_from_store: int = 0
@@ -179,11 +181,13 @@ class Verifier:
             self.error = str(e)
 
     def ok(self) -> bool:
+        """Whether the blob matched its digest, once the hash is done (waits for it)."""
         self.start()  # an extraction that failed before its workers ran never started it
         self._t.join()
         return not self.error and self.got == self.digest
 
     def check(self) -> None:
+        """Raise DigestMismatch unless the blob matched: the extraction calls it before its commit."""
         if not self.ok():
             raise DigestMismatch(
                 f"blob {self.digest[:12]} does not match its digest{': ' + self.error if self.error else ''}"
@@ -235,6 +239,7 @@ class Download(Verifier):
             os.close(self._w)
 
     def check(self) -> None:
+        """A failed download is a StoreError (the store's fault, not the blob's); then the digest check."""
         if not self.ok() and self.error:
             from .errors import StoreError
 
@@ -242,10 +247,12 @@ class Download(Verifier):
         super().check()
 
     def keep(self, cache: BlobCache) -> None:
+        """The restore used it: rename it into the node cache, where later restores find it."""
         os.replace(self.part, self.dest)
         cache.evict(keep=self.digest)
 
     def discard(self) -> None:
+        """Remove the partial file of a download not kept (a no-op once kept)."""
         self.part.unlink(missing_ok=True)
 
 
@@ -259,6 +266,7 @@ class Blob:
     store_path: Path | None = None  # read in place from a local store: link it into the cache after
 
     def close(self) -> None:
+        """Close the descriptor; a download never kept is removed with it."""
         if isinstance(self.verifier, Download):
             self.verifier.discard()  # a no-op once kept
         os.close(self.fd)

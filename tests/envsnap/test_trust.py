@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.envsnap import apply, extract, format, plan, reader, undo
+from bootseer_cli.envsnap import apply, extract, format, plan, reader
+from bootseer_cli.envsnap import undo as undo_mod
 from bootseer_cli.errors import IntegrityError
 from bootseer_cli.store import Store, blob_path
 from tests.envsnap.conftest import run_cli, tree_state
@@ -411,11 +412,11 @@ def test_a_dead_workers_files_are_removed(tmp_path: Path) -> None:
     entries.append([str(root / "lib" / "missing.py"), "f", 0o644, 1, 0, ""])  # listed, never in the stream
     meta = craft(tmp_path / "blob", members, entries, [str(root)])
     st = apply.State(plan.plan(meta, [str(root)]), [str(root)])
-    undo = undo.Undo([str(root)])
-    undo.plan_changes(st, undo)
+    undo = undo_mod.Undo([str(root)])
+    undo_mod.plan_changes(st, undo)
     # a "worker" wrote files, then died before reporting them: st.created does not know them
     for i in range(3):
         (root / "lib" / f"f{i}.py").write_bytes(b"half")
-    note = undo.rollback(st, undo)
+    note = undo_mod.rollback(st, undo)
     assert "put back" in note
     assert tree_state(root) == before

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import BootseerError, IntegrityError
 from .format import HARDLINK, ArchiveEntry, Frame, Progress, UnsafeArchive
@@ -146,10 +146,16 @@ class _MemReader:
         return out
 
 
+class _ByteStream(Protocol):
+    """A streaming decompressor's reader (zstandard's `stream_reader`)."""
+
+    def read(self, n: int) -> bytes: ...
+
+
 class _StreamReader:
     """read(n) (exactly n unless at the end) over a streaming decompressor for a huge frame."""
 
-    def __init__(self, reader: Any) -> None:
+    def __init__(self, reader: _ByteStream) -> None:
         self.r = reader
 
     def read(self, n: int) -> bytes:

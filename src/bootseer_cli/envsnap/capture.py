@@ -169,6 +169,8 @@ def outside_changes(since: float, roots: list[str], exclude: list[str], budget_s
 
 @dataclass
 class Captured:
+    """A capture in the node cache (not yet published), with what the ref and the stamp need of it."""
+
     blob: Path
     digest: str
     size: int

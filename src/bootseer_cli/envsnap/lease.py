@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 
 def lease_key(env_key: str) -> str:
+    """The store's lease for building `env_key`: one per env key, so builds of other envs never wait on it."""
     return f"env-{env_key}"
 
 

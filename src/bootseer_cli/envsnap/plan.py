@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import BootseerError, IntegrityError
 from .format import BLOCK, HARDLINK, ArchiveEntry, Frame, Meta, UnsafeArchive
@@ -35,7 +34,7 @@ class Plan:
     raw_bytes: int = 0
 
 
-def _check_path(p: Any, roots: list[str]) -> str:
+def _check_path(p: object, roots: list[str]) -> str:
     """Absolute, normal (no '.', '..', '//', trailing '/': string tests, which are what `normpath`
     would change, at a fraction of its cost per entry) and lexically under a root."""
     if not isinstance(p, str) or not p.startswith("/") or "\0" in p:

@@ -39,14 +39,17 @@ class Upload:
 
     @classmethod
     def of(cls, cap: Captured) -> Upload:
+        """The upload of a capture (its entries counted: the ref's `entries` bounds a restore's metadata read)."""
         entries = len(cap.entries) + cap.deletions
         return cls(cap.blob, cap.digest, cap.size, cap.files, cap.raw_bytes, cap.deletions, entries)
 
     def as_task(self) -> dict[str, Any]:
+        """As the agent task's JSON parameter."""
         return {**self.__dict__, "blob": str(self.blob)}
 
     @classmethod
     def from_task(cls, d: dict[str, Any]) -> Upload:
+        """Back from the agent task's JSON parameter (types checked: the task file is read back from disk)."""
         ints = {k: int(d[k]) for k in ("size", "files", "raw_bytes", "deletions", "entries")}
         return cls(blob=Path(str(d["blob"])), digest=str(d["digest"]), **ints)
 

@@ -125,6 +125,8 @@ _KINDS = {b"0": FILE, b"\0": FILE, b"5": DIR, b"2": SYMLINK, b"1": HARDLINK}
 
 
 class Reader(Protocol):
+    """What the tar parser reads members from: a decompressed frame, in memory or streamed."""
+
     def read(self, n: int) -> bytes | memoryview: ...
 
 

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Restored:
+    """What a restore did: counts, where the bytes came from, and how long the fetch and extraction took."""
+
     digest: str
     files: int
     raw_bytes: int

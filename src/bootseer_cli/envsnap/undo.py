@@ -35,10 +35,12 @@ class Undo:
         self.moved: list[tuple[str, str]] = []
 
     def plan_move(self, path: str) -> None:
+        """Plan moving `path` into the undo directory of its root (nothing moves before the journal is written)."""
         root = max((r for r in self.roots if under(path, [r])), key=len)
         self.planned.append((path, os.path.join(self.dirs[root], str(len(self.planned)))))
 
     def carry_out(self, real_roots: list[str]) -> None:
+        """Move the planned paths aside, each only if its directory still resolves inside the roots."""
         for path, dest in self.planned:
             check_real_parent(path, real_roots)
             d = os.path.dirname(dest)
@@ -48,17 +50,20 @@ class Undo:
             self.moved.append((path, dest))
 
     def restore(self) -> None:
+        """Put what was moved aside back, newest first, then remove the undo directories."""
         for path, dest in reversed(self.moved):
             os.rename(dest, path)
         self.moved.clear()
         self.discard()
 
     def discard(self) -> None:
+        """Remove the undo directories (after a commit: what they hold is replaced for good)."""
         for d in self.dirs.values():
             shutil.rmtree(d, ignore_errors=True)
 
 
 def check_real_parent(path: str, real_roots: list[str]) -> None:
+    """Refuse to move or link `path` when its directory resolves outside the roots (through a symlink on disk)."""
     real = os.path.realpath(os.path.dirname(path))
     if not under(real, real_roots):
         raise UnsafeArchive(f"{path}: its directory resolves to {real}, outside the roots")
@@ -139,6 +144,7 @@ def rollback(st: State, undo: Undo) -> str:
 
 
 def journal_doc(st: State, undo: Undo, committed: bool = False) -> dict[str, Any]:
+    """The journal's record of this extraction: what `journal.recover` needs to put a killed restore back."""
     return {
         "v": 1,
         "committed": committed,
