@@ -133,7 +133,7 @@ def _restore_from(
     """Read the metadata (bounded, checked for safety by the plan) and extract from the open blob."""
     from ..progress import byte_bar
     from .extract import extract
-    from .format import read_meta
+    from .reader import read_meta
 
     t1 = time.monotonic()
     meta = read_meta(b.verifier.tail if isinstance(b.verifier, Download) else b.fd, entries_hint(ref))
