@@ -2,6 +2,7 @@
 
 For setups run outside `bootseer exec`: `bootseer restore || (setup && bootseer snapshot)`, with
 `bootseer baseline` run before the setup so the snapshot holds only what it changed.
+The work is `envsnap/actions.py` (and `envsnap/catalog.py` for `env`); these print its facts.
 """
 
 from __future__ import annotations

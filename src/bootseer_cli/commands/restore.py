@@ -2,6 +2,7 @@
 
 `bootseer restore || (setup && bootseer snapshot)` runs in front of every start, so this verb is on
 the fast path (see entry.py); `commands/env.py` registers the same function as a typer command.
+The work is `envsnap.actions.restore_here`; this module maps its facts to lines and an exit code.
 Whatever fails, it says so in one line and exits non-zero (never a traceback): the caller's `||`
 then runs the setup.
 """
