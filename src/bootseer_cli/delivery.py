@@ -4,19 +4,26 @@ Every capability that needs a whole blob (env snapshots, hot-block packs, checkp
 `pull` mode) calls `fetch_blob`, so the order of sources, the verification and the accounting of
 where the bytes came from live in one place.
 
+Whoever needs the blob's digest checked gets it through `fetch_verified`; a streamed env restore
+opens it once with `open_blob` (the node cache's file, a local store's file in place, or a download
+hashed on the way, into the cache) and checks it while it extracts (`Verifier`, `DigestMismatch`).
+
 This module stays cheap to import: `launch` calls `handoff` on every `exec` that ran stages, and
 libtorrent is loaded only once `fetch_blob` actually goes to the swarm.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import BootseerError
+from .errors import BootseerError, IntegrityError
 
 if TYPE_CHECKING:
     from .cache import BlobCache
@@ -36,6 +43,8 @@ _swarm_used = threading.Event()
 
 @dataclass
 class Fetched:
+    """A blob on this node: its file, and where its bytes came from (the stage reports reads it)."""
+
     path: Path
     source: str  # "cache" | "peers" | "store"
     bytes_from_store: int = 0
@@ -101,6 +110,221 @@ def after_publish(p2p: P2PSettings, store: Store, digest: str, path: Path) -> di
     except _SWARM_FAILURES as e:
         _warn(f"no torrent for blob {digest[:12]} (it will be fetched from the store): {e}")
         return {}
+
+
+# ---- one blob, verified: for a reader of the whole file, and opened once for a streamed restore --------
+
+
+def fetch_verified(
+    p2p: P2PSettings, store: Store, cache: BlobCache, digest: str, size: int | None, progress: bool | None = None
+) -> Fetched:
+    """The blob on local disk, its digest checked (a cached copy is re-checked; a bad one refetched)."""
+    from .digests import sha256_file
+    from .progress import byte_bar
+
+    for attempt in range(2):
+        with byte_bar(size, "download", enabled=progress) as advance:
+            fetched = fetch_blob(p2p, store, digest, progress=advance, cache=cache)
+        if fetched.source == "store" or sha256_file(fetched.path) == digest:
+            return fetched
+        Path(fetched.path).unlink(missing_ok=True)  # a corrupt cached copy: drop it, fetch again
+        if attempt:
+            break
+    raise IntegrityError(f"blob {digest[:12]} does not match its digest")
+
+
+def _fetch_or_drop(
+    p2p: P2PSettings, store: Store, cache: BlobCache, digest: str, size: int | None, progress: bool | None
+) -> Fetched:
+    """fetch_verified; a blob the store holds corrupt is deleted there, so the next capture replaces it."""
+    try:
+        return fetch_verified(p2p, store, cache, digest, size, progress)
+    except IntegrityError:
+        with contextlib.suppress(BootseerError, OSError):
+            store.delete_blob(digest)
+        raise
+
+
+class DigestMismatch(IntegrityError):
+    """The blob read during a streamed restore does not match its digest (the tree was undone)."""
+
+
+class Verifier:
+    """Hashes a blob through an open descriptor in a thread, while the same descriptor is extracted.
+
+    hashlib releases the GIL on large updates, so the hash runs beside the forked extraction workers
+    and warms the page cache ahead of them; the extraction asks for the result before it commits.
+    """
+
+    def __init__(self, fd: int, digest: str) -> None:
+        self.fd = fd
+        self.digest = digest
+        self.got = ""
+        self.error = ""
+        self._t = threading.Thread(target=self._run, name="bootseer-verify", daemon=True)
+
+    def start(self) -> None:
+        """Begin hashing (the extraction calls this once its workers are forked)."""
+        if self._t.ident is None:
+            self._t.start()
+
+    def _run(self) -> None:
+        import hashlib
+
+        h = hashlib.sha256()
+        off = 0
+        try:
+            while chunk := os.pread(self.fd, 4 << 20, off):
+                h.update(chunk)
+                off += len(chunk)
+            self.got = h.hexdigest()
+        except OSError as e:
+            self.error = str(e)
+
+    def ok(self) -> bool:
+        """Whether the blob matched its digest, once the hash is done (waits for it)."""
+        self.start()  # an extraction that failed before its workers ran never started it
+        self._t.join()
+        return not self.error and self.got == self.digest
+
+    def check(self) -> None:
+        """Raise DigestMismatch unless the blob matched: the extraction calls it before its commit."""
+        if not self.ok():
+            raise DigestMismatch(
+                f"blob {self.digest[:12]} does not match its digest{': ' + self.error if self.error else ''}"
+            )
+
+
+class Download(Verifier):
+    """A remote blob downloaded into a temporary file of the node cache, in order and hashed on the way,
+    while the extraction reads the frames that have arrived (`extract(arriving=True)`); the metadata is
+    read first from the blob's end by a ranged read. Renamed into the cache once restored and matched.
+    A failed download pads the file to its full size, so waiting workers go on, fail and are undone."""
+
+    def __init__(self, store: Store, cache: BlobCache, digest: str) -> None:
+        from .store import blob_path
+
+        self.store = store
+        self.dest = cache.path(digest)
+        self.dest.parent.mkdir(parents=True, exist_ok=True)
+        self.part = self.dest.with_name(f".{self.dest.name}.part-{uuid.uuid4().hex[:8]}")
+        src = store.open_input(blob_path(digest))  # ranged reads: the size and the metadata at the end
+        self.size = int(src.size())
+        self.tail: tuple[Callable[[int, int], bytes], int] = (lambda n, off: bytes(src.read_at(n, off)), self.size)
+        self._w = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        super().__init__(os.open(self.part, os.O_RDONLY | os.O_CLOEXEC), digest)
+        self.start()  # the fetch itself: it runs from the start, beside everything else
+
+    def _run(self) -> None:
+        import hashlib
+
+        from .store import blob_path
+
+        h = hashlib.sha256()
+        n = 0
+        try:
+            with self.store.fs.open_input_stream(self.store.path(blob_path(self.digest))) as src:
+                while chunk := src.read(4 << 20):
+                    h.update(chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(self._w, view) :]
+                    n += len(chunk)
+            self.got = h.hexdigest()
+        except Exception as e:  # reported by check(): a fetch failure, not a corrupt blob
+            self.error = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            if self.error or n < self.size:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._w, max(n, self.size))
+            os.close(self._w)
+
+    def check(self) -> None:
+        """A failed download is a StoreError (the store's fault, not the blob's); then the digest check."""
+        if not self.ok() and self.error:
+            from .errors import StoreError
+
+            raise StoreError(f"store {self.store.uri}: cannot download blob {self.digest[:12]}: {self.error}")
+        super().check()
+
+    def keep(self, cache: BlobCache) -> None:
+        """The restore used it: rename it into the node cache, where later restores find it."""
+        os.replace(self.part, self.dest)
+        cache.evict(keep=self.digest)
+
+    def discard(self) -> None:
+        """Remove the partial file of a download not kept (a no-op once kept)."""
+        self.part.unlink(missing_ok=True)
+
+
+@dataclass
+class Blob:
+    """An open blob for one restore attempt: where it came from and, when unverified, its hasher."""
+
+    fd: int
+    fetched: Fetched
+    verifier: Verifier | None  # None: the fetch already checked the digest
+    store_path: Path | None = None  # read in place from a local store: link it into the cache after
+
+    def close(self) -> None:
+        """Close the descriptor; a download never kept is removed with it."""
+        if isinstance(self.verifier, Download):
+            self.verifier.discard()  # a no-op once kept
+        os.close(self.fd)
+
+
+def open_blob(
+    p2p: P2PSettings,
+    store: Store,
+    cache: BlobCache,
+    digest: str,
+    size: int | None,
+    progress: bool | None,
+    *,
+    cached: bool,
+) -> Blob:
+    """The blob to restore from, opened once, with no copy made: the node cache's file (`cached`), the
+    local store's file in place, or else a fetch (swarm, remote store) into the cache, hashed on the way."""
+    from .errors import StoreError
+    from .store import blob_path
+
+    hit = cache.peek(digest) if cached else None
+    if hit is not None:
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(hit, os.O_RDONLY | os.O_CLOEXEC)
+            return Blob(fd, Fetched(hit, "cache"), Verifier(fd, digest))
+    if store.is_local and not p2p.enabled:
+        path = Path(store.path(blob_path(digest)))
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise StoreError(f"store {store.uri}: blob {digest[:12]} not found") from None
+        n = os.fstat(fd).st_size
+        return Blob(fd, Fetched(path, "store", bytes_from_store=n), Verifier(fd, digest), store_path=path)
+    if not p2p.enabled:  # a remote store: fetch, hash, decompress and write overlapped
+        d = Download(store, cache, digest)
+        return Blob(d.fd, Fetched(d.dest, "store", bytes_from_store=d.size), d)
+    fetched = _fetch_or_drop(p2p, store, cache, digest, size, progress)
+    return Blob(os.open(fetched.path, os.O_RDONLY | os.O_CLOEXEC), fetched, None)
+
+
+def link_into_cache(cache: BlobCache, b: Blob, digest: str) -> None:
+    """After a verified in-place restore: the node cache gets a hard link to the store's blob (one copy
+    on disk), if it is still the file that was read; across filesystems the store stays the only copy."""
+    if b.store_path is None:
+        return
+    dest = cache.path(digest)
+    tmp = dest.with_name(f".{dest.name}.link-{uuid.uuid4().hex[:8]}")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.link(b.store_path, tmp)
+        if os.stat(tmp).st_ino == os.fstat(b.fd).st_ino:
+            os.replace(tmp, dest)
+            cache.evict(keep=digest)
+    except OSError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 HANDOFF_LINGER_S = 5.0

@@ -58,13 +58,13 @@ CAPTURE_ONLY = """
 import json, sys
 from pathlib import Path
 from bootseer_cli.cache import BlobCache
-from bootseer_cli.envsnap import manifest, snapshot
+from bootseer_cli.envsnap import capture, manifest
 from bootseer_cli.envsnap.setup import baseline_path
 from bootseer_cli.settings import StoreSettings
 root, cache_dir = sys.argv[1], Path(sys.argv[2])
 path = baseline_path([root])
 base, _, _ = manifest.load(path)
-cap = snapshot.capture(StoreSettings(cache_dir=cache_dir), [root], base, "0" * 64, BlobCache(cache_dir, 1 << 40),
+cap = capture.capture(StoreSettings(cache_dir=cache_dir), [root], base, "0" * 64, BlobCache(cache_dir, 1 << 40),
                        warn=lambda m: None, since=path.stat().st_mtime)
 print(json.dumps({k: round(v, 2) for k, v in cap.seconds.items()}))
 """

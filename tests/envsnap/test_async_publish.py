@@ -22,7 +22,8 @@ from typing import TypeVar
 
 import pytest
 
-from bootseer_cli.envsnap.snapshot import REF_KIND, lease_key
+from bootseer_cli.envsnap.catalog import REF_KIND
+from bootseer_cli.envsnap.lease import lease_key
 from bootseer_cli.store import open_store
 from tests.support import pkgindex
 from tests.support.s3server import S3_ENV, S3Server

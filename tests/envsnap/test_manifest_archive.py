@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.envsnap import extract, format, manifest
+from bootseer_cli.envsnap import extract, format, manifest, reader
 from bootseer_cli.errors import IntegrityError
 from tests.envsnap.conftest import tree_state
 
@@ -106,7 +106,7 @@ def test_roundtrip_restores_the_exact_tree(tmp_path: Path) -> None:
     shutil.rmtree(root)  # "another node": the same base at the same path
     root.mkdir()
     make_base(root)
-    meta = format.read_meta(blob)
+    meta = reader.read_meta(blob)
     ex = extract.extract(blob, meta, [str(root)], threads=4)
     assert ex.files == written.files
     assert tree_state(root) == want
@@ -142,7 +142,7 @@ def test_big_file_gets_its_own_frames(tmp_path: Path, kind: str) -> None:
     (root / "small.txt").write_text("s")
     blob = tmp_path / "b.tar.zst"
     build_blob(root, base, blob)
-    meta = format.read_meta(blob)
+    meta = reader.read_meta(blob)
     assert len(meta.frames) >= 2
     shutil.rmtree(root)
     root.mkdir()
@@ -171,7 +171,7 @@ def test_a_root_the_setup_created_is_restored(tmp_path: Path) -> None:
     want = tree_state(tmp_path, skip=(str(blob),))
     shutil.rmtree(tmp_path / "home")
     (env / "a.py").unlink()
-    extract.extract(blob, format.read_meta(blob), roots)
+    extract.extract(blob, reader.read_meta(blob), roots)
     assert tree_state(tmp_path, skip=(str(blob),)) == want
 
 
@@ -192,7 +192,7 @@ def test_the_first_root_the_setup_created_is_restored(tmp_path: Path) -> None:
     w.finish({"roots": roots, "deletions": d.deleted})
     want = tree_state(tmp_path, skip=(str(blob),))
     shutil.rmtree(venv)
-    extract.extract(blob, format.read_meta(blob), roots)
+    extract.extract(blob, reader.read_meta(blob), roots)
     assert tree_state(tmp_path, skip=(str(blob),)) == want
 
 
@@ -208,7 +208,7 @@ def test_a_bad_frame_in_a_parallel_restore_undoes_every_worker(tmp_path: Path) -
             (d / f"m{j}.py").write_bytes(os.urandom(40_000))
     blob = tmp_path / "snap.tar.zst"
     build_blob(root, base, blob)
-    meta = format.read_meta(blob)
+    meta = reader.read_meta(blob)
     assert len(meta.frames) >= 3
     shutil.rmtree(root)
     make_base(root)

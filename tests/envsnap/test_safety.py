@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from bootseer_cli.envsnap import extract, format
+from bootseer_cli.envsnap import extract, format, reader
 from bootseer_cli.errors import IntegrityError
 from tests.envsnap.conftest import tree_state
 
@@ -44,7 +44,7 @@ def craft(
     z = zstandard.ZstdCompressor().compress(json.dumps(meta).encode())
     payload = z + struct.pack("<Q", len(z)) + format.TRAILER_MAGIC
     blob.write_bytes(frame + struct.pack("<II", format.SKIPPABLE_MAGIC, len(payload)) + payload)
-    return format.read_meta(blob)
+    return reader.read_meta(blob)
 
 
 def reg(name: str, data: bytes = b"payload") -> tuple[tarfile.TarInfo, bytes]:
@@ -219,13 +219,13 @@ def test_truncated_and_garbage_blobs_are_refused(world: dict) -> None:
     data = blob.read_bytes()
     blob.write_bytes(data[: len(data) // 2])
     with pytest.raises(IntegrityError):
-        format.read_meta(blob)
+        reader.read_meta(blob)
     blob.write_bytes(os.urandom(4096))
     with pytest.raises(IntegrityError):
-        format.read_meta(blob)
+        reader.read_meta(blob)
     # a frame that does not decompress
     blob.write_bytes(data)
-    meta = format.read_meta(blob)
+    meta = reader.read_meta(blob)
     bad = bytearray(data)
     bad[10] ^= 0xFF
     blob.write_bytes(bytes(bad))

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from bootseer_cli import delivery
 from bootseer_cli.cache import BlobCache
-from bootseer_cli.envsnap import format, manifest, snapshot
+from bootseer_cli.envsnap import capture, format, manifest, publish, reader
+from bootseer_cli.envsnap import restore as restore_mod
 from bootseer_cli.settings import P2PSettings, StoreSettings
 from bootseer_cli.store import Store, blob_path
 from tests.envsnap.conftest import tree_state
@@ -48,7 +50,7 @@ def world(tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.Mo
 
     Captured by one writer, or by forked segment writers (the path a large env takes)."""
     if request.param == "forked-segments":
-        monkeypatch.setattr(snapshot, "SEGMENT_MIN_ENTRIES", 5)
+        monkeypatch.setattr(capture, "SEGMENT_MIN_ENTRIES", 5)
         monkeypatch.setattr(os, "cpu_count", lambda: 3)
     return make_world(tmp_path, (tmp_path / "store").as_uri())
 
@@ -62,15 +64,15 @@ def make_world(tmp_path: Path, uri: str) -> dict:
     want = tree_state(root)
     store = Store(uri)
     cache1 = BlobCache(tmp_path / "node1", 1 << 40)
-    cap = snapshot.capture(settings, [str(root)], baseline, KEY, cache1, warn=lambda m: None)
-    snapshot.publish(P2PSettings(), store, cache1, cap, KEY, [str(root)])
+    cap = capture.capture(settings, [str(root)], baseline, KEY, cache1, warn=lambda m: None)
+    publish.publish(P2PSettings(), store, cache1, cap, KEY, [str(root)])
     shutil.rmtree(root)
     root.mkdir()
     return {"root": root, "store": store, "want": want, "digest": cap.digest, "tmp": tmp_path}
 
 
-def restore(w: dict, cache: BlobCache, key: str = KEY) -> snapshot.Restored:
-    r = snapshot.restore(P2PSettings(), w["store"], cache, key, [str(w["root"])])
+def restore(w: dict, cache: BlobCache, key: str = KEY) -> restore_mod.Restored:
+    r = restore_mod.restore(P2PSettings(), w["store"], cache, key, [str(w["root"])])
     assert r is not None
     return r
 
@@ -108,7 +110,7 @@ def test_a_digest_mismatch_found_at_the_end_undoes_the_tree(world: dict) -> None
     store.write_ref("env", "b" * 64, {**ref, "blob": wrong})
     cache = BlobCache(world["tmp"] / "node2", 1 << 40)
 
-    with pytest.raises(snapshot.DigestMismatch, match=r"does not match its digest.*put back"):
+    with pytest.raises(delivery.DigestMismatch, match=r"does not match its digest.*put back"):
         restore(world, cache, key="b" * 64)
     assert tree_state(root) == before
     assert not [p for p in os.listdir(root) if p.startswith(".bootseer")]
@@ -134,10 +136,10 @@ def test_the_restore_of_a_local_store_imports_no_pyarrow(world: dict) -> None:
     code = (
         "import sys\n"
         "from pathlib import Path\nfrom bootseer_cli.cache import BlobCache\n"
-        "from bootseer_cli.envsnap import snapshot\n"
+        "from bootseer_cli.envsnap import restore\n"
         "from bootseer_cli.settings import P2PSettings\n"
         "from bootseer_cli.store import Store\n"
-        f"r = snapshot.restore(P2PSettings(), Store({world['store'].uri!r}), BlobCache(Path(sys.argv[1]), 1 << 40),"
+        f"r = restore.restore(P2PSettings(), Store({world['store'].uri!r}), BlobCache(Path(sys.argv[1]), 1 << 40),"
         f" {KEY!r}, [{str(world['root'])!r}])\n"
         "print(r.files, 'pyarrow' in sys.modules)\n"
     )
@@ -162,7 +164,7 @@ def test_the_capture_writes_tarfiles_headers_and_defers_large_files(world: dict)
         assert format._tar_header(*c) == format._tarfile_header(*c), c[0][:40]
 
     blob = Path(world["store"].path(blob_path(world["digest"])))
-    meta = format.read_meta(blob, 1000)
+    meta = reader.read_meta(blob, 1000)
     order = [e.path for e in meta.entries]
     root = str(world["root"])
     for i, e in enumerate(meta.entries):
@@ -188,7 +190,7 @@ def test_a_capture_that_fails_in_a_worker_says_why_and_leaves_nothing(
     from bootseer_cli.errors import BootseerError
 
     if mode == "forked-segments":
-        monkeypatch.setattr(snapshot, "SEGMENT_MIN_ENTRIES", 5)
+        monkeypatch.setattr(capture, "SEGMENT_MIN_ENTRIES", 5)
         monkeypatch.setattr(os, "cpu_count", lambda: 2)
     root = tmp_path / "env"
     root.mkdir()
@@ -198,7 +200,7 @@ def test_a_capture_that_fails_in_a_worker_says_why_and_leaves_nothing(
     cache = BlobCache(tmp_path / "node1", 1 << 40)
     settings = StoreSettings(uri=(tmp_path / "store").as_uri(), cache_dir=tmp_path / "node1")
     with pytest.raises(BootseerError, match=r"cannot snapshot .*zz\.pipe"):
-        snapshot.capture(settings, [str(root)], baseline, KEY, cache, warn=lambda m: None)
+        capture.capture(settings, [str(root)], baseline, KEY, cache, warn=lambda m: None)
     assert files_under(tmp_path / "node1") == []
 
 
@@ -222,7 +224,7 @@ def test_a_remote_blob_streams_into_the_node_cache_and_a_mismatch_undoes_the_tre
     store.put_bytes(blob_path(wrong), cache.path(w["digest"]).read_bytes())
     store.write_ref("env", "b" * 64, {**store.read_ref("env", KEY), "blob": wrong})
     cache3 = BlobCache(tmp_path / "node3", 1 << 40)
-    with pytest.raises(snapshot.DigestMismatch, match=r"does not match its digest.*put back"):
+    with pytest.raises(delivery.DigestMismatch, match=r"does not match its digest.*put back"):
         restore(w, cache3, key="b" * 64)
     assert tree_state(root) == before and not store.has_blob(wrong)
     assert files_under(tmp_path / "node3") == []
@@ -240,7 +242,7 @@ def test_extraction_waits_for_frames_still_arriving(world: dict, outcome: str) -
 
     root = world["root"]
     data = Path(world["store"].path(blob_path(world["digest"]))).read_bytes()
-    meta = format.read_meta(Path(world["store"].path(blob_path(world["digest"]))), 1000)
+    meta = reader.read_meta(Path(world["store"].path(blob_path(world["digest"]))), 1000)
     part = world["tmp"] / "arriving.part"
     w = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     r = os.open(part, os.O_RDONLY)

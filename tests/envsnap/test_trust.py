@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.envsnap import extract, format
+from bootseer_cli.envsnap import apply, extract, format, plan, reader
+from bootseer_cli.envsnap import undo as undo_mod
 from bootseer_cli.errors import IntegrityError
 from bootseer_cli.store import Store, blob_path
 from tests.envsnap.conftest import run_cli, tree_state
@@ -188,16 +189,16 @@ def test_metadata_is_capped_in_proportion_to_its_entries(tmp_path: Path) -> None
     meta = {"format": 1, "roots": ["/x"], "deletions": [], "entries": [], "chunks": [], "pad": "p" * (6 << 20)}
     blob.write_bytes(blob_bytes(b"\0" * 1024, json.dumps(meta).encode()))
     with pytest.raises(IntegrityError, match=r"larger than|too large"):
-        format.read_meta(blob)
+        reader.read_meta(blob)
     with pytest.raises(IntegrityError, match="larger than"):
-        format.read_meta(blob, entries_hint=10)  # refused before it is parsed
+        reader.read_meta(blob, entries_hint=10)  # refused before it is parsed
     meta["pad"] = "p" * 1000
     blob.write_bytes(blob_bytes(b"\0" * 1024, json.dumps(meta).encode()))
-    assert format.read_meta(blob).roots == ("/x",)
+    assert reader.read_meta(blob).roots == ("/x",)
     bad = {**meta, "entries": [["/x/a", "f", 420, 7, 0, ["not", "a", "digest"]]]}
     blob.write_bytes(blob_bytes(b"\0" * 1024, json.dumps(bad).encode()))
     with pytest.raises(format.UnsafeArchive, match="malformed"):
-        format.read_meta(blob)
+        reader.read_meta(blob)
 
 
 def test_too_little_space_warns_and_runs_the_setup(tmp_path: Path) -> None:
@@ -410,12 +411,12 @@ def test_a_dead_workers_files_are_removed(tmp_path: Path) -> None:
     entries = [[str(root / "lib" / f"f{i}.py"), "f", 0o644, 100, 0, ""] for i in range(5)]
     entries.append([str(root / "lib" / "missing.py"), "f", 0o644, 1, 0, ""])  # listed, never in the stream
     meta = craft(tmp_path / "blob", members, entries, [str(root)])
-    st = extract._State(extract.plan(meta, [str(root)]), [str(root)])
-    undo = extract._Undo([str(root)])
-    extract._plan_changes(st, undo)
+    st = apply.State(plan.plan(meta, [str(root)]), [str(root)])
+    undo = undo_mod.Undo([str(root)])
+    undo_mod.plan_changes(st, undo)
     # a "worker" wrote files, then died before reporting them: st.created does not know them
     for i in range(3):
         (root / "lib" / f"f{i}.py").write_bytes(b"half")
-    note = extract._rollback(st, undo)
+    note = undo_mod.rollback(st, undo)
     assert "put back" in note
     assert tree_state(root) == before

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bootseer_cli import store as store_mod
-from bootseer_cli.envsnap.snapshot import LeaseKeeper
+from bootseer_cli.envsnap.lease import LeaseKeeper
 from bootseer_cli.store import Store
 
 pytestmark = pytest.mark.integration

@@ -2,23 +2,22 @@
 
 For setups run outside `bootseer exec`: `bootseer restore || (setup && bootseer snapshot)`, with
 `bootseer baseline` run before the setup so the snapshot holds only what it changed.
+The work is `envsnap/actions.py` (and `envsnap/catalog.py` for `env`); these print its facts.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import BootseerError
 from ..settings import Settings
 from ..units import fmt_age, fmt_bytes, fmt_time
 from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
 
 if TYPE_CHECKING:
-    from ..envsnap.snapshot import Captured
+    from ..envsnap.actions import Published
     from ..store import Store
 
 SHOWN_FIELDS = ("env_key", "blob", "size", "files", "bytes", "deletions", "created", "creator", "roots", "format")
@@ -30,63 +29,31 @@ def _warn(msg: str) -> None:
 
 def baseline(config: ConfigOpt = None, store: StoreOpt = None) -> None:
     """Record the state of the env roots before a setup (for `bootseer snapshot`)."""
-    from ..envsnap import manifest
-    from ..envsnap.journal import recover
-    from ..envsnap.lock import tree_lock
-    from ..envsnap.setup import baseline_path, take_baseline
-    from ..identity import keys_for
-
-    settings = Settings.from_config(load_config(config, store))
-    roots = settings.env.resolve_roots()
-    # The key as of before the setup: a setup into the base prefix changes the image fingerprint, and
-    # fresh nodes (which compute the key before their setup) must find the snapshot under this one.
-    key = keys_for(settings).env.digest
+    from ..envsnap.actions import baseline_here
 
     def say(msg: str) -> None:
         typer.echo(f"bootseer: {msg}", err=True)
 
-    with tree_lock(roots, say, _warn):
-        recover(roots, say)  # a restore killed part way: put the tree back before recording it
-        m = take_baseline(roots, settings.store, say)
-    manifest.save(m, baseline_path(roots), roots, {"env_key": key})
-    typer.echo(f"baseline of {len(m)} entries under {', '.join(roots)} saved")
+    taken = baseline_here(Settings.from_config(load_config(config, store)), say, _warn)
+    typer.echo(f"baseline of {taken.entries} entries under {', '.join(taken.roots)} saved")
 
 
-def _published(key: str, cap: Captured, took: float, as_json: bool) -> None:
+def _published(p: Published, as_json: bool) -> None:
     if as_json:
-        doc = {"env_key": key, "blob": cap.digest, "size": cap.size, "files": cap.files, "deletions": cap.deletions}
+        doc = {"env_key": p.env_key, "blob": p.digest, "size": p.size, "files": p.files, "deletions": p.deletions}
         typer.echo(json.dumps(doc, indent=2))
         return
     typer.echo(
-        f"published env {key[:16]}: {cap.files} files, {cap.deletions} deletions, "
-        f"{fmt_bytes(cap.size)} compressed, in {took:.1f} s"
+        f"published env {p.env_key[:16]}: {p.files} files, {p.deletions} deletions, "
+        f"{fmt_bytes(p.size)} compressed, in {p.seconds:.1f} s"
     )
 
 
 def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Capture what changed under the env roots since `bootseer baseline` and publish it."""
-    from ..cache import cache_for
-    from ..envsnap import manifest, snapshot
-    from ..envsnap.setup import baseline_path
-    from ..envsnap.stamp import write_stamp
-    from ..identity import keys_for
-    from ..store import open_store
+    from ..envsnap.actions import snapshot_here
 
-    settings = Settings.from_config(load_config(config, store))
-    roots = settings.env.resolve_roots()
-    path = baseline_path(roots)
-    if not path.exists():
-        raise BootseerError(f"no baseline for {', '.join(roots)}: run `bootseer baseline` before the setup")
-    base, _, extra = manifest.load(path)
-    now = keys_for(settings).env.digest
-    key = str(extra.get("env_key") or now)
-    st = open_store(settings.store.uri)
-    cache = cache_for(settings.store)
-    t0 = time.monotonic()
-    cap = snapshot.capture(settings.store, roots, base, key, cache, _warn, since=path.stat().st_mtime)
-    snapshot.publish(settings.p2p, st, cache, cap, key, roots)
-    write_stamp(roots, [key, now], cap.digest, cap.entries, cap.deletion_paths)
-    _published(key, cap, time.monotonic() - t0, as_json)
+    _published(snapshot_here(Settings.from_config(load_config(config, store)), _warn), as_json)
 
 
 def restore(config: ConfigOpt = None, store: StoreOpt = None) -> None:
@@ -124,15 +91,10 @@ def env_ls(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = 
 
 def _entries_doc(settings: Settings, st: Store, ref: dict[str, Any]) -> dict[str, Any]:
     """The blob's entries and deletions, as `env show --files` prints them (fetches the blob)."""
-    from pathlib import Path
+    from ..envsnap.actions import snapshot_entries
 
-    from ..cache import cache_for
-    from ..envsnap.format import read_meta
-    from ..envsnap.snapshot import entries_hint, fetch_verified
-
-    fetched = fetch_verified(settings.p2p, st, cache_for(settings.store), ref["blob"], ref.get("size"))
-    meta = read_meta(Path(fetched.path), entries_hint(ref))
-    return {"entries": [e.row() for e in meta.entries], "deletion_paths": list(meta.deletions)}
+    listed = snapshot_entries(settings, st, ref)
+    return {"entries": [e.row() for e in listed.entries], "deletion_paths": list(listed.deletions)}
 
 
 def _show_text(doc: dict[str, Any], ref: dict[str, Any], files: bool) -> None:

@@ -2,7 +2,7 @@
 job starts, holding the builder's single-flight lease until the ref is written.
 
 Its spec, `PublishTask` (made by stage.py `_capture_and_hand_over`): env_key, roots, upload
-(snapshot.Upload as a dict: the pending blob in the node cache and the ref's counts), and the lease
+(publish.Upload as a dict: the pending blob in the node cache and the ref's counts), and the lease
 (key, owner, expires, ttl_s). The other nodes wait on that lease (stage.py `_single_flight`); the agent renews it (and
 touches the pending blob, so `sweep_pending` knows it has an uploader) and releases it after the ref
 is written, or at once when the upload fails, so the next node builds without waiting for the TTL.
@@ -53,7 +53,8 @@ def _lease_of(task: PublishTask, agent: Agent) -> Lease:
 def publish_task(task: PublishTask, agent: Agent) -> None:
     """Renew the lease, upload, write the ref, release; the pending blob never outlives the task."""
     from ..cache import cache_for
-    from .snapshot import LeaseKeeper, Upload, publish
+    from .lease import LeaseKeeper
+    from .publish import Upload, publish
 
     up = Upload.from_task(task.upload)
     key = task.env_key

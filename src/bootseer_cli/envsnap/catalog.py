@@ -14,10 +14,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError
-from .snapshot import REF_KIND
 
 if TYPE_CHECKING:
     from ..store import Store
+
+REF_KIND = "env"  # refs/env/<env_key>.json
+FORMAT = 1  # the ref's "format": a restore refuses a ref of any other
 
 
 def list_snapshots(store: Store) -> list[dict[str, Any]]:

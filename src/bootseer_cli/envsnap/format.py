@@ -9,9 +9,10 @@ for it: `file_digests`), and the offset of each frame. Independent frames are wh
 restore fast: each worker decompresses its own frames (zstandard releases the GIL), where a single
 zstd stream would serialise everything behind one decompressor, as `tar -I zstd` does.
 
-This module is the format in both directions: the writer, the metadata reader (which turns the
-JSON rows on disk into typed `ArchiveEntry`/`Frame` records at the read boundary) and the tar
-member parser. What is done with a blob's contents, safely, is `extract.py`.
+This module holds the format's constants, its typed records (`ArchiveEntry`, `Frame`, `Meta`) and
+the writer. The reading side (the metadata reader, which turns the JSON rows on disk into those
+typed records at the read boundary, and the tar member parser) is `reader.py`; what is done with a
+blob's contents, safely, is `extract.py`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError, IntegrityError
 from .manifest import DIR, FILE, SYMLINK, Entry
@@ -464,173 +465,3 @@ class ArchiveWriter:
         self._pool.shutdown(cancel_futures=True)
         self._sink.abort()
         self.path.unlink(missing_ok=True)
-
-
-# ---- reading the metadata ----------------------------------------------------------------------
-
-
-def meta_cap(entries: int) -> int:
-    """The most metadata bytes a snapshot of `entries` entries (and deletions) may have."""
-    return META_FLOOR + META_PER_ENTRY * max(0, entries)
-
-
-ReadAt = Callable[[int, int], bytes]  # (length, offset) -> bytes: a random-access read
-
-
-def _trailer_doc(blob: Path | int | tuple[ReadAt, int], cap: int) -> tuple[Any, int]:
-    """The decoded JSON of the trailer and its size (IntegrityError when there is none, it is corrupt,
-    or it decompresses to more than `cap` bytes). `blob` is a path or an open descriptor (the restore
-    reads, hashes and extracts one descriptor, so all three see the same file)."""
-    if isinstance(blob, tuple):  # a blob read remotely by ranges (its end, before the rest arrives)
-        return _trailer_from(blob[0], blob[1], "snapshot", cap)
-    if isinstance(blob, int):
-        return _trailer_from(lambda n, off: os.pread(blob, n, off), os.fstat(blob).st_size, "snapshot", cap)
-    fd = os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return _trailer_from(lambda n, off: os.pread(fd, n, off), os.fstat(fd).st_size, blob.name, cap)
-    finally:
-        os.close(fd)
-
-
-def _trailer_from(read_at: ReadAt, end: int, name: str, cap: int) -> tuple[Any, int]:
-    import zstandard
-
-    try:
-        if end < 16 + 8:
-            raise IntegrityError(f"{name}: too short to be a snapshot")
-        tail = read_at(16, end - 16)
-        if tail[8:] != TRAILER_MAGIC:
-            raise IntegrityError(f"{name}: not a bootseer snapshot (no trailer)")
-        (n,) = struct.unpack("<Q", tail[:8])
-        if n > end - 24:
-            raise IntegrityError(f"{name}: corrupt snapshot trailer")
-        reader = zstandard.ZstdDecompressor().stream_reader(read_at(n, end - 16 - n))
-        raw = reader.read(cap + 1)
-        if len(raw) > cap:
-            raise IntegrityError(f"{name}: snapshot metadata is larger than {cap} bytes")
-        return json.loads(raw), len(raw)
-    except (ValueError, RecursionError, zstandard.ZstdError) as e:
-        raise IntegrityError(f"{name}: corrupt snapshot metadata: {type(e).__name__}: {e}"[:300]) from None
-
-
-def _frames(rows: list[Any]) -> tuple[Frame, ...]:
-    """The frame index, which must tile the blob from offset 0 without gaps or overlaps."""
-    frames = tuple(Frame.from_row(r) for r in rows)
-    expect = 0
-    for f in frames:
-        if f.offset != expect:
-            raise IntegrityError("snapshot frame index is not contiguous")
-        expect = f.offset + f.length
-    return frames
-
-
-def read_meta(blob: Path | int | tuple[ReadAt, int], entries_hint: int | None = None) -> Meta:
-    """The typed metadata of a snapshot blob (checked for shape, not yet for safety: see extract.plan).
-
-    `entries_hint` (from the ref) bounds how far the metadata is decompressed; once parsed, its size
-    must be proportional to the entries it lists (`meta_cap`), so a small blob cannot claim a huge
-    amount of memory.
-    """
-    cap = meta_cap(entries_hint or 0)
-    doc, size = _trailer_doc(blob, cap)
-    name = blob.name if isinstance(blob, Path) else "snapshot"
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        fmt = doc.get("format") if isinstance(doc, dict) else None
-        raise IntegrityError(f"{name}: unsupported snapshot format {str(fmt)[:40]}")
-    for key in ("roots", "deletions", "entries", "chunks"):
-        if not isinstance(doc.get(key), list):
-            raise IntegrityError(f"{name}: snapshot metadata lacks {key!r}")
-    for key in ("roots", "deletions"):
-        if not all(isinstance(x, str) for x in doc[key]):
-            raise IntegrityError(f"{name}: snapshot metadata {key!r} are not all paths")
-    count = len(doc["entries"]) + len(doc["deletions"]) + len(doc["chunks"]) + len(doc["roots"])
-    if size > meta_cap(count):
-        raise IntegrityError(f"{name}: snapshot metadata of {size} bytes is too large for {count} entries")
-    info = {k: v for k, v in doc.items() if k not in ("roots", "deletions", "entries", "chunks", "format")}
-    return Meta(
-        roots=tuple(doc["roots"]),
-        deletions=tuple(doc["deletions"]),
-        entries=tuple(ArchiveEntry.from_row(r) for r in doc["entries"]),
-        frames=_frames(doc["chunks"]),
-        info=info,
-    )
-
-
-# ---- reading the tar stream --------------------------------------------------------------------
-
-_KINDS = {b"0": FILE, b"\0": FILE, b"5": DIR, b"2": SYMLINK, b"1": HARDLINK}
-
-
-class Reader(Protocol):
-    def read(self, n: int) -> bytes | memoryview: ...
-
-
-@dataclass(frozen=True)
-class TarMember:
-    """A member header: its absolute path, kind (None: a type bootseer never restores), size, link."""
-
-    path: str
-    kind: str | None
-    typeflag: bytes
-    size: int
-    link: str
-
-    @property
-    def padded(self) -> int:
-        """The size of its data in the stream (whole 512-byte blocks)."""
-        return self.size + (-self.size % BLOCK)
-
-
-def _octal(raw: bytes | memoryview) -> int:
-    b = bytes(raw)
-    if b and b[0] & 0x80:  # GNU base-256 for large numbers
-        return int.from_bytes(b[1:], "big")
-    b = b.rstrip(b"\0 ").strip()
-    return int(b, 8) if b else 0
-
-
-def _cstr(raw: bytes | memoryview) -> str:
-    b = bytes(raw)
-    i = b.find(b"\0")
-    return (b if i < 0 else b[:i]).decode("utf-8", "surrogateescape")
-
-
-def _header_block(r: Reader) -> bytes | None:
-    """The next 512-byte header, checksum verified; None for an end-of-archive (zero) block."""
-    hdr = bytes(r.read(BLOCK))
-    if len(hdr) < BLOCK:
-        raise IntegrityError("snapshot ends inside a tar header")
-    if hdr == b"\0" * BLOCK:
-        return None
-    if _octal(hdr[148:156]) != sum(hdr[:148]) + 256 + sum(hdr[156:]):
-        raise IntegrityError("snapshot has a tar header with a bad checksum")
-    return hdr
-
-
-def next_member(r: Reader, limit: int) -> tuple[TarMember | None, int]:
-    """Read the next member's header (GNU long-name/long-link records included) from at most `limit` bytes.
-
-    Returns the member (None when only zero blocks or dangling long-name records fitted) and the
-    bytes consumed. The member's data is left for the caller to read.
-    """
-    pos = 0
-    longname: str | None = None
-    longlink: str | None = None
-    while pos < limit:
-        hdr = _header_block(r)
-        pos += BLOCK
-        if hdr is None:
-            continue  # end-of-archive blocks
-        size, flag = _octal(hdr[124:136]), hdr[156:157]
-        if flag in (b"L", b"K"):
-            padded = size + (-size % BLOCK)
-            val = bytes(r.read(padded))[:size].rstrip(b"\0").decode("utf-8", "surrogateescape")
-            pos += padded
-            longname, longlink = (val, longlink) if flag == b"L" else (longname, val)
-            continue
-        name = longname if longname is not None else _cstr(hdr[0:100])
-        if longname is None and hdr[257:263] == b"ustar\x00" and hdr[345]:
-            name = _cstr(hdr[345:500]) + "/" + name
-        link = longlink if longlink is not None else _cstr(hdr[157:257])
-        return TarMember("/" + name.rstrip("/"), _KINDS.get(flag), flag, size, link), pos
-    return None, pos

@@ -28,8 +28,10 @@ from ..units import fmt_bytes
 
 if TYPE_CHECKING:
     from ..store import Lease, Store
+    from .capture import Captured
+    from .lease import LeaseKeeper
     from .manifest import Manifest
-    from .snapshot import Captured, LeaseKeeper, Restored
+    from .restore import Restored
 
 POLL_S = 1.0
 
@@ -84,7 +86,7 @@ def _setup_as_without_bootseer(ctx: StageContext, roots: list[str], e: Exception
 
 def _locked_stage(ctx: StageContext, roots: list[str], key: str) -> StageResult:
     """Stamp → restore → single flight, holding the tree lock."""
-    from . import snapshot as snap
+    from .catalog import REF_KIND
     from .stamp import stamp_state
 
     ok, why = stamp_state(roots, key)
@@ -94,7 +96,7 @@ def _locked_stage(ctx: StageContext, roots: list[str], key: str) -> StageResult:
         ctx.warn(f"env: {why}; restoring again")
     try:
         store = ctx.store
-        ref = store.read_ref(snap.REF_KIND, key)
+        ref = store.read_ref(REF_KIND, key)
     except Exception as e:  # the store (or its client library) failed in any way: set up locally
         ctx.warn(f"env: store unreachable ({e}); running the setup locally")
         return _local_setup(ctx, roots, key, reason="store unreachable")
@@ -122,10 +124,11 @@ def _locked_stage(ctx: StageContext, roots: list[str], key: str) -> StageResult:
 def _try_restore(
     ctx: StageContext, store: Store, key: str, roots: list[str], ref: dict[str, Any]
 ) -> StageResult | None:
-    from . import snapshot as snap
+    from .catalog import REF_KIND
+    from .restore import restore
 
     try:
-        r = snap.restore(ctx.settings.p2p, store, ctx.cache, key, roots, ref=ref)
+        r = restore(ctx.settings.p2p, store, ctx.cache, key, roots, ref=ref)
     except StageFatal:
         raise
     except Exception as e:  # restore() normalises to BootseerError; anything else is still not the user's
@@ -136,7 +139,7 @@ def _try_restore(
         return None
     from ..gc import touch_used
 
-    touch_used(store, snap.REF_KIND, key, ref)  # at most once a day: `bootseer gc` keeps what jobs use
+    touch_used(store, REF_KIND, key, ref)  # at most once a day: `bootseer gc` keeps what jobs use
     return _restored_result(r)
 
 
@@ -144,14 +147,15 @@ def _single_flight(
     ctx: StageContext, store: Store, key: str, roots: list[str], note: str, ran: dict[str, bool]
 ) -> StageResult:
     """Take the lease and build, or wait for the holder's snapshot (then restore it, or set up here)."""
-    from . import snapshot as snap
+    from .catalog import REF_KIND
+    from .lease import lease_key
 
     wait_s = ctx.settings.env.wait_s
     deadline = time.monotonic() + wait_s
     announced = False
     while True:
         try:
-            lease = store.try_lease(snap.lease_key(key), _lease_ttl(ctx))
+            lease = store.try_lease(lease_key(key), _lease_ttl(ctx))
         except BootseerError as e:
             ctx.warn(f"env: cannot take the build lease ({e}); running the setup locally")
             return _local_setup(ctx, roots, key, reason="lease failed")
@@ -165,7 +169,7 @@ def _single_flight(
             return _local_setup(ctx, roots, key, reason="wait timed out")
         time.sleep(min(POLL_S, max(0.05, deadline - time.monotonic())))
         try:
-            ref = store.read_ref(snap.REF_KIND, key)
+            ref = store.read_ref(REF_KIND, key)
         except Exception:  # a read that failed is a poll that saw nothing yet
             ref = None
         if ref is not None:
@@ -181,12 +185,13 @@ def _build(
 ) -> StageResult:
     """Holder of the lease: setup, capture, publish (or hand the upload and the lease to the agent).
     A failed capture/publish only warns."""
-    from . import snapshot as snap
+    from .catalog import REF_KIND
+    from .lease import LeaseKeeper
     from .setup import fresh_setup
 
-    with snap.LeaseKeeper(lease, _lease_ttl(ctx)) as keeper:
+    with LeaseKeeper(lease, _lease_ttl(ctx)) as keeper:
         # The lease may have been taken just after another node published: check once more.
-        ref = store.read_ref(snap.REF_KIND, key)
+        ref = store.read_ref(REF_KIND, key)
         if ref is not None:
             result = _try_restore(ctx, store, key, roots, ref)
             if result is not None:
@@ -203,12 +208,10 @@ def _capture(
     ctx: StageContext, key: str, roots: list[str], baseline: Manifest, started: float, setup_s: float
 ) -> Captured | StageResult:
     """The capture after the lease holder's setup; when it fails, the tree stamped and the result."""
-    from . import snapshot as snap
+    from .capture import capture
 
     try:
-        return snap.capture(
-            ctx.settings.store, roots, baseline, key, ctx.cache, ctx.warn, since=started - 1, info=ctx.info
-        )
+        return capture(ctx.settings.store, roots, baseline, key, ctx.cache, ctx.warn, since=started - 1, info=ctx.info)
     except StageFatal:
         raise
     except BootseerError as e:
@@ -232,7 +235,7 @@ def _capture_and_hand_over(
     The capture is moved out of the evictable cache until the agent has uploaded it. The keeper goes
     on renewing until just before the agent starts (`before_agent`), so the lease never lapses between
     the two holders; the other nodes keep waiting on it until the agent writes the ref and releases it."""
-    from . import snapshot as snap
+    from . import publish as snap
     from .stamp import write_stamp
 
     snap.sweep_pending(ctx.cache, _lease_ttl(ctx))
@@ -287,14 +290,14 @@ def _capture_and_publish(
     note: str,
 ) -> StageResult:
     """After the lease holder's setup: capture and publish, stamping the tree whatever happens."""
-    from . import snapshot as snap
+    from .publish import publish
     from .stamp import write_stamp
 
     cap = _capture(ctx, key, roots, baseline, started, setup_s)
     if isinstance(cap, StageResult):
         return cap
     try:
-        snap.publish(ctx.settings.p2p, store, ctx.cache, cap, key, roots)
+        publish(ctx.settings.p2p, store, ctx.cache, cap, key, roots)
     except BootseerError as e:
         ctx.warn(f"env: setup done and captured, but not published: {e}")
         cap.blob.unlink(missing_ok=True)

@@ -2,6 +2,7 @@
 
 `bootseer restore || (setup && bootseer snapshot)` runs in front of every start, so this verb is on
 the fast path (see entry.py); `commands/env.py` registers the same function as a typer command.
+The work is `envsnap.actions.restore_here`; this module maps its facts to lines and an exit code.
 Whatever fails, it says so in one line and exits non-zero (never a traceback): the caller's `||`
 then runs the setup.
 """
@@ -33,28 +34,17 @@ def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], N
 
 
 def _restore(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]) -> int:
-    from ..cache import cache_for
-    from ..envsnap.journal import recover
-    from ..envsnap.lock import tree_lock
-    from ..envsnap.snapshot import restore
-    from ..envsnap.stamp import stamp_state
-    from ..identity import keys_for
+    from ..envsnap.actions import restore_here
     from ..settings import Settings
-    from ..store import open_store
     from ..units import fmt_bytes
 
-    settings = Settings.from_config(cfg)
-    roots = settings.env.resolve_roots()
-    key = keys_for(settings).env.digest
-    with tree_lock(roots, lambda m: err(f"bootseer: {m}"), lambda m: err(f"bootseer: warning: {m}")):
-        recover(roots, lambda m: err(f"bootseer: {m}"))
-        ok, why = stamp_state(roots, key)
-        if ok:
-            out(f"env {key[:16]} already present")
-            return 0
-        if why.startswith("stale"):
-            err(f"bootseer: warning: {why}")
-        r = restore(settings.p2p, open_store(settings.store.uri), cache_for(settings.store), key, roots)
+    done = restore_here(
+        Settings.from_config(cfg), lambda m: err(f"bootseer: {m}"), lambda m: err(f"bootseer: warning: {m}")
+    )
+    key, r = done.env_key, done.restored
+    if done.present:
+        out(f"env {key[:16]} already present")
+        return 0
     if r is None:
         err(f"no snapshot for env {key[:16]}")
         return EXIT_MISS

@@ -1,0 +1,157 @@
+"""What the env-snapshot verbs do here, by hand (outside `bootseer exec`): baseline, snapshot, restore, show.
+
+For setups run outside `bootseer exec`: `bootseer restore || (setup && bootseer snapshot)`, with
+`bootseer baseline` run before the setup so the snapshot holds only what it changed. The stage
+(stage.py) does the same work inside `exec`; these are the one-shot forms, which take the settings
+from the command layer (commands/env.py, commands/restore.py) and return facts for it to print.
+
+`restore_here` is on the fast path of every start (`bootseer restore` runs without typer, see
+entry.py): everything beyond the stdlib is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BootseerError
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+    from ..store import Store
+    from .format import ArchiveEntry
+    from .restore import Restored
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BaselineTaken:
+    """A baseline recorded: how many entries, under which roots."""
+
+    entries: int
+    roots: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Published:
+    """A snapshot captured and published for `env_key`; `seconds` covers the capture and the upload."""
+
+    env_key: str
+    digest: str
+    size: int
+    files: int
+    deletions: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RestoreHere:
+    """The outcome of a restore here: the env was `present` already, or `restored` (None: the store
+    has no snapshot for `env_key`)."""
+
+    env_key: str
+    present: bool
+    restored: Restored | None
+
+
+@dataclass(frozen=True)
+class SnapshotEntries:
+    """What a snapshot's blob lists: its entries and the paths it deletes."""
+
+    entries: tuple[ArchiveEntry, ...]
+    deletions: tuple[str, ...]
+
+
+def baseline_here(settings: Settings, say: Say, warn: Say) -> BaselineTaken:
+    """Record the state of the env roots before a setup, under the env key as of now.
+
+    The key is the one from before the setup: a setup into the base prefix changes the image
+    fingerprint, and fresh nodes (which compute the key before their setup) must find the snapshot
+    under this one. An interrupted restore of the tree is put back first, so it is not recorded."""
+    from ..identity import keys_for
+    from . import manifest
+    from .journal import recover
+    from .lock import tree_lock
+    from .setup import baseline_path, take_baseline
+
+    roots = settings.env.resolve_roots()
+    key = keys_for(settings).env.digest
+    with tree_lock(roots, say, warn):
+        recover(roots, say)
+        m = take_baseline(roots, settings.store, say)
+    manifest.save(m, baseline_path(roots), roots, {"env_key": key})
+    return BaselineTaken(len(m), tuple(roots))
+
+
+def snapshot_here(settings: Settings, warn: Say) -> Published:
+    """Capture what changed under the env roots since the baseline, publish it, stamp the tree.
+
+    The snapshot goes under the key the baseline recorded (see `baseline_here`); the stamp carries
+    that key and the key as of now, so a restart of this node matches either. BootseerError when no
+    baseline was taken."""
+    from ..cache import cache_for
+    from ..identity import keys_for
+    from ..store import open_store
+    from . import manifest
+    from .capture import capture
+    from .publish import publish
+    from .setup import baseline_path
+    from .stamp import write_stamp
+
+    roots = settings.env.resolve_roots()
+    path = baseline_path(roots)
+    if not path.exists():
+        raise BootseerError(f"no baseline for {', '.join(roots)}: run `bootseer baseline` before the setup")
+    base, _, extra = manifest.load(path)
+    now = keys_for(settings).env.digest
+    key = str(extra.get("env_key") or now)
+    st = open_store(settings.store.uri)
+    cache = cache_for(settings.store)
+    t0 = time.monotonic()
+    cap = capture(settings.store, roots, base, key, cache, warn, since=path.stat().st_mtime)
+    publish(settings.p2p, st, cache, cap, key, roots)
+    write_stamp(roots, [key, now], cap.digest, cap.entries, cap.deletion_paths)
+    return Published(key, cap.digest, cap.size, cap.files, cap.deletions, time.monotonic() - t0)
+
+
+def restore_here(settings: Settings, say: Say, warn: Say) -> RestoreHere:
+    """Restore the snapshot of the current env key under the roots, unless the tree already carries it.
+
+    Under the tree lock, after an interrupted restore was put back; a stale stamp is only a warning
+    (the restore replaces it). Raises what `restore.restore` raises when the snapshot is unusable."""
+    from ..cache import cache_for
+    from ..identity import keys_for
+    from ..store import open_store
+    from .journal import recover
+    from .lock import tree_lock
+    from .restore import restore
+    from .stamp import stamp_state
+
+    roots = settings.env.resolve_roots()
+    key = keys_for(settings).env.digest
+    with tree_lock(roots, say, warn):
+        recover(roots, say)
+        ok, why = stamp_state(roots, key)
+        if ok:
+            return RestoreHere(key, present=True, restored=None)
+        if why.startswith("stale"):
+            warn(why)
+        r = restore(settings.p2p, open_store(settings.store.uri), cache_for(settings.store), key, roots)
+    return RestoreHere(key, present=False, restored=r)
+
+
+def snapshot_entries(settings: Settings, store: Store, ref: dict[str, Any]) -> SnapshotEntries:
+    """The entries and deletions the blob of `ref` lists (fetches the blob, its digest checked)."""
+    from pathlib import Path
+
+    from ..cache import cache_for
+    from ..delivery import fetch_verified
+    from .reader import read_meta
+    from .restore import entries_hint
+
+    fetched = fetch_verified(settings.p2p, store, cache_for(settings.store), ref["blob"], ref.get("size"))
+    meta = read_meta(Path(fetched.path), entries_hint(ref))
+    return SnapshotEntries(meta.entries, meta.deletions)

@@ -1,0 +1,473 @@
+"""The apply of an extraction: writing the planned members from the frames, in one of three strategies.
+
+The frames are applied in forked worker processes where the OS has fork, else in threads, or in
+this thread for a single frame: each worker decompresses its own frames and writes their files
+with plain `os` calls, never through a link, each parent checked once to resolve inside the roots.
+`State` is what the workers of one extraction share, and what the undo (`undo.py`) reads back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import BootseerError, IntegrityError
+from .format import HARDLINK, ArchiveEntry, Frame, Progress, UnsafeArchive
+from .manifest import DIR, FILE, SYMLINK, under
+from .plan import Plan
+from .reader import Reader, TarMember, next_member
+
+ONE_SHOT_MAX = 64 << 20  # frames up to this raw size are decompressed in one call
+MODE_MASK = 0o777  # setuid/setgid/sticky bits from a store are not honoured
+FAULT_ENV = "BOOTSEER_TEST_RESTORE_FAULT"  # tests: SIGKILL the process group at a named point
+
+
+def fault(point: str) -> None:
+    """A test hook: at `point`, kill this restore's whole process group, as a crash would."""
+    if os.environ.get(FAULT_ENV) == point:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+class RestoreError(BootseerError):
+    """Extraction failed (the filesystem refused a write); `undone` says whether the tree was put back."""
+
+    def __init__(self, message: str, undone: bool) -> None:
+        super().__init__(message)
+        self.undone = undone
+
+
+# ---- the shared state of one extraction, and writing one path ---------------------------------
+
+
+@dataclass
+class State:
+    """Shared by the workers of one extraction."""
+
+    plan: Plan
+    real_roots: list[str]
+    created: list[str] = field(default_factory=list)  # paths this extraction made (undo removes them)
+    made_dirs: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+    hardlinks: list[tuple[str, str, int]] = field(default_factory=list)
+    ok_parents: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    abort: threading.Event = field(default_factory=threading.Event)
+    umask: int = 0o022
+    members: int = 0  # members this process applied (for the test fault hook)
+    member_fault: int = -1  # the member at which the test hook kills the restore (-1: never)
+    on_workers: Callable[[], None] | None = None  # called once the workers run (after any fork)
+    new: set[str] = field(default_factory=set)  # what the journal says this extraction creates
+    # resolved paths of checked parents and of directories this process made inside them (a
+    # directory it made is no symlink: its real path is its parent's plus its name, no realpath walk)
+    real_dirs: dict[str, str] = field(default_factory=dict)
+    arriving: bool = False  # the blob is still being downloaded into the file: wait for each frame
+
+
+def ensure_parent(st: State, parent: str, trusted: bool = False) -> None:
+    """Make `parent` exist, after checking it resolves inside the roots (through any symlinks on disk).
+
+    `trusted`: `parent` is a root itself (named by the config, not by the snapshot).
+    """
+    if parent in st.ok_parents:
+        return
+    real = st.real_dirs.get(parent) or os.path.realpath(parent)
+    if not trusted and not under(real, st.real_roots):
+        raise UnsafeArchive(f"{parent} resolves to {real}, outside the roots: refusing to write through it")
+    missing = []
+    p = parent
+    while not os.path.lexists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o755)
+            with st.lock:
+                st.made_dirs.append(d)
+        except FileExistsError:
+            pass
+    with st.lock:
+        st.ok_parents.add(parent)
+        st.real_dirs[parent] = real
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _write_file(st: State, e: ArchiveEntry, r: Reader, streamed: bool) -> None:
+    """Create the file exclusively (never through a link) and copy its `e.size` bytes from `r`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    mode = e.mode & MODE_MASK
+    fd = os.open(e.path, flags, mode)
+    st.created.append(e.path)  # list.append is atomic under the GIL
+    try:
+        if not streamed:
+            _write_all(fd, r.read(e.size))
+        else:  # a huge file, from a streaming decompressor
+            left = e.size
+            while left:
+                piece = r.read(min(left, 8 << 20))
+                if not piece:
+                    raise IntegrityError(f"snapshot ends inside {e.path}")
+                _write_all(fd, piece)
+                left -= len(piece)
+        if mode & st.umask:
+            os.fchmod(fd, mode)
+        os.utime(fd, (e.mtime, e.mtime))
+    finally:
+        os.close(fd)
+
+
+# ---- one frame -------------------------------------------------------------------------------------
+
+
+class _MemReader:
+    """read(n) over a decompressed frame without copying."""
+
+    def __init__(self, data: bytes) -> None:
+        self.mv = memoryview(data)
+        self.pos = 0
+
+    def read(self, n: int) -> memoryview:
+        out = self.mv[self.pos : self.pos + n]
+        self.pos += len(out)
+        return out
+
+
+class _ByteStream(Protocol):
+    """A streaming decompressor's reader (zstandard's `stream_reader`)."""
+
+    def read(self, n: int) -> bytes: ...
+
+
+class _StreamReader:
+    """read(n) (exactly n unless at the end) over a streaming decompressor for a huge frame."""
+
+    def __init__(self, reader: _ByteStream) -> None:
+        self.r = reader
+
+    def read(self, n: int) -> bytes:
+        parts = []
+        while n > 0:
+            b = self.r.read(min(n, 8 << 20))
+            if not b:
+                break
+            parts.append(b)
+            n -= len(b)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+STALL_S = 300.0  # a blob still arriving that has not grown for this long is given up
+
+
+def _wait_for(fd: int, end: int) -> None:
+    """Until the file being downloaded holds `end` bytes (the download fills it in order; on a failure
+    it is padded to its full size, and the frames then fail to decompress)."""
+    size, since = -1, time.monotonic()
+    while True:
+        now = os.fstat(fd).st_size
+        if now >= end:
+            return
+        if now != size:
+            size, since = now, time.monotonic()
+        elif time.monotonic() - since > STALL_S:
+            raise IntegrityError(f"the snapshot download stalled at {size} bytes")
+        time.sleep(0.002)
+
+
+def _open_frame(fd: int, frame: Frame, dctx_local: threading.local, arriving: bool = False) -> tuple[Reader, bool]:
+    """A reader over the frame's tar bytes, and whether it streams (frames too big to hold at once)."""
+    import zstandard
+
+    if arriving:
+        _wait_for(fd, frame.offset + frame.length)
+    comp = os.pread(fd, frame.length, frame.offset)
+    if len(comp) != frame.length:
+        raise IntegrityError("snapshot is truncated")
+    dctx = getattr(dctx_local, "dctx", None)
+    if dctx is None:
+        dctx = dctx_local.dctx = zstandard.ZstdDecompressor()
+    try:
+        if frame.raw > ONE_SHOT_MAX:
+            return _StreamReader(dctx.stream_reader(comp)), True
+        data = dctx.decompress(comp, max_output_size=frame.raw)
+    except zstandard.ZstdError as e:
+        raise IntegrityError(f"snapshot frame at {frame.offset} is corrupt: {e}") from None
+    if len(data) != frame.raw:
+        raise IntegrityError("a snapshot frame has the wrong size")
+    return _MemReader(data), False
+
+
+def _listed(st: State, m: TarMember) -> ArchiveEntry:
+    """The listed entry a member stands for: its kind must match, and it may come only once."""
+    if m.kind is None:
+        raise UnsafeArchive(f"snapshot member {m.path!r} has type {m.typeflag!r} (device node, fifo?): refused")
+    want = st.plan.entries.get(m.path)
+    if want is None or want.kind != m.kind:
+        raise UnsafeArchive(f"snapshot member {m.path!r} ({m.kind}) is not in the snapshot's list")
+    with st.lock:
+        if m.path in st.seen:
+            raise UnsafeArchive(f"snapshot member {m.path!r} appears twice")
+        st.seen.add(m.path)
+    return want
+
+
+def _put_dir(st: State, e: ArchiveEntry) -> None:
+    try:
+        os.mkdir(e.path, e.mode & MODE_MASK | 0o700)
+        st.created.append(e.path)
+    except FileExistsError:
+        if not os.path.isdir(e.path) or os.path.islink(e.path):
+            raise UnsafeArchive(f"{e.path} exists and is not a directory") from None
+    parent, _, name = e.path.rpartition("/")
+    real_parent = st.real_dirs.get(parent)
+    if real_parent is not None:  # a real directory (made here, or found not to be a link)
+        st.real_dirs[e.path] = f"{real_parent}/{name}"
+
+
+def _put_symlink(st: State, e: ArchiveEntry, link: str) -> None:
+    if link != e.extra:
+        raise UnsafeArchive(f"snapshot symlink {e.path!r} differs from the snapshot's list")
+    os.symlink(link, e.path)
+    st.created.append(e.path)
+    with contextlib.suppress(OSError):
+        os.utime(e.path, (e.mtime, e.mtime), follow_symlinks=False)
+
+
+def _apply_member(st: State, m: TarMember, r: Reader, streamed: bool, room: int) -> int:
+    """Write one member (its data is next in `r`, `room` bytes are left in the frame); returns data bytes read."""
+    e = _listed(st, m)
+    if e.path in st.plan.roots:  # a root the setup created (e.g. a compile cache): the config names it
+        if not os.path.isdir(e.path):
+            ensure_parent(st, e.path, trusted=True)
+        return 0
+    parent = e.path.rpartition("/")[0]
+    if parent not in st.ok_parents and e.kind != HARDLINK:
+        ensure_parent(st, parent)  # every parent is checked once: no writing through a symlink
+    st.members += 1
+    if st.members == st.member_fault:
+        fault(f"member:{st.members}")
+    if e.kind == FILE:
+        if m.size != e.size:  # the metadata's listed size bounds what a member may write
+            raise IntegrityError(f"snapshot member {e.path!r} holds {m.size} bytes, its listing says {e.size}")
+        if m.padded > room:
+            raise IntegrityError(f"snapshot member {e.path!r} overruns its frame")
+        _write_file(st, e, r, streamed)
+        r.read(m.padded - m.size)
+        return m.padded
+    if e.kind == DIR:
+        _put_dir(st, e)
+    elif e.kind == SYMLINK:
+        _put_symlink(st, e, m.link)
+    else:
+        if "/" + m.link.lstrip("/") != e.extra:
+            raise UnsafeArchive(f"snapshot hardlink {e.path!r} differs from the snapshot's list")
+        with st.lock:
+            st.hardlinks.append((e.path, e.extra, e.mtime))  # after every frame: its target may be anywhere
+    return 0
+
+
+def _extract_frame(st: State, blob_fd: int, frame: Frame, dctx_local: threading.local) -> int:
+    """Decompress one frame and write its members; returns the raw bytes handled."""
+    if st.abort.is_set():
+        return 0
+    r, streamed = _open_frame(blob_fd, frame, dctx_local, st.arriving)
+    pos = 0
+    while pos < frame.raw:
+        if st.abort.is_set():
+            return pos
+        m, n = next_member(r, frame.raw - pos)
+        pos += n
+        if m is not None:
+            pos += _apply_member(st, m, r, streamed, frame.raw - pos)
+    return frame.raw
+
+
+# ---- the strategies: this thread, threads, forked processes ----------------------------------------
+
+
+def _frames_here(st: State, fd: int, frames: tuple[Frame, ...], progress: Progress | None) -> None:
+    local = threading.local()
+    for f in frames:
+        _extract_frame(st, fd, f, local)
+        if progress:
+            progress(f.raw)
+
+
+def _frames_in_threads(st: State, fd: int, frames: tuple[Frame, ...], workers: int, progress: Progress | None) -> None:
+    local = threading.local()
+    with ThreadPoolExecutor(workers, thread_name_prefix="bootseer-restore") as pool:
+        futs = [pool.submit(_extract_frame, st, fd, f, local) for f in frames]
+        try:
+            for fut, f in zip(futs, frames, strict=True):
+                fut.result()
+                if progress:
+                    progress(f.raw)
+        except BaseException:
+            st.abort.set()
+            raise
+
+
+_ERRORS: dict[str, type[BootseerError]] = {"UnsafeArchive": UnsafeArchive, "IntegrityError": IntegrityError}
+
+
+def _bins(frames: tuple[Frame, ...], workers: int, arriving: bool = False) -> list[list[Frame]]:
+    """The frames spread over `workers`: largest first, onto the least loaded worker; for a blob still
+    arriving, in the order they arrive, dealt round (no worker waits for the end while others idle)."""
+    bins: list[list[Frame]] = [[] for _ in range(workers)]
+    if arriving:
+        for i, f in enumerate(sorted(frames, key=lambda f: f.offset)):
+            bins[i % workers].append(f)
+        return [b for b in bins if b]
+    loads = [0] * workers
+    for f in sorted(frames, key=lambda f: -f.raw):
+        i = loads.index(min(loads))
+        bins[i].append(f)
+        loads[i] += f.raw
+    return [b for b in bins if b]
+
+
+def _fork_workers(st: State, fd: int, bins: list[list[Frame]]) -> tuple[list[int], list[int]]:
+    """One forked child per bin; returns their pids and the read ends of their report pipes."""
+    pids: list[int] = []
+    pipes: list[int] = []
+    for frames in bins:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            try:
+                os.close(r)
+                _child(st, fd, frames, w)
+            finally:
+                os._exit(0)
+        os.close(w)
+        pids.append(pid)
+        pipes.append(r)
+    return pids, pipes
+
+
+def _collect(pipes: list[int], progress: Progress | None) -> list[dict[str, Any]]:
+    """Read the children's JSON lines until every pipe closes: progress as it comes, the final reports."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    for r in pipes:
+        sel.register(r, selectors.EVENT_READ, bytearray())
+    results: list[dict[str, Any]] = []
+    while sel.get_map():
+        for key, _ in sel.select():
+            data = os.read(key.fd, 1 << 16)
+            buf: bytearray = key.data
+            if not data:
+                sel.unregister(key.fd)
+                os.close(key.fd)
+                continue
+            buf += data
+            while b"\n" in buf:
+                line, _, rest = bytes(buf).partition(b"\n")
+                buf[:] = rest
+                msg = json.loads(line)
+                if "p" not in msg:
+                    results.append(msg)
+                elif progress:
+                    progress(msg["p"])
+    sel.close()
+    return results
+
+
+def _merge(st: State, results: list[dict[str, Any]], workers: int) -> BootseerError | None:
+    """Fold the children's reports into `st` (for the undo); the first error any of them met."""
+    error: BootseerError | None = None
+    for res in results:
+        st.created.extend(res["created"])
+        st.made_dirs.extend(res["made"])
+        st.hardlinks.extend((a, b, c) for a, b, c in res["links"])
+        for path in res["seen"]:
+            if path in st.seen and error is None:
+                error = UnsafeArchive(f"snapshot member {path!r} appears twice")
+            st.seen.add(path)
+        if res["error"] and error is None:
+            kind, msg = res["error"]
+            error = _ERRORS[kind](msg) if kind in _ERRORS else RestoreError(msg, undone=False)
+    if len(results) != workers and error is None:
+        error = RestoreError("a restore worker process died", undone=False)
+    return error
+
+
+def _frames_in_processes(
+    st: State, fd: int, frames: tuple[Frame, ...], workers: int, progress: Progress | None
+) -> None:
+    """Extract the frames in `workers` forked children; merge what they did into `st` (for the undo).
+
+    Each child reports on a pipe, as JSON lines, the raw bytes of each frame it finished and, last,
+    the paths it created and the entries it saw, or its error. The parent raises the first error
+    after every child is done, so the undo sees everything that was written.
+    """
+    pids, pipes = _fork_workers(st, fd, _bins(frames, workers, st.arriving))
+    _workers_running(st)
+    results = _collect(pipes, progress)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    error = _merge(st, results, len(pids))
+    if error is not None:
+        raise error
+
+
+def _child(st: State, fd: int, frames: list[Frame], w: int) -> None:  # pragma: no cover
+    """The body of one forked worker (see `_frames_in_processes`)."""
+    st.created.clear()
+    st.made_dirs.clear()
+    st.seen.clear()
+    st.hardlinks.clear()
+    local = threading.local()
+    err: list[str] | None = None
+    with os.fdopen(w, "w") as out:
+        try:
+            for f in frames:
+                _extract_frame(st, fd, f, local)
+                out.write(json.dumps({"p": f.raw}) + "\n")
+                out.flush()
+        except BaseException as e:  # reported to the parent, which undoes everything
+            err = [type(e).__name__, str(e) or type(e).__name__]
+        doc = {"created": st.created, "made": st.made_dirs, "seen": sorted(st.seen), "links": st.hardlinks}
+        out.write(json.dumps({**doc, "error": err}) + "\n")
+
+
+def _workers_running(st: State) -> None:
+    """Start what runs beside the workers (the digest check of a streamed restore): only after the
+    fork, so no child is forked while a parent thread holds a lock."""
+    if st.on_workers is not None:
+        st.on_workers()
+
+
+def apply_frames(st: State, blob: Path | int, threads: int | None, progress: Progress | None) -> None:
+    """The frames, in parallel: in forked processes where the OS has fork (no GIL between the writers,
+    and each gets its own share of a busy machine's CPU), else in threads. More workers than cores:
+    file creation waits on the filesystem, and waiting workers overlap."""
+    frames = st.plan.frames
+    workers = max(1, min(threads or min(16, 4 * (os.cpu_count() or 1)), len(frames) or 1))
+    fd = blob if isinstance(blob, int) else os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if workers > 1 and hasattr(os, "fork") and not os.environ.get("BOOTSEER_RESTORE_THREADS"):
+            _frames_in_processes(st, fd, frames, workers, progress)
+        elif workers == 1:
+            _workers_running(st)
+            _frames_here(st, fd, frames, progress)
+        else:
+            _workers_running(st)
+            _frames_in_threads(st, fd, frames, workers, progress)
+    finally:
+        if not isinstance(blob, int):
+            os.close(fd)

@@ -1,0 +1,148 @@
+"""The plan of an extraction: every check a snapshot's metadata must pass before anything is written.
+
+The blob is untrusted whatever its digest (see `extract.py`), so the plan checks each listed entry
+(absolute, normal, under a root, of a restorable kind, listed once, links well formed, nothing
+below a symlink of the same snapshot), bounds what the frames may decompress to, and checks the
+free space under the roots, all before the first change to the tree.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import BootseerError, IntegrityError
+from .format import BLOCK, HARDLINK, ArchiveEntry, Frame, Meta, UnsafeArchive
+from .manifest import DIR, FILE, SYMLINK, under
+
+SPACE_SLACK = 1 << 20  # free space kept beyond the snapshot's files (metadata blocks, the stamp)
+
+
+class NoSpace(BootseerError):
+    """The filesystem under a root has too little free space for the snapshot (nothing was written)."""
+
+
+@dataclass
+class Plan:
+    """What an extraction will do, checked before anything is written."""
+
+    roots: list[str]
+    entries: dict[str, ArchiveEntry]  # by path, in the snapshot's order
+    deletions: list[str]
+    frames: tuple[Frame, ...]
+    files: int = 0
+    raw_bytes: int = 0
+
+
+def _check_path(p: object, roots: list[str]) -> str:
+    """Absolute, normal (no '.', '..', '//', trailing '/': string tests, which are what `normpath`
+    would change, at a fraction of its cost per entry) and lexically under a root."""
+    if not isinstance(p, str) or not p.startswith("/") or "\0" in p:
+        raise UnsafeArchive(f"snapshot entry {p!r}: not an absolute path")
+    q = p + "/"
+    if "//" in q or "/./" in q or "/../" in q:
+        raise UnsafeArchive(f"snapshot entry {p!r}: not a normal path ('..', '.', '//')")
+    if not under(p, roots):
+        raise UnsafeArchive(f"snapshot entry {p!r} lies outside the roots {', '.join(roots)}")
+    return p
+
+
+def _check_entry(e: ArchiveEntry, roots: list[str], earlier: dict[str, ArchiveEntry]) -> None:
+    """One listed entry: under a root, of a restorable kind, not a duplicate, links well formed."""
+    p = _check_path(e.path, roots)
+    if e.kind not in (FILE, DIR, SYMLINK, HARDLINK):
+        raise UnsafeArchive(f"snapshot entry {p}: kind {e.kind!r} cannot be restored (device node or fifo?)")
+    if p in roots and e.kind != DIR:
+        raise UnsafeArchive(f"snapshot entry {p} would replace a root with a {e.kind!r}")
+    if p in earlier:
+        raise UnsafeArchive(f"snapshot entry {p} appears twice")
+    if e.kind == HARDLINK:
+        _check_path(e.extra, roots)
+        target = earlier.get(e.extra)
+        if target is None or target.kind != FILE:
+            raise UnsafeArchive(f"snapshot hardlink {p} -> {e.extra}: target is not an earlier file of the snapshot")
+    if e.kind == SYMLINK and (not isinstance(e.extra, str) or not e.extra or "\0" in e.extra):
+        raise UnsafeArchive(f"snapshot symlink {p}: bad target")
+
+
+def _check_below_symlinks(entries: dict[str, ArchiveEntry]) -> None:
+    """No entry may lie below a symlink of the same snapshot (it would be written through the link).
+
+    In sorted order every path below `L` follows `L + "/"` directly, so one bisection per symlink
+    answers it (a walk up every entry's parents cost ~0.5 s on a 23k-entry torch env)."""
+    import bisect
+
+    links = [p for p, e in entries.items() if e.kind == SYMLINK]
+    if not links:
+        return
+    paths = sorted(entries)
+    for link in links:
+        i = bisect.bisect_left(paths, link + "/")
+        if i < len(paths) and paths[i].startswith(link + "/"):
+            raise UnsafeArchive(f"snapshot entry {paths[i]} lies below the snapshot's symlink {link}")
+
+
+def plan(meta: Meta, roots: list[str]) -> Plan:
+    """Check the metadata against `roots` (the roots this node restores into) and build the plan."""
+    roots = [os.path.normpath(os.path.abspath(r)) for r in roots]
+    entries: dict[str, ArchiveEntry] = {}
+    for e in meta.entries:
+        _check_entry(e, roots, entries)
+        entries[e.path] = e if isinstance(e.extra, str) else ArchiveEntry(e.path, e.kind, e.mode, e.size, e.mtime)
+    _check_below_symlinks(entries)
+    deletions = []
+    for p in meta.deletions:
+        _check_path(p, roots)
+        if p in roots:
+            raise UnsafeArchive(f"snapshot deletes the root {p}")
+        deletions.append(p)
+    files = sum(1 for e in entries.values() if e.kind != DIR)
+    raw = sum(e.size for e in entries.values())
+    _check_frames_bound(meta.frames, entries)
+    return Plan(roots, entries, deletions, meta.frames, files, raw)
+
+
+def _check_frames_bound(frames: tuple[Frame, ...], entries: dict[str, ArchiveEntry]) -> None:
+    """The frames may decompress to no more than the listed entries take in a tar stream (each
+    file's size in whole blocks, headers and long-name records, the end blocks): a blob cannot
+    expand beyond what its metadata admits. A tar writer may pad its end to a 20-block record."""
+    allowed = 20 * BLOCK * max(1, len(frames))
+    for e in entries.values():
+        allowed += e.size + (-e.size % BLOCK) + 3 * BLOCK + 2 * (len(e.path) + len(e.extra)) + 2 * BLOCK
+    total = sum(f.raw for f in frames)
+    if total > allowed:
+        raise IntegrityError(f"snapshot frames hold {total} bytes, more than its listed entries take ({allowed})")
+
+
+def _nearest_existing(path: str) -> str:
+    while not os.path.lexists(path) and path != "/":
+        path = os.path.dirname(path)
+    return path
+
+
+def _root_of(path: str, roots: list[str]) -> str:
+    """The innermost root `path` lies under (the plan made sure there is one)."""
+    return roots[0] if len(roots) == 1 else max((r for r in roots if under(path, [r])), key=len)
+
+
+def check_space(p: Plan) -> None:
+    """Before the first write: every filesystem under the roots has room for the snapshot's files
+    (each rounded up to a 4 KiB block), else NoSpace, saying how much is needed and free."""
+    from ..units import fmt_bytes
+
+    dev_of = {r: os.stat(_nearest_existing(r)).st_dev for r in p.roots}  # one stat per root, not per entry
+    need: dict[int, int] = {}
+    where: dict[int, str] = {}
+    for e in p.entries.values():
+        root = _root_of(e.path, p.roots)
+        dev = dev_of[root]
+        need[dev] = need.get(dev, 0) + e.size + (-e.size % 4096) + (4096 if e.kind == DIR else 0)
+        where.setdefault(dev, root)
+    for dev, n in need.items():
+        vfs = os.statvfs(_nearest_existing(where[dev]))
+        has = vfs.f_bavail * vfs.f_frsize
+        if n + SPACE_SLACK > has:
+            raise NoSpace(
+                f"not enough free space under {where[dev]}: the snapshot needs {fmt_bytes(n + SPACE_SLACK)}, "
+                f"has {fmt_bytes(has)}"
+            )

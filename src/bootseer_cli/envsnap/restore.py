@@ -1,0 +1,165 @@
+"""Restoring an env snapshot under the roots, all or nothing.
+
+`restore()` opens the blob once where it lies (`delivery.open_blob`: the node cache's file, a local
+store's file in place, else a fetch: swarm → store), extracts it while a thread hashes the same
+descriptor, checks the digest before the commit (a mismatch undoes the tree, drops a bad cached
+copy and tries the store), then stamps the tree. The extraction itself is `extract.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..delivery import Blob, DigestMismatch, Download, link_into_cache, open_blob
+from ..errors import BootseerError, IntegrityError
+from .catalog import FORMAT, REF_KIND
+from .manifest import under
+from .stamp import remove_stamp, switch_deletions, write_stamp
+
+if TYPE_CHECKING:
+    from ..cache import BlobCache
+    from ..settings import P2PSettings
+    from ..store import Store
+    from .format import Meta
+
+
+@dataclass
+class Restored:
+    """What a restore did: counts, where the bytes came from, and how long the fetch and extraction took."""
+
+    digest: str
+    files: int
+    raw_bytes: int
+    source: str
+    bytes_from_store: int
+    bytes_from_peers: int
+    seconds_fetch: float
+    seconds_extract: float
+    fetch_note: str = ""  # why the swarm was not used, when it was enabled
+
+
+def restore(
+    p2p: P2PSettings,
+    store: Store,
+    cache: BlobCache,
+    env_key: str,
+    roots: list[str],
+    ref: dict[str, Any] | None = None,
+    progress: bool | None = None,
+    extra_keys: tuple[str, ...] = (),
+) -> Restored | None:
+    """Restore the snapshot for `env_key` under `roots`; None when the store has none.
+
+    Raises IntegrityError/UnsafeArchive/NoSpace/RestoreError when the snapshot cannot be used (any
+    other exception a malformed ref or blob provokes is turned into an IntegrityError); the tree is
+    then as it was before (the message says so). The caller holds the tree lock.
+    """
+
+    if ref is None:
+        ref = store.read_ref(REF_KIND, env_key)
+        if ref is None:
+            return None
+    digest = ref.get("blob") if isinstance(ref, dict) else None
+    if not isinstance(digest, str) or ref.get("format") != FORMAT:
+        raise IntegrityError(f"ref env/{env_key[:16]} is malformed or of an unknown format")
+    try:
+        return _restore(p2p, store, cache, env_key, roots, ref, digest, progress, extra_keys)
+    except BootseerError:
+        raise
+    except Exception as e:  # whatever a malformed ref or blob provokes: the snapshot is unusable
+        raise IntegrityError(f"snapshot {digest[:12]} is unusable: {type(e).__name__}: {e}"[:400]) from None
+
+
+def entries_hint(ref: dict[str, Any]) -> int:
+    """How many entries the ref says its blob lists (bounds the metadata read; never trusted further)."""
+    n = ref.get("entries")
+    if isinstance(n, int) and n >= 0:
+        return n
+    files, deletions = ref.get("files"), ref.get("deletions")
+    known = [x for x in (files, deletions) if isinstance(x, int) and x >= 0]
+    return 2 * sum(known)  # refs from before "entries": directories are not counted in "files"
+
+
+def _restore(
+    p2p: P2PSettings,
+    store: Store,
+    cache: BlobCache,
+    env_key: str,
+    roots: list[str],
+    ref: dict[str, Any],
+    digest: str,
+    progress: bool | None,
+    extra_keys: tuple[str, ...],
+) -> Restored:
+    """Open the blob (cache, local store in place, or a fetch), extract it while it is hashed; a
+    digest mismatch found at the end undoes the tree, drops a bad cached copy and tries the store."""
+    size = ref.get("size") if isinstance(ref.get("size"), int) else None
+    for attempt in range(2):
+        t0 = time.monotonic()
+        b = open_blob(p2p, store, cache, digest, size, progress, cached=attempt == 0)
+        try:
+            restored, meta = _restore_from(b, roots, ref, digest, progress, t0)
+            link_into_cache(cache, b, digest)
+            if isinstance(b.verifier, Download):
+                b.verifier.keep(cache)
+        except BootseerError as e:
+            if b.verifier is None or b.verifier.ok():
+                raise
+            if isinstance(b.verifier, Download) and b.verifier.error:
+                b.verifier.check()  # the StoreError of the download (the tree is already undone)
+            if b.fetched.source == "cache":  # a bad cached copy: drop it, read the store's
+                cache.drop(Path(b.fetched.path), os.fstat(b.fd).st_ino, digest)
+                continue
+            with contextlib.suppress(BootseerError, OSError):
+                store.delete_blob(digest)  # the next capture replaces it
+            if isinstance(e, DigestMismatch):
+                raise
+            raise DigestMismatch(f"blob {digest[:12]} does not match its digest ({e})") from None
+        finally:
+            b.close()
+        write_stamp(roots, [env_key, *extra_keys], digest, meta.entries, meta.deletions)
+        return restored
+    raise DigestMismatch(f"blob {digest[:12]} does not match its digest")
+
+
+def _restore_from(
+    b: Blob, roots: list[str], ref: dict[str, Any], digest: str, progress: bool | None, t0: float
+) -> tuple[Restored, Meta]:
+    """Read the metadata (bounded, checked for safety by the plan) and extract from the open blob."""
+    from ..progress import byte_bar
+    from .extract import extract
+    from .reader import read_meta
+
+    t1 = time.monotonic()
+    meta = read_meta(b.verifier.tail if isinstance(b.verifier, Download) else b.fd, entries_hint(ref))
+    if any(not under(r, roots) for r in meta.roots):
+        raise IntegrityError(
+            f"the snapshot was captured for roots {', '.join(meta.roots)}, which this node's roots "
+            f"({', '.join(roots)}) do not contain; nothing restored"
+        )
+    switch = switch_deletions(roots, meta, digest)
+    remove_stamp(roots)
+    planned = replace(meta, deletions=(*meta.deletions, *switch)) if switch else meta
+    raw = ref.get("bytes")
+    v = b.verifier
+    with byte_bar(raw if isinstance(raw, int) and raw > 0 else None, "restore", enabled=progress) as advance:
+        ex = extract(
+            b.fd,
+            planned,
+            roots,
+            progress=advance,
+            verify=v and v.check,
+            start_verify=v and v.start,
+            arriving=isinstance(v, Download),
+        )
+    t2 = time.monotonic()
+    f = b.fetched
+    restored = Restored(
+        digest, ex.files, ex.raw_bytes, f.source, f.bytes_from_store, f.bytes_from_peers, t1 - t0, t2 - t1, f.note
+    )
+    return restored, meta
