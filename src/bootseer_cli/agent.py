@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .capabilities import AgentTask, agent_tasks, resolve
+from .errors import BootseerError
 from .events import RunInfo, upload
 
 if TYPE_CHECKING:
@@ -88,13 +89,27 @@ class Agent:
 
     @property
     def store(self) -> Store:
-        """The store `exec` used: its URI is in the spec, so no config is read to upload the events."""
+        """The store `exec` used, seen from exec's trust domain, with its signing key (the agent, never
+        the launcher, publishes what the run made). A trust that no longer loads falls back to the
+        unsigned view of the user's domain, so that the events still reach the store."""
+        settings = self.settings_or_none()
         with self._lock:
             if self._store is None:
-                from .store import open_store
+                from .store import open_store, open_store_for
 
-                self._store = open_store(self.store_uri)
+                try:
+                    self._store = open_store_for(settings) if settings else open_store(self.store_uri)
+                except BootseerError as e:
+                    self.log(f"trust settings unusable ({e}); publishing unsigned")
+                    self._store = open_store(self.store_uri)
             return self._store
+
+    def settings_or_none(self) -> Settings | None:
+        try:
+            return self.settings
+        except Exception as e:  # keep-alive: a broken config must not keep the events from the store
+            self.log(f"settings unusable: {e}")
+            return None
 
     @property
     def ready_file(self) -> Path:

@@ -110,11 +110,11 @@ def push(
     """Push `directory` as checkpoint NAME:TAG; returns the tag. The manifest is published last."""
     from .config import load
     from .settings import Settings
-    from .store import open_store
+    from .store import open_store_for
 
     settings = Settings.from_config(load(config, {("store", "uri"): store}))
     m = push_checkpoint(
-        open_store(settings.store.uri),
+        open_store_for(settings),
         settings.checkpoint,
         Path(directory),
         name,

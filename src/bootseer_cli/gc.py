@@ -79,10 +79,21 @@ def _leases(store: Store, now: float, scan: Scan) -> set[str]:
 
 def scan_store(store: Store, policy: Policy) -> tuple[Scan, list[tuple[str, str, int]]]:
     """Every capability's refs (its `gc_keep` hook, by phase) and the events under `policy` (blobs come
-    after, in `plan`)."""
+    after, in `plan`).
+
+    Blobs are shared by every domain of the store, so what any domain's documents name stays (read
+    unchecked: a forged ref can keep a blob, never delete one); refs, tags and events go only in this
+    store's own domain, where its user may delete them."""
     scan = Scan()
     scan.leased_env = _leases(store, policy.now, scan)
     hooked = sorted((c for c in capabilities.CAPABILITIES if c.gc_keep), key=lambda c: c.gc_phase)
+    for domain in store.domains():
+        if domain != store.domain:
+            other = Scan()
+            for cap in hooked:
+                capabilities.resolve(cap.gc_keep)(store.in_domain(domain), KEEP_EVERYTHING, other)
+            scan.live |= other.live
+            scan.live_stripes |= other.live_stripes
     for cap in hooked:  # each capability keeps what its refs name (and lets go what its policy says)
         capabilities.resolve(cap.gc_keep)(store, policy, scan)
     for f in store.list_info("events"):

@@ -94,10 +94,10 @@ class StageContext:
         if self._store_error is not None:
             raise self._store_error
         if self._store is None:
-            from .store import open_store
+            from .store import open_store_for
 
             try:
-                self._store = open_store(self.settings.store.uri)
+                self._store = open_store_for(self.settings)
             except (StoreError, OSError) as e:  # remembered as it is: the next stage sees the same failure
                 self._store_error = e
                 raise

@@ -23,20 +23,26 @@ while it is still the owner (compare, then write), and a reader allows for clock
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
 import socket
+import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 from .digests import sha256_file
 from .errors import IntegrityError, StoreError
-from .storefs import StoreFS
+from .storefs import SHARED, StoreFS
+from .trust import SIG_FIELD, Trust, unsigned
 
 CHUNK = 4 << 20
 
@@ -45,6 +51,21 @@ Progress = Callable[[int], None]
 # Clock-skew allowance of leases (see `Store.lease_live`): a lease holds until its expiry plus
 # min(TTL/2, this), so nodes whose clocks differ by less never take each other's live lease.
 LEASE_SKEW_S = 30.0
+
+
+# Top-level names of the layout before trust domains: their documents are read by gc only (to keep
+# the blobs they name), never used by a stage.
+LEGACY_TOPS = frozenset({"refs", "leases", "ckpt", "events", "swarm"})
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    """A refused document is a miss, said once per process (a stage may look at it several times)."""
+    if msg not in _warned:
+        _warned.add(msg)
+        from .redact import redact_text
+
+        print(f"bootseer: warning: {redact_text(msg)}", file=sys.stderr, flush=True)
 
 
 def blob_path(digest: str) -> str:
@@ -82,7 +103,14 @@ class Lease:
 
 
 class Store(StoreFS):
-    """A bootseer store at a pyarrow.fs URI (`file:///…`, `s3://bucket/prefix?endpoint_override=…`)."""
+    """A bootseer store at a pyarrow.fs URI (`file:///…`, `s3://bucket/prefix?endpoint_override=…`), seen
+    from one trust domain: refs, leases, checkpoints, swarm entries and events are read and written
+    under `<domain>/`, blobs are shared (trust.py). Without `use_trust`, the domain is the user's and
+    documents are unsigned."""
+
+    def __init__(self, uri: str, settle_s: float = 1.0) -> None:
+        super().__init__(uri, settle_s)
+        self.use_trust(unsigned())
 
     # ---- blobs ---------------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
@@ -228,43 +256,98 @@ class Store(StoreFS):
     def delete_blob(self, digest: str) -> None:
         self.delete(blob_path(digest))
 
+    # ---- trust domains and signed documents ---------------------------------------------------
+    def use_trust(self, trust: Trust) -> Store:
+        """Read and write as `trust` says: its domain is this view's (trust.py)."""
+        self.trust = trust
+        self.domain = trust.domain
+        return self
+
+    def in_domain(self, domain: str) -> Store:
+        """A view of another domain of the same store, reading its documents unchecked: for gc, which
+        keeps what any domain names and deletes only in its own."""
+        view = copy.copy(self)
+        view.trust = Trust(domain, verify="off")
+        view.domain = domain
+        return view
+
+    def domains(self) -> list[str]:
+        """Every domain that holds something in this store ("" for documents of the layout before domains)."""
+        tops = [d for d in self.top_level() if d != SHARED]
+        legacy = [d for d in tops if d in LEGACY_TOPS]
+        return ([""] if legacy else []) + [d for d in tops if d not in LEGACY_TOPS]
+
+    def put_doc(self, rel: str, doc: Mapping[str, object]) -> None:
+        """Write a JSON document in this view's domain, signed when this process holds the domain's key."""
+        signed = self.trust.sign(self.domain, rel, dict(doc))
+        self.put_bytes(rel, json.dumps(signed, indent=1, sort_keys=True).encode())
+
+    def get_doc(self, rel: str, *, across: bool = True) -> dict[str, Any] | None:
+        """The JSON document at `rel`, from this domain or (`across`) the next domain it reads from, used
+        only if it verifies (trust.py). A forged or unsigned one is a miss, with a warning."""
+        for domain in self.trust.domains if across else (self.domain,):
+            view = self if domain == self.domain else self._reader(domain)
+            data = view.get_bytes(rel)
+            if data is None:
+                continue
+            try:
+                doc = json.loads(data)
+            except ValueError:
+                doc = None
+            if not isinstance(doc, dict):
+                if domain == self.domain:
+                    raise IntegrityError(f"{rel} in {self.uri} is not a JSON object (truncated or corrupt)")
+                continue
+            why = self.trust.check(domain, rel, doc)
+            if why:
+                _warn_once(f"{domain}/{rel} in {self.uri} is not used: {why}")
+                continue
+            doc.pop(SIG_FIELD, None)
+            return doc
+        return None
+
+    def _reader(self, domain: str) -> Store:
+        view = copy.copy(self)
+        view.domain = domain
+        return view
+
     # ---- refs ----------------------------------------------------------------------------------
     def ref_path(self, kind: str, key: str) -> str:
         return f"refs/{_safe_key(kind)}/{_safe_key(key)}.json"
 
-    def write_ref(self, kind: str, key: str, doc: dict[str, Any]) -> None:
-        self.put_bytes(self.ref_path(kind, key), json.dumps(doc, indent=1, sort_keys=True).encode())
+    def write_ref(self, kind: str, key: str, doc: Mapping[str, object]) -> None:
+        self.put_doc(self.ref_path(kind, key), {k: v for k, v in doc.items() if not k.startswith("_")})
 
     def read_ref(self, kind: str, key: str) -> dict[str, Any] | None:
-        data = self.get_bytes(self.ref_path(kind, key))
-        if data is None:
-            return None
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            raise IntegrityError(f"ref {kind}/{key[:16]} in {self.uri} is not valid JSON") from None
-        if not isinstance(doc, dict):
-            raise IntegrityError(f"ref {kind}/{key[:16]} in {self.uri} is not a JSON object")
-        return doc
+        """The ref `kind/key` of this domain, else of the first domain read from that has it, verified."""
+        return self.get_doc(self.ref_path(kind, key))
 
     def delete_ref(self, kind: str, key: str) -> None:
         self.delete(self.ref_path(kind, key))
 
     def list_refs(self, kind: str) -> list[str]:
-        return [
-            p.rsplit("/", 1)[1][: -len(".json")] for p in self.list(f"refs/{_safe_key(kind)}") if p.endswith(".json")
-        ]
+        """The keys of `kind` in every domain this view reads (each is verified when read)."""
+        keys: set[str] = set()
+        for domain in self.trust.domains:
+            view = self if domain == self.domain else self._reader(domain)
+            keys.update(
+                p.rsplit("/", 1)[1][: -len(".json")]
+                for p in view.list(f"refs/{_safe_key(kind)}")
+                if p.endswith(".json")
+            )
+        return sorted(keys)
 
     # ---- leases --------------------------------------------------------------------------------
     def _lease_rel(self, key: str) -> str:
         return f"leases/{_safe_key(key)}"
 
-    @staticmethod
-    def _lease_doc(owner: str, expires: float, ttl_s: float) -> bytes:
+    def _lease_doc(self, key: str, owner: str, expires: float, ttl_s: float) -> bytes:
         doc = {"owner": owner, "expires": expires, "ttl": ttl_s, "host": socket.gethostname(), "pid": os.getpid()}
-        return json.dumps(doc).encode()
+        return json.dumps(self.trust.sign(self.domain, self._lease_rel(key), doc)).encode()
 
     def read_lease(self, key: str) -> dict[str, Any] | None:
+        """The lease document, or a stale one in its place: a torn lease, or one that does not verify
+        (a forged lease must not hold anyone back; it is taken over like an expired one)."""
         data = self.get_bytes(self._lease_rel(key))
         if data is None:
             return None
@@ -272,7 +355,13 @@ class Store(StoreFS):
             doc = json.loads(data)
         except ValueError:
             return {"owner": "", "expires": 0.0}  # a torn lease is a stale lease
-        return doc if isinstance(doc, dict) else {"owner": "", "expires": 0.0}
+        if not isinstance(doc, dict):
+            return {"owner": "", "expires": 0.0}
+        why = self.trust.check(self.domain, self._lease_rel(key), doc)
+        if why:
+            _warn_once(f"lease {key[:24]} in {self.uri} is ignored: {why}")
+            return {"owner": "", "expires": 0.0, "forged": True}
+        return doc
 
     def lease_live(self, key: str, doc: dict[str, Any] | None, now: float | None = None) -> bool:
         """Whether a lease document still holds, by this node's clock, allowing for clock skew.
@@ -309,7 +398,7 @@ class Store(StoreFS):
         """Take the single-flight lease for `key`, or None if another live owner holds it."""
         owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         expires = time.time() + ttl_s
-        doc = self._lease_doc(owner, expires, ttl_s)
+        doc = self._lease_doc(key, owner, expires, ttl_s)
         if self.is_local:
             full = Path(self.path(self._lease_rel(key)))
             full.parent.mkdir(parents=True, exist_ok=True)
@@ -387,7 +476,7 @@ class Store(StoreFS):
             lease.lost = True
             return False
         expires = time.time() + ttl_s
-        doc = self._lease_doc(lease.owner, expires, ttl_s)
+        doc = self._lease_doc(lease.key, lease.owner, expires, ttl_s)
         if self.is_local:
             if not self._swap_local(lease, doc):
                 lease.lost = True
@@ -453,8 +542,17 @@ class Store(StoreFS):
             self.delete(rel)
 
 
-def open_store(uri: str | None) -> Store:
-    """The store at `uri` (`[store] uri`), or the embedded local store when None."""
+def open_store(uri: str | None, trust: Trust | None = None) -> Store:
+    """The store at `uri` (`[store] uri`), or the embedded local store when None, seen from `trust`'s
+    domain (default: the user's, unsigned)."""
     from .paths import default_store_uri
 
-    return Store(uri or default_store_uri())
+    store = Store(uri or default_store_uri())
+    return store.use_trust(trust) if trust is not None else store
+
+
+def open_store_for(settings: Settings) -> Store:
+    """The configured store, seen as `[store] domain` and `[trust]` say (keys loaded here)."""
+    from .trust import trust_for
+
+    return open_store(settings.store.uri, trust_for(settings))

@@ -259,6 +259,17 @@ class StoreFS:
 
         return ds.dataset([self.path(r) for r in rels], format="parquet", filesystem=self.fs, schema=schema)
 
+    def top_level(self) -> list[str]:
+        """The directories at the top of the store, outside any domain (the domains and `blobs`)."""
+        import pyarrow.fs as pafs
+
+        sel = pafs.FileSelector(self.root or "/", allow_not_found=True)
+        try:
+            infos = self.fs.get_file_info(sel)
+        except OSError as e:
+            raise StoreError(f"store {self.uri}: cannot list its top level: {e}") from None
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
     def list_dirs(self, prefix: str) -> list[str]:
         import pyarrow.fs as pafs
 

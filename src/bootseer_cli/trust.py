@@ -44,10 +44,16 @@ KEY_FILE_MAX = 16 << 10
 _DOMAIN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
+# Top-level names of the store that are not domains: the shared blobs, and the layout before domains.
+RESERVED = frozenset({"blobs", "refs", "leases", "ckpt", "events", "swarm"})
+
+
 def check_domain(name: str, where: str = "[store] domain") -> str:
     """A domain is one path component of plain characters (it becomes a prefix in the store)."""
     if not name or name in (".", "..") or not set(name) <= _DOMAIN_CHARS or len(name) > 64:
         raise ConfigError(f"{where}: {name!r} is not a domain name (letters, digits, '.', '_', '-'; at most 64)")
+    if name in RESERVED:
+        raise ConfigError(f"{where}: {name!r} is a name the store's layout uses; pick another domain")
     return name
 
 
@@ -66,7 +72,9 @@ def default_domain() -> str:
 
 def _plain(name: str) -> str:
     out = "".join(c if c in _DOMAIN_CHARS else "_" for c in name)[:64]
-    return out if out not in ("", ".", "..") else "_"
+    if out in ("", ".", ".."):
+        return "_"
+    return f"user-{out}" if out in RESERVED else out
 
 
 def read_key_file(path: str) -> bytes:

@@ -41,13 +41,13 @@ def parse_size(text: str) -> int:
 
 def _open(ref: str, config: Path | None, store: str | None) -> tuple[Settings, Store, Manifest]:
     """(settings, store, manifest) for a NAME[:TAG|latest] reference: what pull, mount and rm start from."""
-    from ..store import open_store
+    from ..store import open_store_for
     from ..stripe.catalog import load_manifest
     from ..stripe.layout import parse_ref
 
     name, tag = parse_ref(ref)
     settings = load_settings(config, store)
-    st = open_store(settings.store.uri)
+    st = open_store_for(settings)
     return settings, st, load_manifest(st, name, tag)
 
 
@@ -67,13 +67,13 @@ def push(
 ) -> None:
     """Store DIRECTORY as NAME:TAG in the striped layout (uploads in parallel; manifest last)."""
     from ..ckpt import push_checkpoint
-    from ..store import open_store
+    from ..store import open_store_for
     from ..stripe.catalog import describe
 
     settings = load_settings(config, store)
     t0 = time.time()
     m = push_checkpoint(
-        open_store(settings.store.uri),
+        open_store_for(settings),
         settings.checkpoint,
         directory,
         name,
@@ -99,11 +99,11 @@ def ls(
     as_json: JsonOpt = False,
 ) -> None:
     """List checkpoints and their tags (newest last)."""
-    from ..store import open_store
+    from ..store import open_store_for
     from ..stripe.catalog import list_names, list_tags
     from ..stripe.layout import check_name
 
-    st = open_store(load_settings(config, store).store.uri)
+    st = open_store_for(load_settings(config, store))
     names = [check_name(name)] if name else list_names(st)
     rows = [e for n in names for e in list_tags(st, n)]
     if as_json:

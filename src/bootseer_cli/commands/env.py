@@ -72,9 +72,9 @@ env_app = typer.Typer(help="List, show and remove environment snapshots.", no_ar
 def env_ls(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List the snapshots in the store: key, size, files, age, creator."""
     from ..envsnap.catalog import list_snapshots
-    from ..store import open_store
+    from ..store import open_store_for
 
-    rows = list_snapshots(open_store(Settings.from_config(load_config(config, store)).store.uri))
+    rows = list_snapshots(open_store_for(Settings.from_config(load_config(config, store))))
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -125,10 +125,10 @@ def env_show(
 ) -> None:
     """Show one snapshot's ref (and with --files its entries, deletions and per-file digests)."""
     from ..envsnap import catalog
-    from ..store import open_store
+    from ..store import open_store_for
 
     settings = Settings.from_config(load_config(config, store))
-    st = open_store(settings.store.uri)
+    st = open_store_for(settings)
     full = catalog.match_key(st, key)
     ref = catalog.read(st, full)
     doc: dict[str, Any] = {"env_key": full, **ref}
@@ -148,9 +148,9 @@ def env_rm(
 ) -> None:
     """Remove snapshots: the ref, and the blob when no other ref names it."""
     from ..envsnap import catalog
-    from ..store import open_store
+    from ..store import open_store_for
 
-    st = open_store(Settings.from_config(load_config(config, store)).store.uri)
+    st = open_store_for(Settings.from_config(load_config(config, store)))
     for prefix in keys:
         full = catalog.match_key(st, prefix)
         catalog.remove(st, full)

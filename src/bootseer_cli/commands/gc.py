@@ -43,11 +43,11 @@ def gc(
     """Remove from the store what the keep policies let go, then the blobs nothing names any more."""
     from .. import gc as gclib
     from ..paths import runs_dir
-    from ..store import open_store
+    from ..store import open_store_for
 
     policy = gclib.Policy(keep_days=keep_days, keep_tags=keep_tags)
     settings = load_settings(config, store)
-    st = open_store(settings.store.uri)
+    st = open_store_for(settings)
     plan = gclib.plan(st, policy, runs_root=runs_dir())
     if not dry_run:
         plan = gclib.apply(st, plan, list(settings.checkpoint.targets))

@@ -68,11 +68,11 @@ def publish(
     """Upload FILE as a blob and its torrent; prints the blob's digest (then the torrent's)."""
     from ..errors import BootseerError
     from ..p2p.publish import publish_file
-    from ..store import open_store
+    from ..store import open_store_for
 
     if not file.is_file():
         raise BootseerError(f"{file}: not a file", 2)
-    digest, tdigest = publish_file(open_store(load_settings(config, store).store.uri), file)
+    digest, tdigest = publish_file(open_store_for(load_settings(config, store)), file)
     typer.echo(f"{digest} {tdigest}")
 
 
@@ -86,11 +86,11 @@ def fetch(
     """Fetch one blob into the node cache (cache → swarm → store), then serve peers until they are done."""
     from ..cache import cache_for
     from ..delivery import fetch_blob, handoff
-    from ..store import blob_path, open_store
+    from ..store import blob_path, open_store_for
 
     blob_path(digest)  # a clear error for a malformed digest
     settings = load_settings(config, store)
-    st = open_store(settings.store.uri)
+    st = open_store_for(settings)
     t0 = time.time()
     got = fetch_blob(settings.p2p, st, digest, cache=cache_for(settings.store))
     doc = {

@@ -47,7 +47,7 @@ def report(
     from ..errors import ConfigError
     from ..report import analysis, load, page, text
     from ..report.svg import timeline_svg
-    from ..store import open_store
+    from ..store import open_store_for
 
     if job and last:
         raise ConfigError("--job and --last: give one of them")
@@ -57,7 +57,7 @@ def report(
         raise ConfigError("--svg draws one job's timeline: use it without --since")
     settings = load_settings(config, store)
     configured = settings.report.gpus_per_node  # None unless set: then the launcher's own count wins
-    st = open_store(settings.store.uri)
+    st = open_store_for(settings)
     if since:
         seconds = load.parse_since(since)
         trend = analysis.analyze_trend(load.load_since(st, seconds), seconds, gpus_per_node, configured)

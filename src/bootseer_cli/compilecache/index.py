@@ -19,7 +19,6 @@ Pruning drops the least recently used entries until the total fits the size boun
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import StoreError
+from ..errors import IntegrityError, StoreError
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -123,17 +122,14 @@ def prune(entries: Mapping[str, Entry], max_bytes: int) -> dict[str, Entry]:
     return kept
 
 
-def _parse_shard(data: bytes) -> tuple[dict[str, Entry], int] | None:
+def _parse_shard(doc: Mapping[str, object]) -> tuple[dict[str, Entry], int] | None:
     """(entries, invalid entries) of a shard; None when it is not a shard this version can read."""
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or doc.get("v") != INDEX_VERSION or not isinstance(doc.get("entries"), dict):
+    entries = doc.get("entries")
+    if doc.get("v") != INDEX_VERSION or not isinstance(entries, dict):
         return None
     out: dict[str, Entry] = {}
     bad = 0
-    for rel, value in doc["entries"].items():
+    for rel, value in entries.items():
         e = _entry(value)
         if e is None or not isinstance(rel, str):
             bad += 1
@@ -148,10 +144,16 @@ def read_index(store: Store, key: str) -> Index:
     for rel in store.list(prefix(key)):
         if not rel.endswith(".json"):
             continue
-        data = store.get_bytes(rel)
-        if data is None:  # compacted away between the listing and the read
+        try:
+            # A compile cache is code (Inductor imports its .py and loads its .so): a shard is used only if
+            # it verifies for this domain (trust.py), never from another domain; a forged one is a warning
+            doc = store.get_doc(rel, across=False)
+        except IntegrityError:
+            doc = None
+        if doc is None:  # compacted away between the listing and the read, torn, or refused
+            index.skipped += store.exists(rel)
             continue
-        parsed = _parse_shard(data)
+        parsed = _parse_shard(doc)
         if parsed is None:
             index.skipped += 1
             continue
@@ -172,7 +174,7 @@ def write_index(store: Store, key: str, node: str, entries: Mapping[str, Entry],
         "written": time.time(),
         "entries": {r: e.as_json() for r, e in sorted(entries.items())},
     }
-    store.put_bytes(rel, json.dumps(doc, separators=(",", ":")).encode())
+    store.put_doc(rel, doc)
     for old in replaces:
         if old != rel:
             with contextlib.suppress(StoreError, OSError):  # left for the next compaction: merged again, harmless

@@ -40,10 +40,10 @@ def prefetch(settings: Settings) -> Prefetched:
     from ..cache import cache_for
     from ..capabilities import CAPABILITIES, resolve
     from ..identity import keys_for
-    from ..store import open_store
+    from ..store import open_store_for
 
     keys = keys_for(settings)
-    store = open_store(settings.store.uri)
+    store = open_store_for(settings)
     cache = cache_for(settings.store)
     out = Prefetched(cache_dir=str(cache.root), image_key=keys.image.digest, env_key=None)
     if settings.env.setup:

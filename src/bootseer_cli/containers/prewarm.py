@@ -149,13 +149,13 @@ def prewarm(
     environ: Mapping[str, str] | None = None,
 ) -> Published:
     """The whole CI pre-warm of one image; raises BootseerError with the failing step's exit code."""
-    from ..store import open_store
+    from ..store import open_store_for
 
     environ = dict(os.environ) if environ is None else environ
     say = echo or (lambda line: print(line, file=sys.stderr, flush=True))
     probe_argv = _probe_argv(settings, probe)
     files = setup_files(settings)  # bad config fails before the engine is asked anything
-    store = open_store(settings.store.uri)
+    store = open_store_for(settings)
     client = connect()
     try:
         removed = remove_leftovers(client, warn=lambda msg: say(f"bootseer: warning: {msg}"))

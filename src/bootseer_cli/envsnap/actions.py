@@ -94,7 +94,7 @@ def snapshot_here(settings: Settings, warn: Say) -> Published:
     baseline was taken."""
     from ..cache import cache_for
     from ..identity import keys_for
-    from ..store import open_store
+    from ..store import open_store_for
     from . import manifest
     from .capture import capture
     from .publish import publish
@@ -108,7 +108,7 @@ def snapshot_here(settings: Settings, warn: Say) -> Published:
     base, _, extra = manifest.load(path)
     now = keys_for(settings).env.digest
     key = str(extra.get("env_key") or now)
-    st = open_store(settings.store.uri)
+    st = open_store_for(settings)
     cache = cache_for(settings.store)
     t0 = time.monotonic()
     cap = capture(settings.store, roots, base, key, cache, warn, since=path.stat().st_mtime)
@@ -124,7 +124,7 @@ def restore_here(settings: Settings, say: Say, warn: Say) -> RestoreHere:
     (the restore replaces it). Raises what `restore.restore` raises when the snapshot is unusable."""
     from ..cache import cache_for
     from ..identity import keys_for
-    from ..store import open_store
+    from ..store import open_store_for
     from .journal import recover
     from .lock import tree_lock
     from .restore import restore
@@ -139,7 +139,7 @@ def restore_here(settings: Settings, say: Say, warn: Say) -> RestoreHere:
             return RestoreHere(key, present=True, restored=None)
         if why.startswith("stale"):
             warn(why)
-        r = restore(settings.p2p, open_store(settings.store.uri), cache_for(settings.store), key, roots)
+        r = restore(settings.p2p, open_store_for(settings), cache_for(settings.store), key, roots)
     return RestoreHere(key, present=False, restored=r)
 
 

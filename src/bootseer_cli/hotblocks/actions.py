@@ -49,7 +49,7 @@ def record_command(
     """
     from ..events import RunInfo
     from ..launcher import resolve_command
-    from ..store import open_store
+    from ..store import open_store_for
     from .opens import OpenLog, open_group
 
     resolve_command(command)
@@ -59,7 +59,7 @@ def record_command(
     log = OpenLog(fan_fd, roots, ignore_pids=(os.getpid(),)) if fan_fd is not None else None
     try:
         _evict_or_refuse(roots)  # the explicit verb may walk: a cold tree makes the most precise record
-        store = open_store(settings.store.uri)
+        store = open_store_for(settings)
         key = image_key()
         run = RunInfo.new()
         if log is not None:
@@ -122,10 +122,10 @@ def _scan_and_publish(
 def _load(settings: Settings, image_key: str) -> tuple[Record, dict[str, Any]] | None:
     """The published record of `image_key` from the configured store, through the node cache."""
     from ..cache import cache_for
-    from ..store import open_store
+    from ..store import open_store_for
     from .record import load
 
-    return load(settings.p2p, open_store(settings.store.uri), cache_for(settings.store), image_key)
+    return load(settings.p2p, open_store_for(settings), cache_for(settings.store), image_key)
 
 
 def replay_now(
@@ -188,8 +188,8 @@ def describe(settings: Settings, image_key: str) -> dict[str, Any]:
 
 def _read_status(settings: Settings, which: str, image_key: str, record: str) -> dict[str, Any] | None:
     """The agent's notes for this image (status.py): the last empty record, or the replay verdict."""
-    from ..store import open_store
+    from ..store import open_store_for
     from .status import read_empty, read_verdict
 
-    store = open_store(settings.store.uri)
+    store = open_store_for(settings)
     return read_empty(store, image_key) if which == "empty" else read_verdict(store, image_key, record)

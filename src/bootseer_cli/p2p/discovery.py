@@ -10,7 +10,6 @@ costs the others one refused connection at most.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import time
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlparse
 
-from ..errors import StoreError
+from ..errors import IntegrityError, StoreError
 
 if TYPE_CHECKING:
     from ..settings import P2PSettings
@@ -113,7 +112,7 @@ class Announcer:
 
     def write(self, state: str) -> None:
         doc = {"node": node_name(), "host": self.host, "port": self.port, "state": state, "updated": time.time()}
-        self.store.put_bytes(self.rel, json.dumps(doc).encode())
+        self.store.put_doc(self.rel, doc)  # signed: an entry decides which host:port every node connects to
         self.state = state
         self.written = time.time()
 
@@ -139,10 +138,10 @@ def swarm_peers(store: Store, digest: str, exclude: str = "") -> list[Endpoint]:
         if name == exclude or not rel.endswith(".json"):
             continue
         try:
-            doc = json.loads(store.get_bytes(rel) or b"{}")
+            doc = store.get_doc(rel, across=False) or {}  # an unsigned or forged entry: not a peer (warned)
             if now - float(doc.get("updated", 0)) > STALE_S:
                 continue
             out.append(Endpoint(str(doc["host"]), int(doc["port"]), str(doc.get("state", "")), name))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, IntegrityError):
             continue  # a torn or foreign entry: not a peer
     return out

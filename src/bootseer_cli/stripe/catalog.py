@@ -16,7 +16,6 @@ that carries them, so no secret is ever written into the store.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -102,22 +101,21 @@ def load_manifest(store: Store, name: str, tag: str = "latest") -> Manifest:
     if tag == "latest":
         tag = resolve_latest(store, name)
     rel = manifest_rel(name, tag)
-    data = store.get_bytes(rel)
-    if data is None:
+    doc = store.get_doc(rel)  # this domain's, else a domain it reads from; verified (trust.py)
+    if doc is None:
         raise NoCheckpoint(f"checkpoint {name}:{tag} not found in {store.uri}")
-    m = Manifest.from_json(data, where=f"checkpoint {name}:{tag} manifest")
+    m = Manifest.from_doc_at(doc, where=f"checkpoint {name}:{tag} manifest")
     if m.name != name or m.tag != tag:
         raise IntegrityError(f"checkpoint {name}:{tag}: its manifest names {m.name}:{m.tag}")
     return m
 
 
 def resolve_latest(store: Store, name: str) -> str:
-    hint = store.get_bytes(latest_rel(name))
-    if hint is not None:
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            tag = json.loads(hint).get("tag")
-            if isinstance(tag, str) and store.exists(manifest_rel(name, tag)):
-                return tag
+    with contextlib.suppress(IntegrityError):
+        hint = store.get_doc(latest_rel(name))
+        tag = hint.get("tag") if hint else None
+        if isinstance(tag, str) and store.get_doc(manifest_rel(name, tag)) is not None:
+            return tag
     entries = list_tags(store, name)
     if not entries:
         raise NoCheckpoint(f"checkpoint {name}: no tags in {store.uri}")
@@ -144,11 +142,14 @@ def list_tags(store: Store, name: str) -> list[Entry]:
     """Every readable tag of `name`, oldest first (unreadable manifests are listed with their error)."""
     out = []
     for tag in store.list_dirs(ckpt_prefix(name)):
-        data = store.get_bytes(f"{ckpt_prefix(name)}/{tag}/{MANIFEST}")
-        if data is None:
-            continue  # a push in progress, or a removal: no manifest, no tag
+        rel = f"{ckpt_prefix(name)}/{tag}/{MANIFEST}"
         try:
-            m = Manifest.from_json(data)
+            doc = store.get_doc(rel, across=False)
+            if doc is None:
+                if store.exists(rel):
+                    raise IntegrityError("its manifest does not verify (trust.py)")
+                continue  # a push in progress, or a removal: no manifest, no tag
+            m = Manifest.from_doc_at(doc)
         except IntegrityError as e:
             out.append(Entry(name, tag, 0.0, 0, 0, 0, 0, error=str(e)))
             continue
@@ -157,7 +158,7 @@ def list_tags(store: Store, name: str) -> list[Entry]:
 
 
 def write_latest(store: Store, name: str, tag: str, created: float) -> None:
-    store.put_bytes(latest_rel(name), json.dumps({"tag": tag, "created": created}).encode())
+    store.put_doc(latest_rel(name), {"tag": tag, "created": created})
 
 
 def remove(store: Store, name: str, tag: str, configured_targets: list[str] | None = None) -> int:

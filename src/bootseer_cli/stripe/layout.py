@@ -141,8 +141,13 @@ class Manifest:
             doc = json.loads(data)
         except ValueError:
             raise IntegrityError(f"{where}: not valid JSON (truncated or corrupt)") from None
+        return cls.from_doc_at(doc, where)
+
+    @classmethod
+    def from_doc_at(cls, doc: object, where: str = "manifest") -> Manifest:
+        """`from_doc`, with errors that say which manifest (a signed document was already parsed)."""
         try:
-            return cls.from_doc(doc)
+            return cls.from_doc(doc)  # type: ignore[arg-type]
         except IntegrityError as e:
             raise IntegrityError(f"{where}: {e}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:

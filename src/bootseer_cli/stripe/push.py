@@ -287,6 +287,6 @@ def push(
         for s in range(stripes)
     ]
     m = Manifest(name, tag, cell_size, refs, entries, job.cells, dirs, created=time.time())
-    store.put_bytes(manifest_rel(name, tag), m.to_json())
+    store.put_doc(manifest_rel(name, tag), m.to_doc())  # signed: a manifest names what a job reads as weights
     write_latest(store, name, tag, m.created)
     return m
