@@ -132,7 +132,7 @@ def record(
     bytes_from_peers: int = 0,
     reason: str = "",
     detail: str = "",
-    **extra: Any,
+    **extra: object,
 ) -> dict[str, Any]:
     # Defence in depth: a reason or detail is free text (often an exception's), and the events are
     # uploaded to the shared store, so any URI in them loses its credentials here.
