@@ -205,15 +205,3 @@ def upload(store: Store, run: RunInfo) -> str | None:
     finally:
         tmp.unlink(missing_ok=True)
     return rel
-
-
-def load_table(store: Store, job: str | None = None) -> pa.Table:
-    """All events of one job (or of every job) as one pyarrow table."""
-    import pyarrow as pa
-
-    prefix = f"events/{job}" if job else "events"
-    rels = [p for p in store.list(prefix, recursive=True) if p.endswith(".parquet")]
-    if not rels:
-        return to_table([])
-    dataset = store.parquet_dataset(rels)
-    return dataset.to_table().cast(to_table([]).schema) if dataset.count_rows() else pa.table({})
