@@ -8,7 +8,7 @@ verb imports its heavy libraries inside its body, so building the app stays chea
 from __future__ import annotations
 
 import importlib
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -59,14 +59,14 @@ def register_commands() -> typer.Typer:
     return app
 
 
-def human_metavars(command: Any) -> None:
+def human_metavars(command: object) -> None:
     """Help that reads like a Unix tool's: `--name NAME`, `DIRECTORY`, not typer's `<str>` / `<path>`.
 
     typer labels a value with its Python type (`--set <list[str]>`, `path <path>`); an option without
     its own metavar gets its name in capitals instead, and an argument shows only its name. Duck-typed
     on click's `param_type_name`: typer vendors its own click in newer releases, not in the oldest.
     """
-    for param in command.params:
+    for param in getattr(command, "params", ()):
         kind = getattr(param, "param_type_name", "")
         if kind == "option" and param.metavar is None and not param.is_flag and not param.count:
             param.metavar = (param.name or "value").upper()

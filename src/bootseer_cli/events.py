@@ -132,7 +132,7 @@ def record(
     bytes_from_peers: int = 0,
     reason: str = "",
     detail: str = "",
-    **extra: Any,
+    **extra: object,
 ) -> dict[str, Any]:
     # Defence in depth: a reason or detail is free text (often an exception's), and the events are
     # uploaded to the shared store, so any URI in them loses its credentials here.
@@ -205,15 +205,3 @@ def upload(store: Store, run: RunInfo) -> str | None:
     finally:
         tmp.unlink(missing_ok=True)
     return rel
-
-
-def load_table(store: Store, job: str | None = None) -> pa.Table:
-    """All events of one job (or of every job) as one pyarrow table."""
-    import pyarrow as pa
-
-    prefix = f"events/{job}" if job else "events"
-    rels = [p for p in store.list(prefix, recursive=True) if p.endswith(".parquet")]
-    if not rels:
-        return to_table([])
-    dataset = store.parquet_dataset(rels)
-    return dataset.to_table().cast(to_table([]).schema) if dataset.count_rows() else pa.table({})

@@ -38,7 +38,7 @@ class Key:
     digest: str
 
 
-def canonical(doc: Any) -> bytes:
+def canonical(doc: object) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 

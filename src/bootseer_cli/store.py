@@ -116,9 +116,6 @@ class Store(StoreFS):
     def has_blob(self, digest: str) -> bool:
         return self.exists(blob_path(digest))
 
-    def blob_size(self, digest: str) -> int:
-        return self.size(blob_path(digest))
-
     def put_blob_file(self, path: Path, digest: str | None = None, progress: Progress | None = None) -> str:
         """Upload a local file as a blob; returns its digest. A blob already present is not re-sent.
 

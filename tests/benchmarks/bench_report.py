@@ -4,7 +4,7 @@
 
 For each size: generate a job of N nodes (one Parquet file per node, six events each, as the agent
 uploads them) in a temporary file:// store, then time side by side in one run (best of 3, since the
-build machine is shared): the bare read of the events with the foundation's `events.load_table`,
+build machine is shared): the bare read of the events with `tests.support.events_table.load_table`,
 which any report must pay, and the whole report (load, analysis, HTML page and SVG). The ratio is
 what the report adds on top of reading. Everything lives under one temporary directory, removed
 however the run ends.
@@ -25,8 +25,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.report.support import node_events, write_run
+from tests.support.events_table import load_table
 
-from bootseer_cli import events
 from bootseer_cli.report import analysis, load
 from bootseer_cli.report.page import job_html
 from bootseer_cli.report.svg import timeline_svg
@@ -58,7 +58,7 @@ def bench(n: int, root: Path) -> dict[str, float]:
         r = analysis.analyze_job(load.load_job(store, "big"), "big")
         return job_html(r), timeline_svg(r), r.nodes
 
-    read_s, read_cpu, table = best(lambda: events.load_table(store, "big"))
+    read_s, read_cpu, table = best(lambda: load_table(store, "big"))
     total_s, total_cpu, (page, svg, nodes) = best(report)
     assert nodes == n and table.num_rows == 6 * n
     return {

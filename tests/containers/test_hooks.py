@@ -14,10 +14,10 @@ import yaml
 
 from bootseer_cli.cache import BlobCache
 from bootseer_cli.containers import engine
-from bootseer_cli.events import load_table
 from bootseer_cli.store import open_store
 from bootseer_cli.templates import render
 from tests.support import images
+from tests.support.events_table import load_table
 
 from .conftest import Prewarmed
 

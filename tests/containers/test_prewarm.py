@@ -55,7 +55,7 @@ def test_prewarm_then_exec_in_the_image_hits(
     assert res.exit_code == 0, res.output
     assert "tinypkg 1.0" in res.output  # restored, not installed: the setup never ran on the node
     assert "Successfully installed" not in res.output
-    from bootseer_cli.events import load_table
+    from tests.support.events_table import load_table
 
     rows = {r["stage"]: r for r in load_table(store, "node-check").to_pylist()}
     assert rows["env"]["cache"] == "hit" and rows["env"]["outcome"] == "restored", rows["env"]

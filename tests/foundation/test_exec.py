@@ -19,6 +19,7 @@ from bootseer_cli.errors import StageFatal, StoreError
 from bootseer_cli.events import RunInfo
 from bootseer_cli.settings import Settings
 from bootseer_cli.stage import StageContext
+from tests.support.events_table import load_table
 
 BOOTSEER = [sys.executable, "-m", "bootseer_cli"]
 
@@ -263,13 +264,13 @@ def test_events_upload_and_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         rel = events.upload(store, run_info)
         assert rel == f"events/job-ev/{node}-{run_info.run}.parquet"
         loaded_nodes.append(node)
-    table = events.load_table(store, "job-ev")
+    table = load_table(store, "job-ev")
     rows = table.to_pylist()
     assert sorted({r["node"] for r in rows}) == loaded_nodes
     env_rows = [r for r in rows if r["stage"] == "env"]
     assert len(env_rows) == 2 and all(r["duration_s"] == 2.5 for r in env_rows)
     assert json.loads(env_rows[0]["extra"]) == {"weird": {"x": 1}}
-    assert events.load_table(store, "no-such-job").num_rows == 0
+    assert load_table(store, "no-such-job").num_rows == 0
 
 
 def test_torn_jsonl_line_is_ignored(tmp_path: Path) -> None:

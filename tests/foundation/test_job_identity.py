@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.events import RunInfo, load_table
+from bootseer_cli.events import RunInfo
 from bootseer_cli.launcher import job_id_hint
 from bootseer_cli.store import open_store
+from tests.support.events_table import load_table
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ def test_blob_roundtrip_is_verified(store: Store, tmp_path: Path) -> None:
     digest = store.put_blob_file(src)
     assert digest == hashlib.sha256(payload).hexdigest()
     assert store.has_blob(digest)
-    assert store.blob_size(digest) == len(payload)
+    assert store.size(blob_path(digest)) == len(payload)
     dest = tmp_path / "out" / "blob"
     seen = []
     assert store.fetch_blob(digest, dest, progress=seen.append) == len(payload)

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from bootseer_cli import events
 from bootseer_cli.store import open_store
 from tests.report.recompute import assert_matches, expected
 from tests.report.support import chromium_screenshot, colour_stats, node_events, write_run
+from tests.support.events_table import load_table
 from tests.support.s3server import S3Server
 
 TRAIN = """
@@ -56,7 +56,7 @@ def _wait_uploaded(store: Any, job: str, nodes: int, ranks: int = 2, timeout: fl
     deadline = time.monotonic() + timeout
     while True:
         try:
-            rows = events.load_table(store, job).to_pylist()
+            rows = load_table(store, job).to_pylist()
         except OSError:  # an agent replaced a file between the dataset's discovery and its read: again
             rows = []
         ready = {(r["node"], r["detail"]) for r in rows if r["stage"] == "ready"}

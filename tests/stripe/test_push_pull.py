@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.errors import BootseerError, ConfigError, IntegrityError, StoreError
-from bootseer_cli.store import Store
+from bootseer_cli.store import Store, blob_path
 from bootseer_cli.stripe import catalog
 from bootseer_cli.stripe.layout import latest_rel, manifest_rel
 from bootseer_cli.stripe.pull import pull
@@ -57,7 +57,7 @@ def test_stripes_spread_over_several_s3_targets(s3_factory, plain_ckpt: Path, tm
     m = push(main, plain_ckpt, "model", "v1", stripes=4, cell_size=CELL, targets=targets)
     assert [r.target for r in m.stripes] == [targets[i % 3].uri for i in range(4)]
     for i, ref in enumerate(m.stripes):  # each stripe object is on its own server
-        assert targets[i % 3].blob_size(ref.digest) == ref.size
+        assert targets[i % 3].size(blob_path(ref.digest)) == ref.size
         assert not any(targets[j].has_blob(ref.digest) for j in range(3) if j != i % 3)
     r = pull(catalog.load_manifest(main, "model"), catalog.Targets(main, [t.uri for t in targets]), tmp_path / "out")
     assert r.bytes == m.total_size

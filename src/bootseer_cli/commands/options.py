@@ -7,7 +7,7 @@ imports the app back.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -35,17 +35,17 @@ StoreOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
-def load_config(config: Path | None = None, store: str | None = None, **flags: Any) -> Config:
+def load_config(config: Path | None = None, store: str | None = None, **flags: object) -> Config:
     """The effective config with flags applied. `flags` are {"section__key": value}."""
     from ..config import load
 
-    overrides: dict[tuple[str, str], Any] = {("store", "uri"): store}
+    overrides: dict[tuple[str, str], object] = {("store", "uri"): store}
     for name, value in flags.items():
         section, key = name.split("__", 1)
         overrides[(section, key)] = value
     return load(config, overrides)
 
 
-def load_settings(config: Path | None = None, store: str | None = None, **flags: Any) -> Settings:
+def load_settings(config: Path | None = None, store: str | None = None, **flags: object) -> Settings:
     """The settings of the effective config with flags applied."""
     return Settings.from_config(load_config(config, store, **flags))

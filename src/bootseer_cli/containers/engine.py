@@ -24,10 +24,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError
 from ..procs import pid_alive
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.errors import APIError
+    from docker.models.containers import Container
+    from docker.models.images import Image
 
 LABEL = "io.bootseer.prewarm"  # value: "<host>:<pid>"
 LABEL_CREATED = "io.bootseer.created"  # unix time, for containers of other hosts sharing an engine
@@ -45,7 +51,7 @@ def _socket_path() -> str | None:
     return addr[len("unix://") :] if addr.startswith("unix://") else None
 
 
-def connect(timeout: float = 60.0) -> Any:
+def connect(timeout: float = 60.0) -> DockerClient:
     """A connected `docker.DockerClient`, or a one-line error naming the socket."""
     addr = engine_address()
     sock = _socket_path()
@@ -123,7 +129,7 @@ def digest_of(image_attrs: dict[str, Any], ref: str) -> tuple[str, str, str]:
     return image_id, image_id, "image id"
 
 
-def resolve_image(client: Any, ref: str, pull: bool = True) -> ResolvedImage:
+def resolve_image(client: DockerClient, ref: str, pull: bool = True) -> ResolvedImage:
     """Find `ref` on the engine (pulling it when absent) and name its digest.
 
     Errors are one line: an image that does not exist, or a registry that cannot be reached.
@@ -142,12 +148,12 @@ def resolve_image(client: Any, ref: str, pull: bool = True) -> ResolvedImage:
     return ResolvedImage(ref=ref, digest=digest, pinned=pinned, image_id=image.id, source=source)
 
 
-def _api_reason(e: Any) -> str:
+def _api_reason(e: APIError) -> str:
     text = getattr(e, "explanation", None) or str(e)
     return str(text).splitlines()[0] if text else type(e).__name__
 
 
-def _pull(client: Any, ref: str) -> Any:
+def _pull(client: DockerClient, ref: str) -> Image:
     import docker.errors
 
     repo, tag, digest = split_ref(ref)
@@ -159,7 +165,7 @@ def _pull(client: Any, ref: str) -> Any:
         raise BootseerError(f"image {ref} is not on this engine and cannot be pulled: {_api_reason(e)}") from None
 
 
-def _engine_answer(ask: Callable[[Any], str | None]) -> str | None:
+def _engine_answer(ask: Callable[[DockerClient], str | None]) -> str | None:
     """`ask(client)` on a short-lived client, or None when no engine can answer: the key path must
     never fail for want of an engine, and must not import the SDK when there is no socket."""
     sock = _socket_path()
@@ -224,7 +230,7 @@ def own_image_digest() -> str | None:
     if cid is None:
         return None
 
-    def ask(client: Any) -> str:
+    def ask(client: DockerClient) -> str:
         container = client.containers.get(cid)
         image_ref = container.attrs.get("Config", {}).get("Image", "")
         image = client.images.get(container.attrs["Image"])
@@ -253,7 +259,7 @@ def is_leftover(labels: dict[str, str], now: float | None = None) -> bool:
     return (now or time.time()) - created > LEFTOVER_AGE_S
 
 
-def remove_leftovers(client: Any, warn: Callable[[str], None] | None = None) -> list[str]:
+def remove_leftovers(client: DockerClient, warn: Callable[[str], None] | None = None) -> list[str]:
     """Remove the containers interrupted prewarms left behind; returns their names.
 
     A removal the engine refuses (e.g. while it is still stopping the container) is retried a few
@@ -312,7 +318,7 @@ class RunResult:
     output: str
 
 
-def _stream_logs(container: Any, chunks: list[str], echo: Callable[[str], None] | None) -> None:
+def _stream_logs(container: Container, chunks: list[str], echo: Callable[[str], None] | None) -> None:
     """Collect the container's output into `chunks` and echo it line by line as it comes (CI logs)."""
     pending = ""
     for raw in container.logs(stream=True, follow=True):
@@ -328,7 +334,7 @@ def _stream_logs(container: Any, chunks: list[str], echo: Callable[[str], None] 
 
 
 def run_container(
-    client: Any,
+    client: DockerClient,
     image: str,
     command: list[str],
     *,

@@ -33,6 +33,8 @@ from ..errors import BootseerError, ConfigError
 from .engine import ResolvedImage, RunResult, connect, remove_leftovers, resolve_image, run_container, tar_of
 
 if TYPE_CHECKING:
+    from docker import DockerClient
+
     from ..keys import Keys
     from ..settings import Settings
     from ..store import Store
@@ -223,7 +225,7 @@ class _Runner:
 
     def __init__(
         self,
-        client: Any,
+        client: DockerClient,
         image: ResolvedImage,
         env: dict[str, str],
         binds: dict[str, dict[str, str]],
@@ -237,7 +239,7 @@ class _Runner:
     @classmethod
     def for_store(
         cls,
-        client: Any,
+        client: DockerClient,
         image: ResolvedImage,
         env: dict[str, str],
         store_uri: str,

@@ -22,7 +22,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,8 @@ from ..errors import IntegrityError, StoreError
 from .discovery import Announcer, local_host, static_peers, swarm_peers
 
 if TYPE_CHECKING:
+    import libtorrent as lt
+
     from ..cache import BlobCache
     from ..settings import P2PSettings
     from ..store import Lease, Store
@@ -55,7 +57,7 @@ class NoSwarm(StoreError):
 class Served:
     digest: str
     torrent_digest: str
-    handle: Any
+    handle: lt.torrent_handle
     announcer: Announcer
     discoverer: Discoverer
     work: Path | None  # libtorrent's save path (the cache keeps a hard link); None: seeding the cache file
@@ -103,7 +105,7 @@ def get_node(p2p: P2PSettings, store: Store) -> Node:
         return _node
 
 
-def _hex(h: Any) -> str:
+def _hex(h: lt.torrent_handle) -> str:
     return str(h.info_hash())
 
 
@@ -111,7 +113,7 @@ class Discoverer(threading.Thread):
     """Store I/O off the fetch loop (a slow store must not delay stall detection): lists the blob's
     swarm, connects to new peers, refreshes this node's entry, and counts the peers still downloading."""
 
-    def __init__(self, node: Node, digest: str, handle: Any, ann: Announcer) -> None:
+    def __init__(self, node: Node, digest: str, handle: lt.torrent_handle, ann: Announcer) -> None:
         super().__init__(name=f"discover-{digest[:8]}", daemon=True)
         self.node, self.digest, self.handle, self.ann = node, digest, handle, ann
         self.stop = threading.Event()
@@ -358,7 +360,7 @@ class _PrefixHasher(threading.Thread):
     grows, so the whole-blob check at the end has little left to read (the store path hashes while
     it streams; without this the swarm path would pay a full extra pass)."""
 
-    def __init__(self, handle: Any, path: Path) -> None:
+    def __init__(self, handle: lt.torrent_handle, path: Path) -> None:
         super().__init__(name="prefix-hash", daemon=True)
         self.handle, self.path = handle, path
         self.h = hashlib.sha256()
@@ -368,7 +370,7 @@ class _PrefixHasher(threading.Thread):
         ti = handle.torrent_file()
         self.n, self.plen = ti.num_pieces(), ti.piece_length()
 
-    def _advance(self, have: Any) -> None:
+    def _advance(self, have: Sequence[bool]) -> None:
         with self.lock:
             if self.next >= self.n or not have[self.next]:
                 return

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
+    import libtorrent as lt
     import pyarrow as pa
 
     from ..store import Store
@@ -152,7 +153,7 @@ class Swarm:
         raise OSError(f"libtorrent could not listen on a port in {lo}-{hi}: {'; '.join(self.errors[-3:])}")
 
     # ---- torrents ------------------------------------------------------------------------------
-    def _params(self, torrent: bytes, save_path: Path, seed: bool) -> Any:
+    def _params(self, torrent: bytes, save_path: Path, seed: bool) -> lt.add_torrent_params:
         lt = self.lt
         atp = lt.add_torrent_params()
         atp.ti = lt.torrent_info(lt.bdecode(torrent))
@@ -163,16 +164,16 @@ class Swarm:
         atp.flags = flags
         return atp
 
-    def add(self, torrent: bytes, save_path: Path, seed: bool = False) -> Any:
+    def add(self, torrent: bytes, save_path: Path, seed: bool = False) -> lt.torrent_handle:
         """Add a torrent (downloading into `save_path`, or seeding the file already there)."""
         save_path.mkdir(parents=True, exist_ok=True)
         return self.session.add_torrent(self._params(torrent, save_path, seed))
 
-    def remove(self, handle: Any) -> None:
+    def remove(self, handle: lt.torrent_handle) -> None:
         with contextlib.suppress(RuntimeError):  # libtorrent: the handle is already gone
             self.session.remove_torrent(handle)
 
-    def connect(self, handle: Any, endpoints: list[tuple[str, int]]) -> None:
+    def connect(self, handle: lt.torrent_handle, endpoints: list[tuple[str, int]]) -> None:
         for host, port in endpoints:
             if host == self.announce_host and port == self.port:
                 continue
@@ -199,7 +200,7 @@ class Swarm:
                 elif isinstance(a, lt.listen_failed_alert | lt.file_error_alert | lt.torrent_error_alert):
                     self.errors.append(a.message())
 
-    def flush(self, handle: Any, timeout: float = 30.0) -> bool:
+    def flush(self, handle: lt.torrent_handle, timeout: float = 30.0) -> bool:
         """Wait until every piece libtorrent has verified is on disk (a piece counts as "have" once it is
         hashed, which can be before its last write lands). True when the flush was confirmed."""
         key = str(handle.info_hash())
@@ -242,7 +243,7 @@ class StoreFeeder(threading.Thread):
 
     def __init__(
         self,
-        handle: Any,
+        handle: lt.torrent_handle,
         store: Store,
         digest: str,
         shuffle: bool,
@@ -264,7 +265,7 @@ class StoreFeeder(threading.Thread):
         self.error: BaseException | None = None
         self.done = False
 
-    def _read(self, ti: Any, i: int, ahead: bool = True) -> bytes:
+    def _read(self, ti: lt.torrent_info, i: int, ahead: bool = True) -> bytes:
         """Piece `i` from the store. Runs of pieces in order are read ahead in one ranged request of up
         to READ_AHEAD bytes (a request per piece left the link idle between requests); a piece out of
         order is one ranged read."""
@@ -294,11 +295,11 @@ class StoreFeeder(threading.Thread):
             pos += size
         return self._ahead.pop(i)
 
-    def _add(self, ti: Any, i: int, flags: int) -> None:
+    def _add(self, ti: lt.torrent_info, i: int, flags: int) -> None:
         # Under a rate cap, piece by piece: the cap paces the requests (read-ahead would make it bursty).
         self.handle.add_piece(i, self._read(ti, i, ahead=not flags and self.mbps <= 0), flags)
 
-    def _settle(self, ti: Any, pending: dict[int, float]) -> None:
+    def _settle(self, ti: lt.torrent_info, pending: dict[int, float]) -> None:
         """Drop the pieces libtorrent now has; hand again, overwriting, any that did not stick (e.g. its
         blocks were mixed with a corrupt peer's and the piece failed its check). One status query per
         round: every call into libtorrent waits for its network thread, which is busy serving peers."""

@@ -24,12 +24,15 @@ import stat
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import BootseerError
 from .layout import FileEntry, Manifest
 from .libfuse import load_mfusepy
 from .reader import Reader
+
+if TYPE_CHECKING:
+    from mfusepy import fuse_config, fuse_conn_info
 
 mfusepy = load_mfusepy()
 
@@ -68,7 +71,7 @@ class CheckpointFS(mfusepy.Operations):
             path = parent
 
     # ---- lifecycle -----------------------------------------------------------------------------
-    def init_with_config(self, conn: Any, config: Any) -> None:
+    def init_with_config(self, conn: fuse_conn_info | None, config: fuse_config | None) -> None:
         if conn is not None:
             conn.max_read = MAX_READ  # must agree with the max_read mount option
             conn.max_readahead = 64 << 20  # the kernel keeps min(this, bdi read-ahead)
@@ -83,7 +86,7 @@ class CheckpointFS(mfusepy.Operations):
             self.on_init()
 
     # ---- metadata ------------------------------------------------------------------------------
-    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
         base = {"st_uid": self.uid, "st_gid": self.gid, "st_atime": self.ns, "st_mtime": self.ns, "st_ctime": self.ns}
         if path in self.dirs:
             return {**base, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_size": 0}

@@ -228,13 +228,13 @@ def stripe_size(total: int, cell: int, k: int, s: int) -> int:
     return count * cell
 
 
-def _int(v: Any, what: str) -> int:
+def _int(v: object, what: str) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise IntegrityError(f"{what}: not a non-negative integer")
     return v
 
 
-def _hex(v: Any, what: str) -> str:
+def _hex(v: object, what: str) -> str:
     if not isinstance(v, str) or not _HEX64.match(v):
         raise IntegrityError(f"{what}: not a sha256 hex digest")
     return v

@@ -27,9 +27,10 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import IntegrityError, StoreError
 from ..store import blob_path
@@ -178,7 +179,7 @@ class Reader:
         self.cached_bytes = 0
         self.inflight_bytes = 0
         self.ahead_bytes = 0
-        self.streams: dict[Any, _Stream] = {}
+        self.streams: dict[Hashable | None, _Stream] = {}
         self.down: dict[int, tuple[float, str]] = {}  # stripe -> (until, error) after retries ran out
         self.stats = {"fetched": 0, "bytes": 0, "retries": 0, "hits": 0, "prefetched": 0}
         self.closed = False
@@ -357,7 +358,7 @@ class Reader:
         self.pool.submit(self._fetch_run, list(run), futs)
 
     # ---- reading -------------------------------------------------------------------------------
-    def read(self, lo: int, hi: int, stream: Any = None) -> bytes:
+    def read(self, lo: int, hi: int, stream: Hashable | None = None) -> bytes:
         """Logical bytes [lo, hi) (clamped to the stream's end), verified."""
         parts = self.read_parts(lo, hi, stream)
         if not parts:
@@ -367,7 +368,7 @@ class Reader:
             return whole if len(parts[0]) == len(whole) else bytes(parts[0])  # type: ignore[arg-type]
         return b"".join(parts)
 
-    def read_parts(self, lo: int, hi: int, stream: Any = None) -> list[memoryview]:
+    def read_parts(self, lo: int, hi: int, stream: Hashable | None = None) -> list[memoryview]:
         """Like `read`, as views of the cells (no copy: `pull` writes them out as they are)."""
         if self.closed:
             raise StoreError("reader closed")
@@ -388,7 +389,7 @@ class Reader:
             parts.append(memoryview(data)[start:end])
         return parts
 
-    def _readahead(self, stream: Any, lo: int, hi: int) -> None:
+    def _readahead(self, stream: Hashable | None, lo: int, hi: int) -> None:
         """Grow the window of a stream that reads on from where it stopped; fetch ahead of it (lock held)."""
         st = self.streams.get(stream)
         if st is None:
@@ -406,18 +407,18 @@ class Reader:
         first = (hi - 1) // cell + 1
         self._prefetch(range(first, min(self.m.n_cells, first + st.window)))
 
-    def forget(self, stream: Any) -> None:
+    def forget(self, stream: Hashable | None) -> None:
         with self.lock:
             self.streams.pop(stream, None)
 
-    def pread(self, entry: FileEntry, offset: int, size: int, stream: Any = None) -> bytes:
+    def pread(self, entry: FileEntry, offset: int, size: int, stream: Hashable | None = None) -> bytes:
         """Bytes [offset, offset+size) of one file of the checkpoint."""
         if offset >= entry.size or size <= 0:
             return b""
         end = min(entry.size, offset + size)
         return self.read(entry.offset + offset, entry.offset + end, stream)
 
-    def pread_parts(self, entry: FileEntry, offset: int, size: int, stream: Any = None) -> list[memoryview]:
+    def pread_parts(self, entry: FileEntry, offset: int, size: int, stream: Hashable | None = None) -> list[memoryview]:
         if offset >= entry.size or size <= 0:
             return []
         end = min(entry.size, offset + size)
