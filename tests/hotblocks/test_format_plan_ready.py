@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.errors import ConfigError, IntegrityError
-from bootseer_cli.hotblocks.ready import parse_mode, tree_rss, wait_ready
+from bootseer_cli.hotblocks.ready import parse_mode, tree_activity, wait_ready
 from bootseer_cli.hotblocks.record import Record, from_parquet, to_parquet
 from bootseer_cli.hotblocks.replay import READ_MAX, plan, run
 
@@ -86,7 +86,7 @@ def test_tree_rss_counts_children() -> None:
     child = subprocess.Popen([sys.executable, "-c", "x = bytearray(64 << 20); import time; time.sleep(30)"])
     try:
         time.sleep(1.0)
-        assert tree_rss(os.getpid()) >= tree_rss(child.pid) >= 64 << 20
+        assert tree_activity(os.getpid())[0] >= tree_activity(child.pid)[0] >= 64 << 20
     finally:
         child.kill()
         child.wait()

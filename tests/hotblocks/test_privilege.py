@@ -57,7 +57,10 @@ def nobody_home(tmp_path: Path) -> Path:
 def test_mincore_lies_to_nobody_about_root_files(tree: Path, nobody_home: Path) -> None:
     """The reason for the refusal: as nobody, an evicted root-owned file looks wholly resident."""
     evict(list(walk_files([tree])))
-    probe = "from bootseer_cli.hotblocks.pagecache import resident_bytes as r; import sys; print(r(sys.argv[1]))"
+    probe = (
+        "from bootseer_cli.hotblocks.pagecache import PAGE_SIZE, resident_runs; import sys; "
+        "print(sum(n for _, n in resident_runs(sys.argv[1])) * PAGE_SIZE)"
+    )
     r = _as_nobody([sys.executable, "-c", probe, str(tree / "f2.bin")], nobody_home, nobody_home)
     assert r.returncode == 0, r.stderr
     assert int(r.stdout) == 3 << 20  # every page, though none is cached

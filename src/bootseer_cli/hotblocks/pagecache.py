@@ -196,8 +196,3 @@ def runs_from_vector(vec: bytes) -> list[tuple[int, int]]:
         runs.append((start, end - start))
         i = end
     return runs
-
-
-def resident_bytes(path: str | Path) -> int:
-    """How many bytes of `path` are in the page cache (whole pages)."""
-    return sum(n for _, n in resident_runs(str(path))) * PAGE_SIZE

@@ -43,11 +43,6 @@ def parse_mode(value: object) -> str | float:
     return seconds
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and all its descendants (from /proc)."""
-    return tree_activity(pid)[0]
-
-
 def tree_activity(pid: int) -> tuple[int, bool]:
     """(resident bytes of `pid` and its descendants, whether one of them is waiting for a filesystem).
 

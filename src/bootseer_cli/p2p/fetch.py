@@ -436,8 +436,7 @@ class _SegmentClaims:
     """The store-read segments this node took (a lease each, renewed until the fetch ends).
 
     A node takes the first free segment when it joins; a feeder that finished its segments takes
-    the next free ones, so all are read even when the swarm has fewer nodes than segments.
-    """
+    the next free ones, so all are read even when the swarm has fewer nodes than segments."""
 
     def __init__(self, store: Store, digest: str, pieces: int, count: int) -> None:
         self.store, self.digest, self.pieces, self.count = store, digest, pieces, count
