@@ -18,7 +18,6 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
