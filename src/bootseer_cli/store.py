@@ -346,8 +346,9 @@ class Store(StoreFS):
         """The lease document, or a stale one in its place: a torn lease, or one that does not verify
         (a forged lease must not hold anyone back; it is taken over like an expired one)."""
         data = self.get_bytes(self._lease_rel(key))
-        if data is None:
-            return None
+        return None if data is None else self._lease_from(key, data)
+
+    def _lease_from(self, key: str, data: bytes) -> dict[str, Any]:
         try:
             doc = json.loads(data)
         except ValueError:
@@ -432,10 +433,7 @@ class Store(StoreFS):
         aside = self._move_aside(full)
         if aside is None:
             return
-        try:
-            moved = json.loads(aside.read_text() or "{}")
-        except ValueError:
-            moved = {}
+        moved = self._lease_from(key, aside.read_bytes())
         if moved.get("owner") != stale_owner and self.lease_live(key, moved):
             with contextlib.suppress(FileExistsError):
                 os.link(aside, full)

@@ -62,8 +62,8 @@ def prefix(key: str) -> str:
     return f"refs/compile/{key}/"
 
 
-def surely_empty(store_uri: str | None, key: str) -> bool:
-    """True when the store is a local directory holding no index for `key`.
+def surely_empty(store_uri: str | None, domain: str, key: str) -> bool:
+    """True when the store is a local directory holding no index for `key` in `domain`.
 
     Answered with one stat and without opening the store, whose import of pyarrow alone costs more
     than the stage may (0.2 s) on a start with nothing to restore. Any other store: False (ask it).
@@ -81,7 +81,7 @@ def surely_empty(store_uri: str | None, key: str) -> bool:
     else:
         return False
     try:
-        return not any((root / prefix(key)).iterdir())
+        return not any((root / domain / prefix(key)).iterdir())
     except FileNotFoundError:
         return True
     except OSError:

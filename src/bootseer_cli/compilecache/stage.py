@@ -60,7 +60,7 @@ def run_stage(ctx: StageContext) -> StageResult:
 
 def _restore(ctx: StageContext, key: Key, roots: dict[str, Path]) -> tuple[Index | None, Restored, str]:
     """Read the index and restore it; (index or None when unreadable, what was restored, why not all)."""
-    if surely_empty(ctx.settings.store.uri, key.digest):
+    if surely_empty(ctx.settings.store.uri, ctx.settings.store.trust_domain(), key.digest):
         return Index(entries={}, shards=[]), Restored(), ""
     try:
         index = read_index(ctx.store, key.digest)
