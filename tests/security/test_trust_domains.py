@@ -198,3 +198,42 @@ def test_without_keys_a_user_reads_only_their_own_domain(tmp_path: Path) -> None
     bob_settings = Settings(store=StoreSettings(uri=uri, domain="bob"), trust=TrustSettings(read_from=("alice",)))
     assert open_store_for(bob_settings).read_ref("env", "k" * 64) is None  # unsigned: never across domains
     assert isinstance(alice, Store)
+
+
+def test_b_restores_a_snapshot_of_a_only_once_it_trusts_a(tmp_path: Path, tenants: dict[str, Tenant]) -> None:
+    """The whole flow through the CLI: A's start builds and publishes its env (signed, in A's domain); B, on
+    a fresh node, misses it until its config reads A's domain with A's key, then restores it."""
+    from tests.envsnap.conftest import run_cli
+
+    a, b = tenants["tenant-a"], tenants["tenant-b"]
+    tree = tmp_path / "venv"
+    tree.mkdir()
+    store = (tmp_path / "store").as_uri()
+    setup = f"mkdir -p {tree}/pkg && echo 'X = 1' > {tree}/pkg/mod.py && echo run >> {tmp_path}/runs"
+    env_section = f'[env]\nroots = ["{tree}"]\nwait_s = 20\nsetup = {json.dumps([setup])}\n'
+
+    def config(t: Tenant, reads: list[Tenant]) -> None:
+        keys = [t.pub, *(r.pub for r in reads)]
+        (tmp_path / "bootseer.toml").write_text(
+            f'[store]\nuri = "{store}"\ndomain = "{t.name}"\n[exec]\nagent = false\n{env_section}'
+            f'[trust]\nsigning_key = "{t.key}"\nverify_keys = {json.dumps(keys)}\n'
+            f"read_from = {json.dumps([r.name for r in reads])}\n"
+        )
+
+    config(a, [])
+    r = run_cli(["exec", "--", "true"], tmp_path, tmp_path / "node-a")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "runs").read_text().count("run") == 1
+    assert list((tmp_path / "store" / a.name / "refs" / "env").glob("*.json"))
+    import shutil
+
+    shutil.rmtree(tree)
+    tree.mkdir()  # B's fresh node: the image's empty tree
+    config(b, [])
+    r = run_cli(["restore"], tmp_path, tmp_path / "node-b")
+    assert r.returncode == 3, r.stderr  # no snapshot B may use
+    config(b, [a])
+    r = run_cli(["restore"], tmp_path, tmp_path / "node-b")
+    assert r.returncode == 0, r.stderr
+    assert (tree / "pkg" / "mod.py").read_text() == "X = 1\n"
+    assert (tmp_path / "runs").read_text().count("run") == 1  # restored, not set up again
