@@ -274,8 +274,19 @@ class Store(StoreFS):
         legacy = [d for d in tops if d in LEGACY_TOPS]
         return ([""] if legacy else []) + [d for d in tops if d not in LEGACY_TOPS]
 
+    @property
+    def can_publish(self) -> bool:
+        """Whether what this process writes would be used: readers of a domain with verify keys refuse
+        unsigned documents, so a node without the key (a training pod, a job) publishes nothing."""
+        return self.trust.signer is not None or not self.trust.required
+
     def put_doc(self, rel: str, doc: Mapping[str, object]) -> None:
         """Write a JSON document in this view's domain, signed when this process holds the domain's key."""
+        if not self.can_publish:
+            raise StoreError(
+                f"not published: {rel} would be unsigned, and readers of domain {self.domain} require a signature "
+                "([trust] signing_key is where the key is; jobs without it only read)"
+            )
         signed = self.trust.sign(self.domain, rel, dict(doc))
         self.put_bytes(rel, json.dumps(signed, indent=1, sort_keys=True).encode())
 
