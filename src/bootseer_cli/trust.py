@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import stat
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -98,15 +99,33 @@ def key_id(public_raw: bytes) -> str:
     return hashlib.sha256(public_raw).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
 class Signer:
-    """The private half of a domain's key: signs what this process publishes."""
+    """The private half of a domain's key: signs what this process publishes.
 
-    key: Ed25519PrivateKey
-    kid: str
+    Read from its file at once (a missing or unreadable key fails the config), parsed on first use:
+    PEM parsing imports `cryptography`'s serialization layer (~8 ms), which a restart that publishes
+    nothing (every stage a hit) never pays."""
+
+    def __init__(self, pem: bytes, path: str) -> None:
+        self._pem = pem
+        self.path = path
+        self._key: Ed25519PrivateKey | None = None
+        self._kid = ""
+        self._lock = threading.Lock()
+
+    def _load(self) -> Ed25519PrivateKey:
+        with self._lock:
+            if self._key is None:
+                self._key, self._kid = _parse_private(self._pem, self.path)
+            return self._key
+
+    @property
+    def kid(self) -> str:
+        self._load()
+        return self._kid
 
     def sign(self, data: bytes) -> str:
-        return base64.b64encode(self.key.sign(data)).decode()
+        return base64.b64encode(self._load().sign(data)).decode()
 
 
 @dataclass(frozen=True)
@@ -118,11 +137,18 @@ class Verifier:
     domain: str
 
 
-def load_signer(path: str) -> Signer:
+def load_signer(path: str, *, parse: bool = True) -> Signer:
+    """The signing key at `path`; `parse=False` defers the parsing to the first signature."""
+    signer = Signer(read_key_file(path), path)
+    if parse:
+        signer.kid  # noqa: B018 - parse now: a bad key fails here, with its path
+    return signer
+
+
+def _parse_private(data: bytes, path: str) -> tuple[Ed25519PrivateKey, str]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    data = read_key_file(path)
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError):
@@ -132,7 +158,7 @@ def load_signer(path: str) -> Signer:
     if not isinstance(key, Ed25519PrivateKey):
         raise ConfigError(f"[trust] signing_key {path}: not an Ed25519 key")
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return Signer(key, key_id(raw))
+    return key, key_id(raw)
 
 
 def parse_public(text: str, where: str) -> Verifier:
@@ -267,7 +293,7 @@ def trust_for(settings: Settings) -> Trust:
     t = settings.trust
     own = check_domain(settings.store.trust_domain())
     read_from = tuple(check_domain(d, "[trust] read_from") for d in t.read_from)
-    signer = load_signer(str(t.signing_key)) if t.signing_key else None
+    signer = load_signer(str(t.signing_key), parse=False) if t.signing_key else None
     verifiers = load_verifiers(list(t.verify_keys)) if t.verify_keys else {}
     return Trust(own, read_from, signer, verifiers, t.verify or "auto")
 
