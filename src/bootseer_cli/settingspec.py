@@ -147,8 +147,12 @@ def check(section: str, key: str, meta: Meta, value: object, where: str) -> obje
 
 
 def parse(section: str, key: str, meta: Meta, raw: str, where: str) -> object:
-    """A value given as text (an environment variable or a flag), parsed by its kind, then checked."""
+    """A value given as text (an environment variable or a flag), parsed by its kind, then checked.
+
+    An empty text unsets a path or a text (`BOOTSEER_TRUST_SIGNING_KEY=` undoes the file's key)."""
     value: object = raw
+    if raw == "" and meta.kind in ("path", "str"):
+        return None
     try:
         if meta.kind == "list":
             value = [v.strip() for v in re.split(r"[,\n]", raw) if v.strip()]

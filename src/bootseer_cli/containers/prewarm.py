@@ -169,16 +169,70 @@ def prewarm(
         say(f"bootseer: image {image_ref} is {image.pinned} ({image.source})")
         # The containers reach the store with its credentials through their environment only.
         env = container_environment(settings, image.pinned, store.uri_with_credentials(), environ)
+        staging = _staging(store, env)
         run = _Runner.for_store(client, image, env, store.uri_with_credentials(), files, say)
-        if settings.env.setup:
-            _publish_env(run, store, run.env_key(), out, say)
-        if probe_argv:
-            _record_probe(run, store, keys, out, str(probe), probe_argv, with_setup=bool(settings.env.setup))
-        else:
-            out.notes.append("no --probe: the first start of a job records the hot blocks instead")
+        try:
+            if settings.env.setup:
+                _publish_env(run, staging, run.env_key(), out, say)
+            if probe_argv:
+                _record_probe(run, staging, keys, out, str(probe), probe_argv, with_setup=bool(settings.env.setup))
+            else:
+                out.notes.append("no --probe: the first start of a job records the hot blocks instead")
+            if staging is not store:
+                _sign_staged(staging, store, say)
+        finally:
+            if staging is not store:
+                _drop_domain(staging)
         return out
     finally:
         client.close()
+
+
+def _staging(store: Store, env: dict[str, str]) -> Store:
+    """Where the containers publish. With keys in use, the key never enters a container (the setup runs
+    whatever its packages' build scripts do): the containers publish unsigned into a private staging
+    domain, and this process signs what they made into the real one (`_sign_staged`)."""
+    if store.trust.signer is None and not store.trust.required:
+        return store
+    import uuid
+
+    name = f"prewarm-{uuid.uuid4().hex[:16]}"
+    env.update(
+        {
+            "BOOTSEER_STORE_DOMAIN": name,
+            "BOOTSEER_TRUST_VERIFY": "off",
+            "BOOTSEER_TRUST_SIGNING_KEY": "",
+            "BOOTSEER_TRUST_VERIFY_KEYS": "",
+            "BOOTSEER_TRUST_READ_FROM": "",
+        }
+    )
+    return store.in_domain(name)
+
+
+def _sign_staged(staging: Store, store: Store, say: Callable[[str], None]) -> None:
+    """Every ref the containers published, signed into this store's domain (blobs are shared already)."""
+    n = 0
+    for f in staging.list_info("refs"):
+        parts = f.rel.split("/")
+        if len(parts) != 3 or not parts[2].endswith(".json"):
+            continue
+        doc = staging.read_ref(parts[1], parts[2].removesuffix(".json"))
+        if doc is not None:
+            store.write_ref(parts[1], parts[2].removesuffix(".json"), doc)
+            n += 1
+    say(f"bootseer: signed {n} ref(s) into domain {store.domain}")
+
+
+def _drop_domain(view: Store) -> None:
+    """Remove a staging domain, whatever it holds (best effort: it is private and unread)."""
+    import contextlib
+
+    from ..errors import StoreError
+
+    with contextlib.suppress(StoreError, OSError):
+        for f in view.list_info(""):
+            view.delete(f.rel)
+        view.delete_dir("")
 
 
 def _probe_argv(settings: Settings, probe: str | None) -> list[str]:
