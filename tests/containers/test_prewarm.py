@@ -123,3 +123,42 @@ def test_what_the_containers_get(tmp_path: Path) -> None:
     assert env["BOOTSEER_IMAGE"] == "r/x@sha256:11" and env["BOOTSEER_STORE"] == "file:///s"
     assert env["BOOTSEER_CONFIG"] == f"{WORKDIR}/bootseer.toml" and env["BOOTSEER_EXEC_AGENT"] == "0"
     assert not {"BOOTSEER_RUN_DIR", "BOOTSEER_STORE_CACHE_DIR", "HOME"} & set(env)
+
+
+@pytest.mark.integration
+def test_prewarm_signs_on_the_host_and_the_key_stays_out(test_image: images.TestImage, tmp_path: Path) -> None:
+    """With keys (issue 25): the containers publish into a private staging domain, unsigned and without
+    the key; this process signs what they made into the CI domain, and the staging domain is gone."""
+    from bootseer_cli.config import load
+    from bootseer_cli.settings import Settings
+    from bootseer_cli.store import open_store_for
+    from bootseer_cli.trust import keygen
+
+    cfg = project(tmp_path)
+    keygen(str(tmp_path / "ci.key"), str(tmp_path / "ci.pub"), "ci")
+    with cfg.open("a") as f:
+        f.write(f'\n[store]\ndomain = "ci"\n[trust]\nsigning_key = "{tmp_path}/ci.key"\n')
+        f.write(f'verify_keys = ["{tmp_path}/ci.pub"]\n')
+    store_dir = tmp_path / "store"
+    r = prewarm("--image", test_image.ref, "-c", str(cfg), "--store", store_dir.as_uri(), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    settings = Settings.from_config(load(cfg, {("store", "uri"): store_dir.as_uri()}))
+    ref = open_store_for(settings).read_ref("env", out["keys"]["env"])  # verified against ci.pub
+    assert ref is not None and ref["blob"] == out["published"]["env"]["blob"]
+    assert sorted(p.name for p in store_dir.iterdir()) == ["blobs", "ci"]  # no staging domain left behind
+
+
+def test_a_staging_domain_takes_the_key_out_of_the_containers(tmp_path: Path) -> None:
+    from bootseer_cli.containers.prewarm import _staging
+    from bootseer_cli.store import open_store
+    from bootseer_cli.trust import Trust, keygen, load_signer
+
+    keygen(str(tmp_path / "k.key"), str(tmp_path / "k.pub"), "ci")
+    store = open_store((tmp_path / "s").as_uri(), Trust("ci", signer=load_signer(str(tmp_path / "k.key"))))
+    env = {"BOOTSEER_TRUST_SIGNING_KEY": str(tmp_path / "k.key")}
+    staging = _staging(store, env)
+    assert staging.domain.startswith("prewarm-") and env["BOOTSEER_STORE_DOMAIN"] == staging.domain
+    assert env["BOOTSEER_TRUST_SIGNING_KEY"] == "" and env["BOOTSEER_TRUST_VERIFY"] == "off"
+    plain = open_store((tmp_path / "s").as_uri())
+    assert _staging(plain, {}) is plain  # without keys, the containers publish where they always did
