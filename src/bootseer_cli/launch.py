@@ -178,15 +178,22 @@ def launcher_base_environ(settings: Settings, environ: Mapping[str, str]) -> dic
     checkpoints itself (`[exec] pass_store_credentials`); `BOOTSEER_STORE_WITHHELD=1` tells a
     `bootseer ckpt push` inside the job why it cannot write.
     """
+    from .redact import redact
+
     env = dict(environ)
     if settings.exec.pass_store_credentials:
         return env
     uri = settings.store.uri or ""
     scheme = uri.split("://", 1)[0] if "://" in uri else "file"
-    gone = [n for n in ("BOOTSEER_STORE", *_CREDENTIALS.get(scheme, ())) if n in env]
-    for name in gone:
+    gone = list(_CREDENTIALS.get(scheme, ()))
+    store_var = env.get("BOOTSEER_STORE", "")
+    if redact(store_var) != store_var:  # a URI with a secret in it; a plain location is no credential
+        gone.append("BOOTSEER_STORE")
+    withheld = [n for n in gone if n in env]
+    for name in withheld:
         del env[name]
-    env[WITHHELD] = "1"
+    if withheld or scheme not in ("file", ""):
+        env[WITHHELD] = "1"
     return env
 
 

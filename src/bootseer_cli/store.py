@@ -301,10 +301,11 @@ class Store(StoreFS):
             try:
                 doc = json.loads(data)
             except ValueError:
-                doc = None
+                doc = "not valid JSON"
             if not isinstance(doc, dict):
                 if domain == self.domain:
-                    raise IntegrityError(f"{rel} in {self.uri} is not a JSON object (truncated or corrupt)")
+                    what = doc if isinstance(doc, str) else "not a JSON object"
+                    raise IntegrityError(f"{rel} in {self.uri} is {what} (truncated or corrupt)")
                 continue
             why = self.trust.check(domain, rel, doc)
             if why:

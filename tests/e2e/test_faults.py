@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from bootseer_cli.trust import default_domain
 from tests.e2e.harness import DEPS_COMMAND, Run, env_kind, mounted, wait_for
 
 pytestmark = pytest.mark.integration
@@ -42,7 +43,7 @@ def assert_started_slow_path(run: Run, seed, kinds: tuple[str, ...] = ("fallback
 
 
 def env_blob(store_dir) -> tuple[str, object]:
-    refs = list((store_dir / "refs" / "env").glob("*.json"))
+    refs = list((store_dir / default_domain() / "refs" / "env").glob("*.json"))
     assert len(refs) == 1, refs
     doc = json.loads(refs[0].read_text())
     digest = doc.get("blob") or doc.get("digest")

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from bootseer_cli.trust import default_domain
 from tests.e2e.harness import DEPS_COMMAND, env_kind, wait_for
 
 pytestmark = pytest.mark.integration
@@ -44,8 +45,9 @@ def test_peer_killed_mid_transfer(cluster, tmp_path):
     with_data_setup(builder)
     built = builder.start(command=DEPS_COMMAND).wait()
     assert built.rc == 0 and env_kind(built) == "built", built.output[-4000:]
-    assert list((store_dir / "refs" / "torrent").glob("*.json")), "no torrent was published with the snapshot"
-    digest = json.loads(next((store_dir / "refs" / "env").glob("*.json")).read_text())["blob"]
+    domain = store_dir / default_domain()  # refs, swarm entries and leases live in the user's trust domain
+    assert list((domain / "refs" / "torrent").glob("*.json")), "no torrent was published with the snapshot"
+    digest = json.loads(next((domain / "refs" / "env").glob("*.json")).read_text())["blob"]
 
     # The origin feeds the swarm at 8 Mbit/s: the ~12 MB snapshot takes seconds to go round.
     slow = {**p2p, "BOOTSEER_P2P_ORIGIN_MBPS": "8", "BOOTSEER_P2P_DEADLINE_S": "3"}
@@ -53,9 +55,9 @@ def test_peer_killed_mid_transfer(cluster, tmp_path):
     for p in peers:
         with_data_setup(p)
     started = [p.start(command=DEPS_COMMAND) for p in peers]
-    swarm = store_dir / "swarm" / digest
+    swarm = domain / "swarm" / digest
     wait_for(lambda: len(list(swarm.glob("*.json"))) >= 2, 180, "both nodes to join the swarm")
-    lease = wait_for(lambda: list((store_dir / "leases").glob("p2p-*")), 30, "the swarm's origin")
+    lease = wait_for(lambda: list((domain / "leases").glob("p2p-*")), 30, "the swarm's origin")
     owner = json.loads(lease[0].read_text())["pid"]
     victim = next(i for i, p in enumerate(peers) if owner in p.processes())
     time.sleep(4.0)  # mid-transfer: the other peer holds part of the pieces (12 MB at 1 MB/s)

@@ -25,6 +25,7 @@ import pytest
 from bootseer_cli.envsnap.catalog import REF_KIND
 from bootseer_cli.envsnap.lease import lease_key
 from bootseer_cli.store import open_store
+from bootseer_cli.trust import default_domain
 from tests.support import pkgindex
 from tests.support.s3server import S3_ENV, S3Server
 from tests.support.throttle import Throttle
@@ -175,7 +176,8 @@ def test_without_the_agent_the_ref_is_written_before_exec(tmp_path: Path) -> Non
     env_at, marker = tmp_path / "env", tmp_path / "setup-runs"
     env_at.mkdir()
     cfg = _config(tmp_path / "b.toml", store_dir.as_uri(), env_at, marker, agent=False)
-    launcher = f"ls {store_dir}/refs/env > {tmp_path}/refs-at-start; ls {store_dir}/leases > {tmp_path}/leases"
+    domain = store_dir / default_domain()  # refs and leases live in the user's trust domain
+    launcher = f"ls {domain}/refs/env > {tmp_path}/refs-at-start; ls {domain}/leases > {tmp_path}/leases"
     node = _node(tmp_path, "a", env_at, cfg, launcher)
     _out, err = node.communicate(timeout=180)
     assert node.returncode == 0 and "published" in err and "the agent uploads it" not in err, err

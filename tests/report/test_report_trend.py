@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bootseer_cli.store import Store
+from bootseer_cli.trust import default_domain
 from tests.report.recompute import latest_runs
 from tests.report.support import node_events, write_run
 
@@ -91,6 +92,6 @@ def test_last_is_the_job_with_the_latest_event(tmp_path: Path) -> None:
     assert last_job(store) == "late-events"
     _job(store, tmp_path, "early-events", now - 5000, 2, False, rng)  # uploaded after, but its events are older
     assert last_job(store) == "late-events"
-    for f in (tmp_path / "store" / "events" / "late-events").iterdir():
+    for f in (tmp_path / "store" / default_domain() / "events" / "late-events").iterdir():
         os.utime(f, (now - 50, now - 50))
     assert last_job(store) == "late-events"

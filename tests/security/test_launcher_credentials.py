@@ -37,8 +37,12 @@ def test_the_launcher_gets_no_store_credentials(tmp_path: Path, s3: S3Server, s3
     r = run_exec(tmp_path, env, *DUMP)
     assert r.returncode == 0, r.stderr
     seen = json.loads(r.stdout.strip().splitlines()[-1])
-    assert "BOOTSEER_STORE" not in seen and "AWS_SECRET_ACCESS_KEY" not in seen and "AWS_ACCESS_KEY_ID" not in seen
-    assert seen["BOOTSEER_STORE_WITHHELD"] == "1"
+    assert "AWS_SECRET_ACCESS_KEY" not in seen and "AWS_ACCESS_KEY_ID" not in seen
+    assert seen["BOOTSEER_STORE_WITHHELD"] == "1" and seen["BOOTSEER_STORE"] == env["BOOTSEER_STORE"]  # a location
+    key, secret = s3_env["AWS_ACCESS_KEY_ID"], s3_env["AWS_SECRET_ACCESS_KEY"]
+    with_secret = {**env, "BOOTSEER_STORE": s3.uri("jobs").replace("s3://", f"s3://{key}:{secret}@", 1)}
+    seen = json.loads(run_exec(tmp_path, with_secret, *DUMP).stdout.strip().splitlines()[-1])
+    assert "BOOTSEER_STORE" not in seen  # a URI that carries the secret is a credential itself
     (tmp_path / "bootseer.toml").write_text("[exec]\nagent = false\npass_store_credentials = true\n")
     seen = json.loads(run_exec(tmp_path, env, *DUMP).stdout.strip().splitlines()[-1])
     assert seen["AWS_SECRET_ACCESS_KEY"] == s3_env["AWS_SECRET_ACCESS_KEY"] and "BOOTSEER_STORE" in seen
