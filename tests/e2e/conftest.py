@@ -109,7 +109,7 @@ class Seed:
         from bootseer_cli.store import open_store
 
         uri = server.uri(f"seed-{uuid.uuid4().hex[:6]}")
-        store = open_store(uri)
+        store = open_store(uri).in_domain("")  # the store's top level: every domain and the blobs, as they are
         for path in sorted(self.store_dir.rglob("*")):
             if path.is_file():
                 store.put_bytes(path.relative_to(self.store_dir).as_posix(), path.read_bytes())
