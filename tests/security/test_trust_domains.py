@@ -237,3 +237,19 @@ def test_b_restores_a_snapshot_of_a_only_once_it_trusts_a(tmp_path: Path, tenant
     assert r.returncode == 0, r.stderr
     assert (tree / "pkg" / "mod.py").read_text() == "X = 1\n"
     assert (tmp_path / "runs").read_text().count("run") == 1  # restored, not set up again
+
+
+def test_gc_keeps_what_any_domain_names_and_deletes_only_its_own(tmp_path: Path) -> None:
+    """Blobs are shared: one domain's gc must not take another's blobs, nor delete its refs."""
+    from bootseer_cli import gc
+
+    uri = (tmp_path / "store").as_uri()
+    alice = open_store(uri).use_trust(dataclasses.replace(open_store(uri).trust, domain="alice"))
+    bob = open_store(uri).use_trust(dataclasses.replace(open_store(uri).trust, domain="bob"))
+    shared = bob.put_blob_bytes(b"bob's snapshot")
+    bob.write_ref("env", "b" * 64, {"blob": shared, "created": 1e9})
+    alice.write_ref("env", "a" * 64, {"blob": alice.put_blob_bytes(b"alice's old one"), "created": 1e9})
+    later = gc.Policy(keep_days=1, grace_s=0, now=time.time() + 10 * 86400)  # both refs unused for 10 days
+    done = gc.apply(alice, gc.plan(alice, later))
+    assert ("env", "a" * 64) in {(d.kind, d.name) for d in done.doomed}  # alice's own old ref goes
+    assert bob.read_ref("env", "b" * 64) is not None and bob.has_blob(shared)  # bob's stays, and its blob
