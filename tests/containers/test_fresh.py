@@ -23,7 +23,7 @@ from tests.support import images, pkgindex
 
 pytestmark = pytest.mark.integration
 
-RUNTIME = ("typer", "pyarrow", "zstandard", "platformdirs", "tqdm", "docker", "libtorrent", "mfusepy")
+RUNTIME = ("typer", "pyarrow", "zstandard", "platformdirs", "tqdm", "docker", "libtorrent", "mfusepy", "cryptography")
 
 
 def _wheelhouse(dest: Path) -> None:

@@ -16,6 +16,7 @@ from bootseer_cli.cache import BlobCache
 from bootseer_cli.containers import engine
 from bootseer_cli.store import open_store
 from bootseer_cli.templates import render
+from bootseer_cli.trust import default_domain
 from tests.support import images
 from tests.support.events_table import load_table
 
@@ -121,7 +122,10 @@ def test_slurm_prolog_fills_the_node_cache(prewarmed: Prewarmed, tmp_path: Path)
     shutil.copytree(prewarmed.job, job)
     text = (job / "bootseer.toml").read_text()
     pinned = prewarmed.out["image"]["pinned"]
-    (job / "bootseer.toml").write_text(text.replace("[image]\n", f'[image]\nref = "{pinned}"\n'))
+    text = text.replace("[image]\n", f'[image]\nref = "{pinned}"\n')
+    # The prolog acts for the job's owner (SLURM_JOB_USER), whose domain is "trainer" by default; CI's
+    # prewarm published as this test's user: the team shares one domain by naming it (README: Security).
+    (job / "bootseer.toml").write_text(text + f'\n[store]\ndomain = "{default_domain()}"\n')
     r = _prolog(slurm | {"BOOTSEER_PROLOG_ENV": str(site), "BOOTSEER_CONFIG": str(job / "bootseer.toml")})
     assert r.returncode == 0, r.stderr
     cache = BlobCache(node_cache / "trainer", 1 << 30)
