@@ -75,6 +75,35 @@ def _entry(st: os.stat_result, path: str) -> Entry:
     )
 
 
+# A capture opens what the scan saw as a file without following a link and without blocking: a FIFO
+# swapped in for a file would block a plain open(2) until some writer came (a hang), a device could
+# do anything on open. O_NONBLOCK changes nothing for a regular file's reads.
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class NotRegular(OSError):
+    """What the scan saw as a regular file is something else now (a FIFO, device, socket)."""
+
+
+def open_regular(path: str, dir_fd: int | None = None) -> int:
+    """A read descriptor on the regular file `path`, never through a final symlink and never blocking
+    on open; NotRegular (naming the path) for anything else, FileNotFoundError if it is gone."""
+    fd = os.open(path, READ_FLAGS, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegular(f"{path} is not a regular file any more (a fifo, device or socket put there?)")
+    return fd
+
+
+def read_small(path: str, limit: int = 1 << 20) -> bytes:
+    """Up to `limit` bytes of the regular file `path` (opened as `open_regular` does)."""
+    fd = open_regular(path)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
 def scan(roots: Iterable[str | os.PathLike[str]], exclude: Iterable[str] = ()) -> Manifest:
     """Every entry under `roots` (the roots themselves included), by absolute path.
 
