@@ -29,13 +29,13 @@ w.finish({"roots": [root], "deletions": []})
 """
 
 EXTRACT = """
-import json, sys, time
+import json, os, sys, time
 from bootseer_cli.envsnap import extract, reader
-blob, root = sys.argv[1], sys.argv[2]
+blob, root = __import__("pathlib").Path(sys.argv[1]), sys.argv[2]
 meta = reader.read_meta(blob)
-t = time.perf_counter()
+t, c = time.perf_counter(), sum(os.times()[:4])
 extract.extract(blob, meta, [root])
-print(json.dumps({"s": time.perf_counter() - t}))
+print(json.dumps({"s": time.perf_counter() - t, "cpu": sum(os.times()[:4]) - c}))
 """
 
 
@@ -75,20 +75,26 @@ def extract_bench(srcs: list[str], target: Path, files: int, tree: Path | None, 
     entries = sum(len(d) + len(f) for _, d, f in os.walk(root))
     size = blob.stat().st_size
     times: dict[str, list[float]] = {s: [] for s in srcs}
+    cpus: dict[str, list[float]] = {s: [] for s in srcs}
     try:
         for rep in range(reps):
             order = srcs if rep % 2 == 0 else list(reversed(srcs))
             for src in order:
                 shutil.rmtree(root, ignore_errors=True)
                 os.sync()
-                t = json.loads(_run(src, EXTRACT, str(blob), str(root)))["s"]
-                times[src].append(t)
-                print(f"rep {rep + 1}: {src}: {t:.3f} s", file=sys.stderr, flush=True)
+                got = json.loads(_run(src, EXTRACT, str(blob), str(root)))
+                times[src].append(got["s"])
+                cpus[src].append(got["cpu"])
+                print(f"rep {rep + 1}: {src}: {got['s']:.3f} s, cpu {got['cpu']:.2f} s", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         blob.unlink(missing_ok=True)
-    ref = statistics.median(times[srcs[0]])
-    print(f"extract() of {entries} entries, blob {size / 1e6:.1f} MB, {reps} reps, load {os.getloadavg()}")
+    ref, ref_cpu = statistics.median(times[srcs[0]]), statistics.median(cpus[srcs[0]])
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"extract() of {entries} entries, blob {size / 1e6:.1f} MB, {reps} reps, load average {load}")
     for src, ts in times.items():
-        med = statistics.median(ts)
-        print(f"  {src:40s} median {med:.3f} s  min {min(ts):.3f} s  ({med / ref:.3f}× {srcs[0]})")
+        med, cpu = statistics.median(ts), statistics.median(cpus[src])
+        print(
+            f"  {src:30s} wall median {med:.3f} s (min {min(ts):.3f}, {med / ref:.3f}×)"
+            f"  cpu median {cpu:.2f} s ({cpu / ref_cpu:.3f}×)"
+        )
