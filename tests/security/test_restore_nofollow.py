@@ -167,3 +167,27 @@ def test_capture_of_a_fifo_swapped_in_for_a_file_fails_promptly(tmp_path: Path, 
         pytest.fail("the capture hung on a FIFO swapped in for a file")
     assert r.returncode == 3, r.stdout + r.stderr
     assert str(root / "lib" / victim) in r.stdout and "regular file" in r.stdout, r.stdout
+
+
+def test_the_scan_never_descends_into_a_directory_swapped_for_a_symlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the parent's listing (pkg is a directory) and the descent into pkg, the user swaps pkg
+    for a symlink to a root-only directory: the scan must not list its files as the tree's (the
+    capture would then read them into a snapshot others restore)."""
+    root = tmp_path / "env"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "mine.py").write_text("x = 1\n")
+    outside, _ = _outside(tmp_path)
+    real_entry = manifest._entry
+
+    def entry_then_swap(st: os.stat_result, path: str, *rest: int | None) -> manifest.Entry:
+        e = real_entry(st, path, *rest)
+        if os.path.basename(path) == "pkg" and e.kind == manifest.DIR:
+            os.rename(root / "pkg", root / "pkg.moved")
+            os.symlink(outside, root / "pkg")
+        return e
+
+    monkeypatch.setattr(manifest, "_entry", entry_then_swap)
+    got = manifest.scan([root])
+    assert str(root / "pkg" / "key") not in got, "the scan listed a root-only file through the swapped link"
