@@ -62,11 +62,17 @@ class Undo:
     def restore(self) -> None:
         """Put what was moved aside back, newest first, then remove the undo directories."""
         d = DirFds(self.roots, fd_budget())
+        failed: list[BaseException] = []
         try:
             for path, dest in reversed(self.moved):
-                _rename(d, dest, path)
+                try:
+                    _rename(d, dest, path)
+                except (OSError, UnsafeArchive) as e:  # the others still go back; the journal keeps this one
+                    failed.append(e)
         finally:
             d.close()
+        if failed:
+            raise failed[0]
         self.moved.clear()
         self.discard()
 
@@ -185,7 +191,7 @@ def rollback(st: State, undo: Undo) -> str:
     made = set(st.created) | set(st.made_dirs)
     d = DirFds(st.plan.roots, fd_budget())
     try:
-        for q in sorted((made | st.new) - set(st.plan.roots), key=lambda q: q.count("/"), reverse=True):
+        for q in sorted(made | (st.new - set(st.plan.roots)), key=lambda q: q.count("/"), reverse=True):
             try:
                 _remove(d, q)
             except NotADir:  # below a symlink: only planned, never written through (else: out of reach)
