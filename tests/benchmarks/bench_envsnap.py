@@ -27,6 +27,13 @@ The machine's pip configuration is cleared (PIP_CONFIG_FILE=/dev/null, no PIP_*,
     python tests/benchmarks/bench_envsnap.py [--reps 3] [--cases torch,realistic,source] [--json out.json]
     python tests/benchmarks/bench_envsnap.py --quick     # the torch case, one rep: a few minutes
 
+and the extraction alone, old code against new, interleaved (no installers, no index: a tree of
+`--files` synthetic files, or a copy of `--tree`, captured once, then restored into the wiped target
+by each source tree in turn, every rep, the order alternating), to hold a change of `extract()`
+to the time it had:
+
+    python tests/benchmarks/bench_envsnap.py --extract /work/main/src src [--files 20000 | --tree DIR] [--reps 5]
+
 Everything it creates lives under the target's parent directory and is removed at the end.
 """
 
@@ -279,7 +286,15 @@ def main() -> None:
     ap.add_argument("--cases", default="torch,realistic,source")
     ap.add_argument("--quick", action="store_true", help="the torch case, one rep (a few minutes)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--extract", nargs="+", metavar="SRC", help="time extract() of each source tree, interleaved")
+    ap.add_argument("--files", type=int, default=20000, help="--extract: synthetic files in the tree")
+    ap.add_argument("--tree", type=Path, default=None, help="--extract: copy this tree instead")
     args = ap.parse_args()
+    if args.extract:
+        from tests.benchmarks.bench_extract import extract_bench
+
+        extract_bench(args.extract, args.target, args.files, args.tree, args.reps)
+        return
     if args.quick:
         args.cases, args.reps = "torch", 1
     for k in [k for k in os.environ if k.startswith("PIP_")] + ["PYTHONDONTWRITEBYTECODE"]:

@@ -59,7 +59,9 @@ def test_capture_then_restore_on_a_fresh_node(tmp_path: Path, store_uri: str, pk
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() == str(pkgindex.fnv(b"bootseer"))
     assert "published" in first.stderr
-    built = tree_state(venv)
+    # what another node gets: modes without group/other write or setuid/setgid/sticky (pip's 0o666 .lock
+    # comes back 0o644: a snapshot from a store never makes a root-restored tree writable by others)
+    built = {p: (v[0], v[1] & 0o755, *v[2:]) if v[0] != "l" else v for p, v in tree_state(venv).items()}
     assert any(p.endswith(".pyc") for p in built), "bytecode is part of the snapshot"
     assert not (site / "old_pkg").exists()
     freeze = pip(venv, "freeze", env=env).stdout

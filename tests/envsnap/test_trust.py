@@ -411,7 +411,7 @@ def test_a_dead_workers_files_are_removed(tmp_path: Path) -> None:
     entries = [[str(root / "lib" / f"f{i}.py"), "f", 0o644, 100, 0, ""] for i in range(5)]
     entries.append([str(root / "lib" / "missing.py"), "f", 0o644, 1, 0, ""])  # listed, never in the stream
     meta = craft(tmp_path / "blob", members, entries, [str(root)])
-    st = apply.State(plan.plan(meta, [str(root)]), [str(root)])
+    st = apply.State(plan.plan(meta, [str(root)]))
     undo = undo_mod.Undo([str(root)])
     undo_mod.plan_changes(st, undo)
     # a "worker" wrote files, then died before reporting them: st.created does not know them

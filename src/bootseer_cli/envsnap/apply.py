@@ -2,7 +2,9 @@
 
 The frames are applied in forked worker processes where the OS has fork, else in threads, or in
 this thread for a single frame: each worker decompresses its own frames and writes their files
-with plain `os` calls, never through a link, each parent checked once to resolve inside the roots.
+with `*at` calls on one name in a directory descriptor opened from the root without following a
+link at any component (`dirfd.py`): a directory swapped for a symlink mid-restore fails the
+restore (undone) instead of being written through.
 `State` is what the workers of one extraction share, and what the undo (`undo.py`) reads back.
 """
 
@@ -12,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -21,13 +24,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import BootseerError, IntegrityError
+from .dirfd import DirFds, fd_budget
 from .format import HARDLINK, ArchiveEntry, Frame, Progress, UnsafeArchive
-from .manifest import DIR, FILE, SYMLINK, under
+from .manifest import DIR, FILE
 from .plan import Plan
 from .reader import Reader, TarMember, next_member
 
 ONE_SHOT_MAX = 64 << 20  # frames up to this raw size are decompressed in one call
-MODE_MASK = 0o777  # setuid/setgid/sticky bits from a store are not honoured
+# No group/other write, no setuid/setgid/sticky: a snapshot from a store is not trusted to make a
+# tree writable by others, or a program that runs as its owner (0o777 comes back as 0o755)
+MODE_MASK = 0o755
 FAULT_ENV = "BOOTSEER_TEST_RESTORE_FAULT"  # tests: SIGKILL the process group at a named point
 
 
@@ -53,12 +59,10 @@ class State:
     """Shared by the workers of one extraction."""
 
     plan: Plan
-    real_roots: list[str]
     created: list[str] = field(default_factory=list)  # paths this extraction made (undo removes them)
     made_dirs: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
     hardlinks: list[tuple[str, str, int]] = field(default_factory=list)
-    ok_parents: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
     abort: threading.Event = field(default_factory=threading.Event)
     umask: int = 0o022
@@ -66,37 +70,28 @@ class State:
     member_fault: int = -1  # the member at which the test hook kills the restore (-1: never)
     on_workers: Callable[[], None] | None = None  # called once the workers run (after any fork)
     new: set[str] = field(default_factory=set)  # what the journal says this extraction creates
-    # resolved paths of checked parents and of directories this process made inside them (a
-    # directory it made is no symlink: its real path is its parent's plus its name, no realpath walk)
-    real_dirs: dict[str, str] = field(default_factory=dict)
     arriving: bool = False  # the blob is still being downloaded into the file: wait for each frame
+    # each worker thread's no-follow directory descriptors (see dirfd.py), all of them to close at the end
+    local: threading.local = field(default_factory=threading.local)
+    dir_caches: list[DirFds] = field(default_factory=list)
+    dir_cap: int = 1024
 
+    def dirs(self) -> DirFds:
+        """This thread's directory descriptors (a forked worker inherits its parent's, as copies)."""
+        d: DirFds | None = getattr(self.local, "dirs", None)
+        if d is None:
+            d = self.local.dirs = DirFds(self.plan.roots, self.dir_cap, on_made=self.made_dirs.append)
+            with self.lock:
+                self.dir_caches.append(d)
+        return d
 
-def ensure_parent(st: State, parent: str, trusted: bool = False) -> None:
-    """Make `parent` exist, after checking it resolves inside the roots (through any symlinks on disk).
-
-    `trusted`: `parent` is a root itself (named by the config, not by the snapshot).
-    """
-    if parent in st.ok_parents:
-        return
-    real = st.real_dirs.get(parent) or os.path.realpath(parent)
-    if not trusted and not under(real, st.real_roots):
-        raise UnsafeArchive(f"{parent} resolves to {real}, outside the roots: refusing to write through it")
-    missing = []
-    p = parent
-    while not os.path.lexists(p):
-        missing.append(p)
-        p = os.path.dirname(p)
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, 0o755)
-            with st.lock:
-                st.made_dirs.append(d)
-        except FileExistsError:
-            pass
-    with st.lock:
-        st.ok_parents.add(parent)
-        st.real_dirs[parent] = real
+    def close_dirs(self) -> None:
+        """Close every worker's directory descriptors (the end of the apply, or of a forked worker)."""
+        with self.lock:
+            caches, self.dir_caches = self.dir_caches, []
+        for d in caches:
+            d.close()
+        self.local = threading.local()
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
@@ -106,11 +101,11 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[n:]
 
 
-def _write_file(st: State, e: ArchiveEntry, r: Reader, streamed: bool) -> None:
-    """Create the file exclusively (never through a link) and copy its `e.size` bytes from `r`."""
+def _write_file(st: State, e: ArchiveEntry, r: Reader, streamed: bool, dfd: int, name: str) -> None:
+    """Create the file exclusively in directory `dfd` (never through a link) and copy its `e.size` bytes from `r`."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     mode = e.mode & MODE_MASK
-    fd = os.open(e.path, flags, mode)
+    fd = os.open(name, flags, mode, dir_fd=dfd)
     st.created.append(e.path)  # list.append is atomic under the GIL
     try:
         if not streamed:
@@ -224,58 +219,56 @@ def _listed(st: State, m: TarMember) -> ArchiveEntry:
     return want
 
 
-def _put_dir(st: State, e: ArchiveEntry) -> None:
+def _put_dir(st: State, e: ArchiveEntry, dfd: int, name: str) -> None:
     try:
-        os.mkdir(e.path, e.mode & MODE_MASK | 0o700)
+        os.mkdir(name, e.mode & MODE_MASK | 0o700, dir_fd=dfd)
         st.created.append(e.path)
     except FileExistsError:
-        if not os.path.isdir(e.path) or os.path.islink(e.path):
+        if not stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
             raise UnsafeArchive(f"{e.path} exists and is not a directory") from None
-    parent, _, name = e.path.rpartition("/")
-    real_parent = st.real_dirs.get(parent)
-    if real_parent is not None:  # a real directory (made here, or found not to be a link)
-        st.real_dirs[e.path] = f"{real_parent}/{name}"
 
 
-def _put_symlink(st: State, e: ArchiveEntry, link: str) -> None:
+def _put_symlink(st: State, e: ArchiveEntry, link: str, dfd: int, name: str) -> None:
     if link != e.extra:
         raise UnsafeArchive(f"snapshot symlink {e.path!r} differs from the snapshot's list")
-    os.symlink(link, e.path)
+    os.symlink(link, name, dir_fd=dfd)
     st.created.append(e.path)
     with contextlib.suppress(OSError):
-        os.utime(e.path, (e.mtime, e.mtime), follow_symlinks=False)
+        os.utime(name, (e.mtime, e.mtime), dir_fd=dfd, follow_symlinks=False)
 
 
 def _apply_member(st: State, m: TarMember, r: Reader, streamed: bool, room: int) -> int:
-    """Write one member (its data is next in `r`, `room` bytes are left in the frame); returns data bytes read."""
+    """Write one member (its data is next in `r`, `room` bytes are left in the frame); returns data bytes read.
+
+    Every write is one `*at` call on a single name, in its directory's descriptor, which was opened
+    from the root without following a link at any component (dirfd.py)."""
     e = _listed(st, m)
     if e.path in st.plan.roots:  # a root the setup created (e.g. a compile cache): the config names it
-        if not os.path.isdir(e.path):
-            ensure_parent(st, e.path, trusted=True)
+        st.dirs().dir(e.path, create=True)
         return 0
-    parent = e.path.rpartition("/")[0]
-    if parent not in st.ok_parents and e.kind != HARDLINK:
-        ensure_parent(st, parent)  # every parent is checked once: no writing through a symlink
+    parent, _, name = e.path.rpartition("/")
     st.members += 1
     if st.members == st.member_fault:
         fault(f"member:{st.members}")
+    if e.kind == HARDLINK:
+        if "/" + m.link.lstrip("/") != e.extra:
+            raise UnsafeArchive(f"snapshot hardlink {e.path!r} differs from the snapshot's list")
+        with st.lock:
+            st.hardlinks.append((e.path, e.extra, e.mtime))  # after every frame: its target may be anywhere
+        return 0
+    dfd = st.dirs().dir(parent, create=True)
     if e.kind == FILE:
         if m.size != e.size:  # the metadata's listed size bounds what a member may write
             raise IntegrityError(f"snapshot member {e.path!r} holds {m.size} bytes, its listing says {e.size}")
         if m.padded > room:
             raise IntegrityError(f"snapshot member {e.path!r} overruns its frame")
-        _write_file(st, e, r, streamed)
+        _write_file(st, e, r, streamed, dfd, name)
         r.read(m.padded - m.size)
         return m.padded
     if e.kind == DIR:
-        _put_dir(st, e)
-    elif e.kind == SYMLINK:
-        _put_symlink(st, e, m.link)
+        _put_dir(st, e, dfd, name)
     else:
-        if "/" + m.link.lstrip("/") != e.extra:
-            raise UnsafeArchive(f"snapshot hardlink {e.path!r} differs from the snapshot's list")
-        with st.lock:
-            st.hardlinks.append((e.path, e.extra, e.mtime))  # after every frame: its target may be anywhere
+        _put_symlink(st, e, m.link, dfd, name)
     return 0
 
 
@@ -461,13 +454,17 @@ def apply_frames(st: State, blob: Path | int, threads: int | None, progress: Pro
     fd = blob if isinstance(blob, int) else os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
     try:
         if workers > 1 and hasattr(os, "fork") and not os.environ.get("BOOTSEER_RESTORE_THREADS"):
+            st.dir_cap = fd_budget()  # each forked worker has its own descriptor table
             _frames_in_processes(st, fd, frames, workers, progress)
         elif workers == 1:
+            st.dir_cap = fd_budget()
             _workers_running(st)
             _frames_here(st, fd, frames, progress)
         else:
+            st.dir_cap = fd_budget(workers)
             _workers_running(st)
             _frames_in_threads(st, fd, frames, workers, progress)
     finally:
+        st.close_dirs()
         if not isinstance(blob, int):
             os.close(fd)

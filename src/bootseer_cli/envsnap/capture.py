@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError
 from .format import ArchiveEntry, ArchiveWriter, Written
-from .manifest import FILE, Manifest, under
+from .manifest import FILE, Manifest, read_small, under
 from .setup import excluded_paths
 
 if TYPE_CHECKING:
@@ -44,15 +44,15 @@ def editable_outside(after: Manifest, changed: list[str], roots: list[str]) -> l
         if after[p].kind != FILE:
             continue
         name = os.path.basename(p)
-        try:
+        try:  # read as the blob's writer reads: no-follow, never blocking on a FIFO swapped in
             if name.endswith(".pth") and after[p].size < 1 << 20:
-                for line in Path(p).read_text(errors="replace").splitlines():
+                for line in read_small(p).decode(errors="replace").splitlines():
                     line = line.strip()
                     is_path = line and not line.startswith(("#", "import ")) and os.path.isabs(line)
                     if is_path and not under(os.path.normpath(line), roots):
                         bad.append(f"{p} adds {line} to sys.path")
             elif name == "direct_url.json" and after[p].size < 1 << 20:
-                doc = json.loads(Path(p).read_text())
+                doc = json.loads(read_small(p))
                 url = doc.get("url", "")
                 if doc.get("dir_info", {}).get("editable") and url.startswith("file://"):
                     from urllib.parse import unquote, urlparse

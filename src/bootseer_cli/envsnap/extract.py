@@ -3,8 +3,9 @@
 Extraction treats the blob as untrusted whatever its digest (the ref naming it comes from a store
 anyone with write access can fill; a streamed restore checks the digest only at the end, before the
 commit): every entry must be listed in the metadata, lie
-lexically under a root (no absolute escape, no `..`), resolve under a root through the symlinks that
-exist on disk (no writing through a symlink pointing outside), never lie below a symlink of the same
+lexically under a root (no absolute escape, no `..`), be reached from its root without following a
+symlink on disk at any component, even one swapped in mid-restore (`dirfd.py`: every write is an
+`*at` call in a directory descriptor opened with O_NOFOLLOW), never lie below a symlink of the same
 snapshot, and be a regular file, directory, symlink or hardlink (no device nodes, fifos). Existing
 paths the snapshot replaces or deletes are renamed aside first (the journal), so a failure is
 undone exactly.
@@ -23,11 +24,12 @@ from pathlib import Path
 
 from ..errors import BootseerError, IntegrityError
 from . import journal
-from .apply import FAULT_ENV, MODE_MASK, RestoreError, State, apply_frames, ensure_parent, fault
+from .apply import FAULT_ENV, MODE_MASK, RestoreError, State, apply_frames, fault
+from .dirfd import DirFds, fd_budget
 from .format import Meta, Progress, UnsafeArchive
 from .manifest import DIR
 from .plan import check_space, plan
-from .undo import Undo, check_real_parent, journal_doc, plan_changes, rollback
+from .undo import Undo, journal_doc, plan_changes, rollback
 
 
 @dataclass
@@ -40,19 +42,32 @@ class Extracted:
 
 
 def _finish(st: State) -> None:
-    """Hardlinks (their targets may have been in any frame), the completeness check, directory modes."""
-    for path, target, _mtime in st.hardlinks:
-        check_real_parent(path, st.real_roots)
-        ensure_parent(st, os.path.dirname(path))
-        os.link(target, path, follow_symlinks=False)
-        st.created.append(path)
-    missing = [q for q in st.plan.entries if q not in st.seen]
-    if missing:
-        raise IntegrityError(f"snapshot lacks {len(missing)} listed entries (e.g. {missing[0]})")
-    for path, e in sorted(st.plan.entries.items(), reverse=True):
-        if e.kind == DIR:
-            os.chmod(path, e.mode & MODE_MASK)
-            os.utime(path, (e.mtime, e.mtime))
+    """Hardlinks (their targets may have been in any frame), the completeness check, directory modes.
+
+    Through descriptors opened afresh from the roots, never following a link (`dirfd.py`): a
+    directory swapped for a symlink since the workers wrote into it fails the restore (undone)
+    here, and `fchmod`/`futimens` act on the directory opened, never on where a name now points."""
+    d = DirFds(st.plan.roots, fd_budget(), on_made=st.made_dirs.append)
+    try:
+        for path, target, _mtime in st.hardlinks:
+            tparent, _, tname = target.rpartition("/")
+            tfd = os.dup(d.dir(tparent))  # held across the next `dir`, which may evict it
+            try:
+                parent, _, name = path.rpartition("/")
+                os.link(tname, name, src_dir_fd=tfd, dst_dir_fd=d.dir(parent, create=True), follow_symlinks=False)
+            finally:
+                os.close(tfd)
+            st.created.append(path)
+        missing = [q for q in st.plan.entries if q not in st.seen]
+        if missing:
+            raise IntegrityError(f"snapshot lacks {len(missing)} listed entries (e.g. {missing[0]})")
+        for path, e in sorted(st.plan.entries.items(), reverse=True):  # children first: a parent may turn 0o555
+            if e.kind == DIR:
+                fd = d.dir(path)
+                os.fchmod(fd, e.mode & MODE_MASK)
+                os.utime(fd, (e.mtime, e.mtime))
+    finally:
+        d.close()
 
 
 def _after_rollback(e: BaseException, note: str) -> BaseException:
@@ -94,7 +109,7 @@ def extract(
     """
     p = plan(meta, roots)
     check_space(p)
-    st = State(p, [os.path.realpath(r) for r in p.roots], on_workers=start_verify, arriving=arriving)
+    st = State(p, on_workers=start_verify, arriving=arriving)
     planned_fault = os.environ.get(FAULT_ENV, "")
     if planned_fault.startswith("member:") and planned_fault[7:].isdigit():
         st.member_fault = int(planned_fault[7:])
@@ -105,7 +120,7 @@ def extract(
     journal.write(p.roots, journal_doc(st, undo))
     fault("journal")
     try:
-        undo.carry_out(st.real_roots)
+        undo.carry_out()
         apply_frames(st, blob, threads, progress)
         _finish(st)
         if verify is not None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError, IntegrityError
-from .manifest import DIR, FILE, SYMLINK, Entry
+from .manifest import DIR, FILE, SYMLINK, Entry, open_regular
 
 if TYPE_CHECKING:
     import zstandard
@@ -353,11 +353,11 @@ class ArchiveWriter:
     def _add_file(self, path: str) -> bool:
         """A regular file, as it is now (its size and mode from the open descriptor, not the scan)."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_regular(path)  # no-follow, non-blocking: a FIFO swapped in is an error, not a hang
         except FileNotFoundError:
             return False  # vanished since the scan: it is not part of the tree
-        except OSError as e:  # unreadable (permissions …): a snapshot without it would be wrong
-            raise BootseerError(f"cannot snapshot {path}: {e.strerror}; nothing was published") from None
+        except OSError as e:  # unreadable (permissions …), not a file now: a snapshot without it would be wrong
+            raise BootseerError(f"cannot snapshot {path}: {e.strerror or e}; nothing was published") from None
         try:
             st = os.fstat(fd)
             size, mode, mtime = st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns // 10**9

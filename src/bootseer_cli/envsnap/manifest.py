@@ -60,14 +60,15 @@ def under(path: str, roots: Iterable[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def _entry(st: os.stat_result, path: str) -> Entry:
+def _entry(st: os.stat_result, path: str, dir_fd: int | None = None) -> Entry:
+    """`path`'s entry from its lstat (`path` is a name in `dir_fd` when that is given)."""
     m = st.st_mode
     if stat.S_ISREG(m):
         kind = FILE
     elif stat.S_ISDIR(m):
         kind = DIR
     elif stat.S_ISLNK(m):
-        return Entry(SYMLINK, 0o777, 0, st.st_mtime_ns, target=os.readlink(path))
+        return Entry(SYMLINK, 0o777, 0, st.st_mtime_ns, target=os.readlink(path, dir_fd=dir_fd))
     else:
         kind = OTHER
     return Entry(
@@ -75,11 +76,60 @@ def _entry(st: os.stat_result, path: str) -> Entry:
     )
 
 
+# A capture opens what the scan saw as a file without following a link and without blocking: a FIFO
+# swapped in for a file would block a plain open(2) until some writer came (a hang), a device could
+# do anything on open. O_NONBLOCK changes nothing for a regular file's reads.
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class NotRegular(OSError):
+    """What the scan saw as a regular file is something else now (a FIFO, device, socket)."""
+
+
+def open_regular(path: str, dir_fd: int | None = None) -> int:
+    """A read descriptor on the regular file `path`, never through a final symlink and never blocking
+    on open; NotRegular (naming the path) for anything else, FileNotFoundError if it is gone."""
+    fd = os.open(path, READ_FLAGS, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegular(f"{path} is not a regular file any more (a fifo, device or socket put there?)")
+    return fd
+
+
+def read_small(path: str, limit: int = 1 << 20) -> bytes:
+    """Up to `limit` bytes of the regular file `path` (opened as `open_regular` does)."""
+    fd = open_regular(path)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+SCAN_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_scanned_dir(d: str, want: Entry | None) -> int | None:
+    """A descriptor on directory `d`, only if it is still the directory its parent's listing showed
+    (same device and inode): one swapped for a symlink or another directory since is not entered,
+    so the scan never lists, and the capture never reads, a tree outside the roots for others."""
+    try:
+        fd = os.open(d, SCAN_DIR_FLAGS if want is not None else SCAN_DIR_FLAGS & ~os.O_NOFOLLOW)
+    except OSError:  # gone, unreadable, or a symlink now (ELOOP)
+        return None
+    st = os.fstat(fd)
+    if want is not None and (st.st_dev, st.st_ino) != (want.dev, want.ino):
+        os.close(fd)
+        return None
+    return fd
+
+
 def scan(roots: Iterable[str | os.PathLike[str]], exclude: Iterable[str] = ()) -> Manifest:
     """Every entry under `roots` (the roots themselves included), by absolute path.
 
-    Symlinks are recorded, never followed. `exclude` holds absolute paths not to descend into
-    (bootseer's own cache when it lies under a root). A missing root yields nothing.
+    Symlinks are recorded, never followed, also when one is swapped in for a directory while the
+    scan runs: each directory is listed through a no-follow descriptor checked against the entry
+    the scan saw. `exclude` holds absolute paths not to descend into (bootseer's own cache when it
+    lies under a root). A missing root yields nothing.
     """
     out: Manifest = {}
     skip = {os.path.abspath(p) for p in exclude}
@@ -92,28 +142,31 @@ def scan(roots: Iterable[str | os.PathLike[str]], exclude: Iterable[str] = ()) -
         out[root] = _entry(st, root)
         if not stat.S_ISDIR(st.st_mode):
             continue
-        stack = [root]
+        stack: list[tuple[str, Entry | None]] = [(root, None)]  # the root is configured: it may be a link
         while stack:
-            d = stack.pop()
-            try:
-                it = os.scandir(d)
-            except (PermissionError, FileNotFoundError, NotADirectoryError):
+            d, want = stack.pop()
+            fd = _open_scanned_dir(d, want)
+            if fd is None:
                 continue
             top = d == root
-            with it:
-                for e in it:
-                    p = e.path
-                    ours = e.name in (STAMP_NAME, CARRIED_NAME) or e.name.startswith((UNDO_PREFIX, JOURNAL_NAME))
-                    if (top and ours) or p in skip:
-                        continue
-                    try:
-                        st = e.stat(follow_symlinks=False)
-                        ent = _entry(st, p)
-                    except FileNotFoundError:
-                        continue  # removed while we looked: it is not part of the tree
-                    out[p] = ent
-                    if ent.kind == DIR:
-                        stack.append(p)
+            base = d if d.endswith("/") else d + "/"
+            try:
+                with os.scandir(fd) as it:
+                    for e in it:
+                        p = base + e.name
+                        ours = e.name in (STAMP_NAME, CARRIED_NAME) or e.name.startswith((UNDO_PREFIX, JOURNAL_NAME))
+                        if (top and ours) or p in skip:
+                            continue
+                        try:
+                            st = e.stat(follow_symlinks=False)
+                            ent = _entry(st, e.name, fd)
+                        except FileNotFoundError:
+                            continue  # removed while we looked: it is not part of the tree
+                        out[p] = ent
+                        if ent.kind == DIR:
+                            stack.append((p, ent))
+            finally:
+                os.close(fd)
     return out
 
 

@@ -2,20 +2,24 @@
 
 Existing paths the snapshot replaces or deletes are renamed aside first, after the moves and the
 paths it will create are written to the journal (`journal.py`), so a failure, or a process killed
-half way, is undone exactly.
+half way, is undone exactly. The tree may be writable by a user while root restores into it, so
+every rename and removal here is an `*at` call on one name in a directory descriptor opened from
+the root without following a link (`dirfd.py`), never a call by path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
+import sys
 import uuid
 from typing import Any
 
-from . import journal
 from .apply import State
+from .dirfd import DIR_FLAGS, DirFds, NotADir, fd_budget
 from .format import UnsafeArchive
 from .manifest import DIR, UNDO_PREFIX, under
 
@@ -23,8 +27,9 @@ from .manifest import DIR, UNDO_PREFIX, under
 class Undo:
     """Renames paths aside before they are replaced or deleted, so a failure can put them back.
 
-    The moves are planned first (`plan_moves`), written to the journal with their destinations, and
+    The moves are planned first (`plan_move`), written to the journal with their destinations, and
     only then carried out: a process killed half way leaves a journal that says where everything is.
+    A directory swapped for a symlink fails the move instead of moving through it.
     """
 
     def __init__(self, roots: list[str]) -> None:
@@ -39,34 +44,92 @@ class Undo:
         root = max((r for r in self.roots if under(path, [r])), key=len)
         self.planned.append((path, os.path.join(self.dirs[root], str(len(self.planned)))))
 
-    def carry_out(self, real_roots: list[str]) -> None:
-        """Move the planned paths aside, each only if its directory still resolves inside the roots."""
-        for path, dest in self.planned:
-            check_real_parent(path, real_roots)
-            d = os.path.dirname(dest)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(d, 0o700)
-            os.rename(path, dest)
-            self.moved.append((path, dest))
+    def carry_out(self) -> None:
+        """Move the planned paths aside, each from its directory reached without following a link."""
+        if not self.planned:
+            return
+        d = DirFds(self.roots, fd_budget())
+        try:
+            for path, dest in self.planned:
+                undo_dir = os.path.dirname(dest)
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(os.path.basename(undo_dir), 0o700, dir_fd=d.dir(os.path.dirname(undo_dir)))
+                _rename(d, path, dest)
+                self.moved.append((path, dest))
+        finally:
+            d.close()
 
     def restore(self) -> None:
         """Put what was moved aside back, newest first, then remove the undo directories."""
-        for path, dest in reversed(self.moved):
-            os.rename(dest, path)
+        d = DirFds(self.roots, fd_budget())
+        failed: list[BaseException] = []
+        try:
+            for path, dest in reversed(self.moved):
+                try:
+                    _rename(d, dest, path)
+                except (OSError, UnsafeArchive) as e:  # the others still go back; the journal keeps this one
+                    failed.append(e)
+        finally:
+            d.close()
+        if failed:
+            raise failed[0]
         self.moved.clear()
         self.discard()
 
     def discard(self) -> None:
-        """Remove the undo directories (after a commit: what they hold is replaced for good)."""
+        """Remove the undo directories (after a commit: what they hold is replaced for good). shutil's
+        rmtree walks by descriptor and refuses a symlink at the top: nothing outside is removed."""
         for d in self.dirs.values():
             shutil.rmtree(d, ignore_errors=True)
 
 
-def check_real_parent(path: str, real_roots: list[str]) -> None:
-    """Refuse to move or link `path` when its directory resolves outside the roots (through a symlink on disk)."""
-    real = os.path.realpath(os.path.dirname(path))
-    if not under(real, real_roots):
-        raise UnsafeArchive(f"{path}: its directory resolves to {real}, outside the roots")
+def _rename(d: DirFds, src: str, dst: str) -> None:
+    """rename(2) between the no-follow descriptors of both directories (the names themselves are
+    renamed, never followed)."""
+    sparent, _, sname = src.rpartition("/")
+    sfd = os.dup(d.dir(sparent))  # held across the next `dir`, which may evict it
+    try:
+        dparent, _, dname = dst.rpartition("/")
+        os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=d.dir(dparent))
+    finally:
+        os.close(sfd)
+
+
+def _remove(d: DirFds, path: str) -> None:
+    """Remove `path` (a file, link or directory tree) from its directory, reached without following a
+    link: a parent swapped for a symlink raises, nothing is removed through it."""
+    parent, _, name = path.rpartition("/")
+    try:
+        pfd = d.dir(parent)
+        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=pfd)
+        return
+    try:
+        os.rmdir(name, dir_fd=pfd)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        _rmtree_at(pfd, name)
+
+
+def _rmtree_at(pfd: int, name: str) -> None:
+    """A non-empty directory the extraction created (a dead worker's files in it): by descriptor."""
+    if sys.version_info >= (3, 11):
+        shutil.rmtree(name, dir_fd=pfd)
+        return
+    fd = os.open(name, DIR_FLAGS, dir_fd=pfd)  # pragma: no cover - Python 3.10
+    try:  # pragma: no cover
+        for child in os.listdir(fd):
+            if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                _rmtree_at(fd, child)
+            else:
+                os.unlink(child, dir_fd=fd)
+    finally:  # pragma: no cover
+        os.close(fd)
+    os.rmdir(name, dir_fd=pfd)  # pragma: no cover
 
 
 def _below(path: str, tops: set[str]) -> bool:
@@ -119,24 +182,27 @@ def plan_changes(st: State, undo: Undo) -> None:
 
 def rollback(st: State, undo: Undo) -> str:
     """Remove what the extraction created (a dead worker's paths too: the planned new paths), put
-    back what it moved aside. Returns what was done."""
+    back what it moved aside. Returns what was done.
+
+    A directory swapped for a symlink is counted as not put back (the journal stays for the next
+    start's recovery), never removed through."""
     st.abort.set()
     errors = 0
-    created = sorted(set(st.created) | set(st.made_dirs), key=lambda q: q.count("/"), reverse=True)
-    for q in created:
-        try:
-            if os.path.isdir(q) and not os.path.islink(q):
-                os.rmdir(q)
-            else:
-                os.unlink(q)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            errors += 1
-    errors += journal.undo_paths(st.plan.roots, sorted(st.new), [])
+    made = set(st.created) | set(st.made_dirs)
+    d = DirFds(st.plan.roots, fd_budget())
+    try:
+        for q in sorted(made | (st.new - set(st.plan.roots)), key=lambda q: q.count("/"), reverse=True):
+            try:
+                _remove(d, q)
+            except NotADir:  # below a symlink: only planned, never written through (else: out of reach)
+                errors += q in made
+            except (OSError, UnsafeArchive):
+                errors += 1
+    finally:
+        d.close()
     try:
         undo.restore()
-    except OSError:
+    except (OSError, UnsafeArchive):
         errors += 1
     if errors:
         return f"undo incomplete: {errors} path(s) could not be put back"
