@@ -1,0 +1,107 @@
+"""Issue 29: a node that cannot keep a cache, or cannot reach its store, still starts the job, with one
+warning and no traceback; and Ctrl-C is honoured while the store does not answer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.settings import P2PSettings
+
+DEADLINE_S = P2PSettings().deadline_s  # the bound a start waits for anything (issue 29: + 5 s)
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _env(cache: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
+    env.update(XDG_CACHE_HOME=str(cache), PYTHONPATH=SRC, **extra)
+    return env
+
+
+def _read_only(directory: Path, argv: list[str]) -> list[str]:
+    """`argv` run with `directory` read-only: a read-only bind mount in a private mount namespace for
+    root (which ignores mode bits, as a container's root does), the mode bits for anyone else."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        return argv
+    if not shutil.which("unshare"):
+        pytest.skip("root without unshare(1): cannot make a read-only mount")
+    script = f'mount --bind -o ro "{directory}" "{directory}" && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
+
+
+def _project(tmp_path: Path, store: str | None) -> Path:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    lines = ['[env]\nsetup = ["true"]\n']  # so the stages do run
+    if store:
+        lines.insert(0, f'[store]\nuri = "{store}"\n')
+    (proj / "bootseer.toml").write_text("".join(lines))
+    return proj
+
+
+@pytest.mark.parametrize("own_store", [True, False], ids=["store-elsewhere", "default-store"])
+def test_exec_with_a_read_only_cache_starts_the_job(tmp_path: Path, own_store: bool) -> None:
+    cache = tmp_path / "ro-cache"
+    proj = _project(tmp_path, str(tmp_path / "store") if own_store else None)
+    argv = _read_only(cache, [sys.executable, "-m", "bootseer_cli", "exec", "--", "sh", "-c", "exit 7"])
+    t0 = time.monotonic()
+    r = subprocess.run(argv, cwd=proj, env=_env(cache), capture_output=True, text=True, timeout=DEADLINE_S + 30)
+    took = time.monotonic() - t0
+    assert r.returncode == 7, r.stderr  # the job ran: its own exit status
+    assert took < DEADLINE_S + 5
+    assert "Traceback" not in r.stderr
+    warnings = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, r.stderr
+    assert "read-only" in warnings[0] and "without it" in warnings[0]
+
+
+def test_doctor_tells_a_read_only_cache_from_a_full_one(tmp_path: Path) -> None:
+    cache = tmp_path / "ro-cache"
+    argv = _read_only(cache, [sys.executable, "-m", "bootseer_cli", "doctor"])
+    r = subprocess.run(argv, cwd=tmp_path, env=_env(cache), capture_output=True, text=True, timeout=60)
+    line = next(x for x in r.stdout.splitlines() if x.split()[1:2] == ["cache"])
+    assert "read-only" in line and "free" not in line, r.stdout
+    assert "free space" not in r.stdout
+
+
+def test_a_full_cache_counts_as_unusable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache on a disk with (almost) no space left is "full", and a start takes a scratch directory."""
+    from bootseer_cli import nodedirs
+
+    monkeypatch.setattr(nodedirs, "FULL_BELOW_BYTES", 1 << 62)
+    monkeypatch.setattr(nodedirs, "_usable", {})
+    assert nodedirs.why_unusable(tmp_path / "cache") == "full"
+    monkeypatch.setattr(nodedirs, "FULL_BELOW_BYTES", 0)
+    monkeypatch.setattr(nodedirs, "_usable", {})
+    assert nodedirs.why_unusable(tmp_path / "cache") == ""
+    assert not (tmp_path / "cache").exists(), "asking must create nothing"
+
+
+def test_events_without_any_run_directory_stay_in_memory_and_upload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No writable directory anywhere: the events are kept in memory and go straight to the store."""
+    from bootseer_cli import events, nodedirs
+    from bootseer_cli.store import Store
+
+    monkeypatch.setattr(events, "usable_or_scratch", lambda d, name: None)
+    monkeypatch.setattr(nodedirs, "_warned", False)
+    run = events.RunInfo.new()
+    assert run.memory == [] and not run.run_dir.exists()
+    events.record(run, "env", 1.0, 2.0, "done")
+    store = Store((tmp_path / "store").as_uri())
+    rel = events.upload(store, run)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(pa.BufferReader(store.get_bytes(rel)))
+    assert table.column("stage").to_pylist() == ["env"]
+    assert capsys.readouterr().err.count("warning") == 1
