@@ -40,7 +40,9 @@ def _read_only(directory: Path, argv: list[str]) -> list[str]:
 def _project(tmp_path: Path, store: str | None) -> Path:
     proj = tmp_path / "proj"
     proj.mkdir()
-    lines = ['[env]\nsetup = ["true"]\n']  # so the stages do run
+    root = tmp_path / "envroot"
+    root.mkdir()
+    lines = [f'[env]\nsetup = ["true"]\nroots = ["{root}"]\n']  # so the stages do run (and stamp no real env)
     if store:
         lines.insert(0, f'[store]\nuri = "{store}"\n')
     (proj / "bootseer.toml").write_text("".join(lines))
@@ -105,3 +107,74 @@ def test_events_without_any_run_directory_stay_in_memory_and_upload(
     table = pq.read_table(pa.BufferReader(store.get_bytes(rel)))
     assert table.column("stage").to_pylist() == ["env"]
     assert capsys.readouterr().err.count("warning") == 1
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+GS_URI = "gs://bucket/p"
+
+
+def _gs_env(cache: Path) -> dict[str, str]:
+    """The environment of a gs:// store at a closed loopback port (the client's emulator variable)."""
+    return _env(cache, STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{_closed_port()}")
+
+
+@pytest.mark.parametrize("scheme", ["gs", "hdfs"])
+def test_exec_with_an_unreachable_store_starts_the_job_within_the_deadline(tmp_path: Path, scheme: str) -> None:
+    """gs:// retried for 15 minutes per request and hdfs:// for Hadoop's connect retries: the job never ran."""
+    uri = GS_URI if scheme == "gs" else f"hdfs://127.0.0.1:{_closed_port()}/store"
+    proj = _project(tmp_path, uri)
+    argv = [sys.executable, "-m", "bootseer_cli", "exec", "--", "sh", "-c", "exit 7"]
+    env = _gs_env(tmp_path / "cache") if scheme == "gs" else _env(tmp_path / "cache")
+    t0 = time.monotonic()
+    r = subprocess.run(argv, cwd=proj, env=env, capture_output=True, text=True, timeout=DEADLINE_S + 60)
+    took = time.monotonic() - t0
+    assert r.returncode == 7, r.stderr
+    assert took < DEADLINE_S + 5, f"{took:.1f} s: {r.stderr}"
+    assert "Traceback" not in r.stderr and "warning" in r.stderr
+
+
+def test_ctrl_c_is_honoured_while_the_store_does_not_answer(tmp_path: Path) -> None:
+    """`env ls` on an unreachable gs:// store ignored Ctrl-C for as long as the client retried."""
+    import signal
+
+    proj = _project(tmp_path, GS_URI)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "bootseer_cli", "env", "ls"],
+        cwd=proj,
+        env=_gs_env(tmp_path / "cache"),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.0)
+        assert p.poll() is None, "env ls returned before the signal: the store answered?"
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        p.kill()
+        p.wait()
+    err = p.stderr.read() if p.stderr else ""
+    assert rc == 130 and took < 1.0, f"{took:.2f} s, rc {rc}: {err}"
+    assert "interrupted" in err and "Traceback" not in err
+
+
+def test_gcs_options_are_bounded_and_checked() -> None:
+    from bootseer_cli.errors import StoreError
+    from bootseer_cli.storefs import _open_gcs
+
+    fs, root = _open_gcs("gs://bucket/a/b?anonymous=true&retry_limit_seconds=3")
+    assert root == "bucket/a/b" and fs.type_name == "gcs"
+    with pytest.raises(StoreError, match="unknown GCS option 'nope'"):
+        _open_gcs("gs://bucket/a?nope=1")
+    with pytest.raises(StoreError, match="retry_limit_seconds must be a number"):
+        _open_gcs("gs://bucket/a?retry_limit_seconds=soon")
