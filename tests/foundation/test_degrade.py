@@ -178,3 +178,39 @@ def test_gcs_options_are_bounded_and_checked() -> None:
         _open_gcs("gs://bucket/a?nope=1")
     with pytest.raises(StoreError, match="retry_limit_seconds must be a number"):
         _open_gcs("gs://bucket/a?retry_limit_seconds=soon")
+
+
+def _init(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bootseer_cli", "init", *args],
+        cwd=cwd,
+        env=_env(cwd / "cache"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_init_into_a_folder_and_over_it(tmp_path: Path) -> None:
+    """`init .` wrote nothing (". exists"), and `init . --force` was a traceback (replacing a directory)."""
+    r = _init(tmp_path, ".")
+    assert r.returncode == 0 and (tmp_path / "bootseer.toml").is_file(), r.stderr
+    r = _init(tmp_path, ".")
+    assert r.returncode == 2 and "bootseer.toml exists (use --force" in r.stderr
+    r = _init(tmp_path, ".", "--force")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    (tmp_path / "sub" / "bootseer.toml").mkdir(parents=True)
+    r = _init(tmp_path, "sub", "--force")
+    assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_init_into_an_unwritable_or_missing_destination_is_one_line(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    argv = _read_only(ro, [sys.executable, "-m", "bootseer_cli", "init", str(ro / "bootseer.toml")])
+    r = subprocess.run(argv, cwd=tmp_path, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"bootseer: error: cannot write {ro / 'bootseer.toml'}: "), lines
+    argv = _read_only(ro, [sys.executable, "-m", "bootseer_cli", "init", str(ro / "missing" / "bootseer.toml")])
+    r = subprocess.run(argv, cwd=tmp_path, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "cannot create" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
