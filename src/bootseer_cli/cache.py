@@ -166,8 +166,17 @@ class BlobCache:
         return freed
 
 
-def cache_for(settings: StoreSettings) -> BlobCache:
-    """The node cache the store settings name (default: under the platformdirs user cache)."""
+def cache_for(settings: StoreSettings, degrade: bool = True) -> BlobCache:
+    """The node cache the store settings name (default: under the platformdirs user cache).
+
+    With `degrade`, a cache directory that is read-only or full is replaced, for this process, by a
+    private scratch directory (`nodedirs`, one warning): a start then runs without the node cache
+    instead of failing in every stage that touches it. `doctor` asks for the configured one as it is."""
     from .paths import blob_cache_dir
 
-    return BlobCache(settings.cache_dir or blob_cache_dir(), settings.cache_max_bytes)
+    root = settings.cache_dir or blob_cache_dir()
+    if degrade:
+        from .nodedirs import usable_or_scratch
+
+        root = usable_or_scratch(root, "blobs") or root
+    return BlobCache(root, settings.cache_max_bytes)

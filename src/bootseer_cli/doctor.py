@@ -47,12 +47,24 @@ def check_trust(settings: Settings) -> Check:
 
 
 def check_cache(settings: StoreSettings) -> Check:
-    from .cache import cache_for
+    """The node cache's free space, and whether it can be written at all: a read-only cache is not a full
+    one (freeing space would not help), and `exec` runs without it either way (`nodedirs`)."""
+    from .cache import BlobCache
+    from .nodedirs import why_unusable
+    from .paths import configured_cache_root
 
-    cache = cache_for(settings)
+    cache = BlobCache(settings.cache_dir or configured_cache_root() / "blobs", settings.cache_max_bytes)
     path = cache.root
     while not path.exists() and path != path.parent:
         path = path.parent
+    why = why_unusable(cache.root)
+    if why and why != "full":
+        return Check(
+            "cache",
+            "warn",
+            f"{cache.root} is {why}: bootseer exec runs without the node cache (every start fetches again)",
+            "mount a writable volume there (Kubernetes: an emptyDir at XDG_CACHE_HOME) or set [store] cache_dir",
+        )
     free = shutil.disk_usage(path).free
     need = min(cache.max_bytes, 10 << 30)
     detail = f"{cache.root}: {fmt_bytes(free)} free (limit {fmt_bytes(cache.max_bytes)})"

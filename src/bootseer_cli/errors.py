@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +40,16 @@ class StageFatal(BootseerError):
     """A stage failure that must stop the start (the user's own setup command failed)."""
 
 
+# How long Ctrl-C waits for Python to act on it before the process exits anyway.
+INTERRUPT_GRACE_S = 0.5
+_interrupted = threading.Event()
+_watching = False  # once per process
+
+
 def run_guarded(fn: Callable[[], Any]) -> Any:
-    """Run a CLI body: a BootseerError becomes one line on stderr and its exit code, never a traceback."""
+    """Run a CLI body: a BootseerError becomes one line on stderr and its exit code, never a traceback;
+    Ctrl-C exits 130 within a second, even while a store client blocks in C (`_watch_interrupts`)."""
+    _watch_interrupts()
     try:
         return fn()
     except BootseerError as e:
@@ -48,5 +58,50 @@ def run_guarded(fn: Callable[[], Any]) -> Any:
         print(f"bootseer: error: {redact_text(str(e))}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
+        _interrupted.set()
         print("bootseer: interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def _watch_interrupts() -> None:
+    """Make Ctrl-C effective while the main thread is inside a C call that does not return.
+
+    Python raises KeyboardInterrupt only when the main thread next runs Python code, and a store
+    client's call (pyarrow's GCS retry loop, a connect to a dead NameNode) can keep it in C for minutes.
+    The signal's wakeup fd is written by the C-level handler at once, so a daemon thread learns of the
+    signal; when Python's default handler is still the one installed (a verb that handles SIGINT itself,
+    like the agent, is left alone) and the process has not exited within `INTERRUPT_GRACE_S`, it exits
+    130 itself. A responsive main thread has by then unwound normally, its `finally` blocks run.
+    """
+    import os
+    import signal
+
+    global _watching
+    if _watching or threading.current_thread() is not threading.main_thread():
+        return
+    _watching = True
+    r, w = os.pipe()  # close-on-exec: the launcher `exec` becomes inherits neither end
+    os.set_blocking(w, False)
+    try:
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except ValueError:
+        os.close(r)
+        os.close(w)
+        return
+
+    def watch() -> None:
+        while True:
+            try:
+                got = os.read(r, 64)
+            except OSError:
+                return
+            if not got:
+                return
+            if signal.SIGINT not in got or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+                continue
+            time.sleep(INTERRUPT_GRACE_S)
+            if not _interrupted.is_set():
+                os.write(2, b"bootseer: interrupted\n")
+            os._exit(130)
+
+    threading.Thread(target=watch, name="bootseer-interrupt", daemon=True).start()

@@ -14,10 +14,11 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .nodedirs import describe_oserror, usable_or_scratch, warn_once
 from .paths import runs_dir
 from .redact import redact_text
 
@@ -64,6 +65,9 @@ class RunInfo:
     rank: int
     run: str
     run_dir: Path
+    # The events themselves when no run directory could be made anywhere (see `nodedirs`): uploaded from
+    # here by `upload`, or lost with the process, as the one warning said.
+    memory: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @classmethod
     def new(cls, command: Sequence[str] = ()) -> RunInfo:
@@ -81,12 +85,18 @@ class RunInfo:
         except ValueError:
             rank = 0
         run = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
-        run_dir = runs_dir() / run
-        runs_dir().mkdir(parents=True, exist_ok=True)
-        run_dir.mkdir(mode=0o700)  # private: the agent's files and logs live here (a new name: never followed)
-        os.chmod(run_dir, 0o700)  # whatever the umask
-        info = cls(job=_clean(job), node=_clean(node), rank=rank, run=run, run_dir=run_dir)
-        (run_dir / "run.json").write_text(json.dumps(info.as_dict()))
+        parent = usable_or_scratch(runs_dir(), "runs")  # a read-only or full cache must not stop the job
+        info = cls(job=_clean(job), node=_clean(node), rank=rank, run=run, run_dir=(parent or runs_dir()) / run)
+        try:
+            if parent is None:
+                raise OSError("no writable directory")
+            parent.mkdir(parents=True, exist_ok=True)
+            info.run_dir.mkdir(mode=0o700)  # private: the agent's files and logs live here (a new name: never followed)
+            os.chmod(info.run_dir, 0o700)  # whatever the umask
+            (info.run_dir / "run.json").write_text(json.dumps(info.as_dict()))
+        except OSError as e:
+            warn_once(runs_dir(), describe_oserror(e), None)
+            info.memory = []
         return info
 
     @classmethod
@@ -152,7 +162,14 @@ def record(
     }
     if extra:
         event["extra"] = redact_text(json.dumps(extra, sort_keys=True, default=str))
-    append(run.events_file, event)
+    if run.memory is None:
+        try:
+            append(run.events_file, event)
+            return event
+        except OSError as e:  # the disk filled (or went read-only) since the run began: keep the job starting
+            warn_once(run.run_dir, describe_oserror(e), None)
+            run.memory = []
+    run.memory.append(event)
     return event
 
 
@@ -191,17 +208,14 @@ def to_table(events: list[dict[str, Any]]) -> pa.Table:
 
 def upload(store: Store, run: RunInfo) -> str | None:
     """Write this run's events to the store as Parquet (replacing an earlier upload of the same run)."""
-    events = read_jsonl(run.events_file)
+    events = read_jsonl(run.events_file) + (run.memory or [])
     if not events:
         return None
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = to_table(events)
-    tmp = run.run_dir / f".events-{uuid.uuid4().hex[:8]}.parquet"
-    pq.write_table(table, tmp)
-    try:
-        rel = run.store_path()
-        store.put_bytes(rel, tmp.read_bytes())
-    finally:
-        tmp.unlink(missing_ok=True)
+    buf = pa.BufferOutputStream()  # in memory: the run directory may be on a full or read-only disk
+    pq.write_table(to_table(events), buf)
+    rel = run.store_path()
+    store.put_bytes(rel, buf.getvalue().to_pybytes())
     return rel

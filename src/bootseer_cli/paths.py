@@ -8,9 +8,21 @@ from pathlib import Path
 import platformdirs
 
 
-def cache_root() -> Path:
-    """The node-local root: blob cache, run directories, the embedded store."""
+def configured_cache_root() -> Path:
+    """Where the node-local root is meant to be (XDG_CACHE_HOME/bootseer), usable or not."""
     return Path(platformdirs.user_cache_dir("bootseer", appauthor=False))
+
+
+def cache_root() -> Path:
+    """The node-local root: blob cache, run directories, the embedded store.
+
+    When the configured one is read-only or full, a private scratch directory for this process instead,
+    with one warning (`nodedirs`): every stage that keeps a file there then works without the node cache
+    rather than failing, each with its own warning, or keeping the job from starting."""
+    from .nodedirs import usable_or_scratch
+
+    configured = configured_cache_root()
+    return usable_or_scratch(configured, "cache") or configured
 
 
 def default_store_uri() -> str:

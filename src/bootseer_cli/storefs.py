@@ -84,6 +84,10 @@ class StoreFS:
             try:
                 if scheme == "s3":
                     self._fs, self.root = _open_s3(uri)
+                elif scheme in ("gs", "gcs"):
+                    self._fs, self.root = _open_gcs(uri)
+                elif scheme in ("hdfs", "viewfs"):
+                    self._fs, self.root = _open_hdfs(uri)
                 else:
                     self._fs, self.root = pafs.FileSystem.from_uri(uri)
             except (StoreError, OSError, ValueError, pa.ArrowException) as e:  # pyarrow's text is useful
@@ -335,3 +339,61 @@ def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, str]:
     if not bucket:
         raise StoreError(f"store URI {redact(uri)!r}: no bucket")
     return pafs.S3FileSystem(**kwargs), f"{bucket}{parsed.path}".rstrip("/")
+
+
+# How long a GCS operation retries before it fails. The client's own default is 15 minutes, during which
+# `exec` waits and the job does not start; a store that has not answered in this long is treated as
+# down (the stages fall back, the job starts). `?retry_limit_seconds=` in the URI sets another bound.
+GCS_RETRY_LIMIT_S = 10.0
+# The HDFS client's connect timeout and retries (Hadoop's defaults add up to minutes on a dead NameNode).
+HDFS_CONNECT_TIMEOUT_MS = 5000
+
+
+def _open_gcs(uri: str) -> tuple[pafs.GcsFileSystem, str]:
+    """pyarrow's GcsFileSystem from a `gs://` URI, with its retries bounded (`GCS_RETRY_LIMIT_S`).
+
+    The query takes pyarrow's own options (`scheme`, `endpoint_override`, `anonymous`, `project_id`,
+    `default_bucket_location`, `retry_limit_seconds`); STORAGE_EMULATOR_HOST is honoured by the client."""
+    from datetime import timedelta
+    from urllib.parse import parse_qsl
+
+    import pyarrow.fs as pafs
+
+    parsed = urlparse(uri)
+    kwargs: dict[str, object] = {}
+    limit = GCS_RETRY_LIMIT_S
+    for name, value in parse_qsl(parsed.query):
+        if name in ("scheme", "endpoint_override", "project_id", "default_bucket_location"):
+            kwargs[name] = value
+        elif name == "anonymous":
+            kwargs[name] = value.lower() in ("1", "true", "yes")
+        elif name == "retry_limit_seconds":
+            try:
+                limit = float(value)
+            except ValueError:
+                raise StoreError(f"store URI {redact(uri)!r}: retry_limit_seconds must be a number") from None
+        else:
+            raise StoreError(f"store URI {redact(uri)!r}: unknown GCS option {name!r}")
+    bucket = parsed.hostname or ""
+    if not bucket:
+        raise StoreError(f"store URI {redact(uri)!r}: no bucket")
+    fs = pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=limit), **kwargs)
+    return fs, f"{bucket}{parsed.path}".rstrip("/")
+
+
+def _open_hdfs(uri: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's HadoopFileSystem from an `hdfs://` URI, with the client's connect timeout and retries
+    bounded (`HDFS_CONNECT_TIMEOUT_MS`, one retry) unless the URI's query sets them."""
+    import pyarrow.fs as pafs
+
+    bounded = {
+        "ipc.client.connect.timeout": str(HDFS_CONNECT_TIMEOUT_MS),
+        "ipc.client.connect.max.retries": "1",
+        "ipc.client.connect.max.retries.on.timeouts": "1",
+        "dfs.client.socket-timeout": "60000",
+    }
+    parsed = urlparse(uri)
+    sep = "&" if parsed.query else ""
+    extra = "&".join(f"{k}={v}" for k, v in bounded.items() if k not in parsed.query)
+    full = parsed._replace(query=parsed.query + (sep + extra if extra else "")).geturl()
+    return pafs.FileSystem.from_uri(full)

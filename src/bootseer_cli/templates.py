@@ -17,7 +17,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import BootseerError, ConfigError
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Z0-9_]+)\s*(?:\|([^}]*))?\}\}")
 _HOOKS = "hooks"
@@ -96,18 +96,28 @@ def render_to(name: str, dest: Path, assignments: list[str], force: bool = False
     if unknown:
         raise ConfigError(f"template {name} has no {unknown[0]} (--set takes: {', '.join(known) or 'nothing'})")
     text = render(name, values)
+    if dest.is_dir():  # `init .` or `init deploy/`: the template's own name in that folder
+        dest = dest / name
     if dest.exists() and not force:
         raise ConfigError(f"{dest} exists (use --force to overwrite)")
+    if dest.is_dir():
+        raise ConfigError(f"{dest} is a directory: name a file to write")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"cannot create {dest.parent}: {e.strerror}") from None
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        raise BootseerError(f"cannot create {dest.parent}: {e.strerror}") from None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    except OSError as e:
+        raise BootseerError(f"cannot write {dest}: {e.strerror}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(tmp, 0o755 if name.endswith(".sh") else 0o644)
         os.replace(tmp, dest)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise BootseerError(f"cannot write {dest}: {e.strerror}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

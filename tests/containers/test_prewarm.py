@@ -162,3 +162,38 @@ def test_a_staging_domain_takes_the_key_out_of_the_containers(tmp_path: Path) ->
     assert env["BOOTSEER_TRUST_SIGNING_KEY"] == "" and env["BOOTSEER_TRUST_VERIFY"] == "off"
     plain = open_store((tmp_path / "s").as_uri())
     assert _staging(plain, {}) is plain  # without keys, the containers publish where they always did
+
+
+def test_a_local_store_runs_the_setup_offline_unless_network_is_asked(tmp_path: Path) -> None:
+    """Issue 29: a local store meant network "none", and a setup that downloads failed in pip's words only."""
+    from bootseer_cli.containers.prewarm import _Runner
+    from bootseer_cli.errors import BootseerError
+
+    image = engine.ResolvedImage(
+        ref="img:1", digest="sha256:11", pinned="img@sha256:11", image_id="sha256:11", source="image id"
+    )
+    local = (tmp_path / "store").as_uri()
+
+    def runner(uri: str, host_network: bool = False) -> _Runner:
+        return _Runner.for_store(None, image, {}, uri, [], lambda line: None, host_network)  # type: ignore[arg-type]
+
+    assert runner(local).network == "none"
+    assert runner(local, host_network=True).network == "host"
+    assert runner("s3://bucket/p").network == "host"
+
+    for net, said in (("none", True), ("host", False)):
+        run = runner(local, host_network=net == "host")
+        out = "ERROR: No matching distribution found for x\n"
+        run._start = lambda step, command, echo, out=out: engine.RunResult(1, out)  # type: ignore[method-assign]
+        with pytest.raises(BootseerError) as e:
+            run("setup", ["bootseer", "exec", "--", "true"], "the setup")
+        msg = str(e.value)
+        assert "\n" not in msg and "No matching distribution" in msg
+        assert ("no network because the store is local" in msg and "--network" in msg) is said, msg
+
+
+def test_prewarm_has_a_network_option() -> None:
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "bootseer_cli", "prewarm", "--help"], capture_output=True, text=True)
+    assert "--network" in r.stdout

@@ -19,12 +19,19 @@ def prewarm(
         str | None,
         typer.Option("--probe", help="Command whose start to record, e.g. \"python -c 'import torch'\"."),
     ] = None,
+    network: Annotated[
+        bool,
+        typer.Option(
+            "--network",
+            help="Run the containers on the host's network even with a local store (a setup that downloads).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the setup in a container of IMAGE, publish its snapshot and the probe's hot blocks, print the keys."""
     from ..containers.prewarm import prewarm as run
 
-    out = run(load_settings(config, store), image, probe)
+    out = run(load_settings(config, store), image, probe, host_network=network)
     if as_json:
         typer.echo(json.dumps(out.as_dict(), indent=2, sort_keys=True))
         return

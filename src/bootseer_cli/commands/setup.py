@@ -111,10 +111,18 @@ def _toml_value(v: object) -> str:
 
 def keys(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Print the cache keys and the documents they hash (why a cache hit or missed)."""
+    from ..errors import ConfigError
     from ..identity import keys_for
 
     settings = load_settings(config, store)
-    k = keys_for(settings)
+    try:
+        k = keys_for(settings)
+    except ConfigError as e:
+        # A fresh `init` names requirements.txt as its example setup: the key hashes that file's bytes,
+        # so there is no key until it exists; the line says what to do, not only what is missing.
+        if "cannot be read" not in str(e):
+            raise
+        raise ConfigError(f"{e}; create it, or change [env] setup in the config (the env key hashes it)") from None
     compiled = _compile_key(settings, k) if settings.compile.enabled else None
     typer.echo(_keys_json(k, compiled) if as_json else _keys_text(k, compiled))
 

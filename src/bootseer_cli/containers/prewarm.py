@@ -11,8 +11,9 @@ at run time, so what is published is exactly what a node will look for:
    PROBE`: the env stage restores the snapshot, then the probe's start is recorded and published;
 4. check from here that the store holds both refs under the keys computed in step 1.
 
-A file:// store is bind-mounted at the same path (network "none"); any other store is reached over
-the host's network ("host"). Containers never use the default bridge.
+A file:// store is bind-mounted at the same path (network "none", unless `--network` asks for the
+host's: a setup that downloads, `pip install -r requirements.txt`, needs it); any other store is reached
+over the host's network ("host"). Containers never use the default bridge.
 """
 
 from __future__ import annotations
@@ -149,6 +150,7 @@ def prewarm(
     probe: str | None = None,
     echo: Callable[[str], None] | None = None,
     environ: Mapping[str, str] | None = None,
+    host_network: bool = False,
 ) -> Published:
     """The whole CI pre-warm of one image; raises BootseerError with the failing step's exit code."""
     from ..store import open_store_for
@@ -170,7 +172,7 @@ def prewarm(
         # The containers reach the store with its credentials through their environment only.
         env = container_environment(settings, image.pinned, store.uri_with_credentials(), environ)
         staging = _staging(store, env)
-        run = _Runner.for_store(client, image, env, store.uri_with_credentials(), files, say)
+        run = _Runner.for_store(client, image, env, store.uri_with_credentials(), files, say, host_network)
         try:
             if settings.env.setup:
                 _publish_env(run, staging, run.env_key(), out, say)
@@ -299,16 +301,18 @@ class _Runner:
         store_uri: str,
         files: list[tuple[str, Path]],
         say: Callable[[str], None],
+        host_network: bool = False,
     ) -> _Runner:
-        """A file:// store is bind-mounted at its own path (no network at all); any other is reached
-        over the host's network. The setup's files go in as one archive unpacked before each start."""
+        """A file:// store is bind-mounted at its own path (no network at all, unless `host_network`);
+        any other is reached over the host's network. The setup's files go in as one archive unpacked
+        before each start."""
         store_dir = _file_store_dir(store_uri)
         binds: dict[str, dict[str, str]] = {}
         network = "host"
         if store_dir is not None:
             Path(store_dir).mkdir(parents=True, exist_ok=True)
             binds[store_dir] = {"bind": store_dir, "mode": "rw"}
-            network = "none"
+            network = "host" if host_network else "none"
         archive = tar_of([(dest, src, 0o644) for dest, src in files]) if files else None
         return cls(client, image, env, binds, archive, network, say)
 
@@ -317,9 +321,17 @@ class _Runner:
         res = self._run(step, command)
         if res.exit_code == 0:
             return
+        # Without a network a setup that downloads fails in its own words (pip's retries), which never
+        # say that the container had none, nor why: the error line does.
+        offline = (
+            "; the container had no network because the store is local (`bootseer prewarm --network` "
+            "runs it on the host's network)"
+            if self.network == "none"
+            else ""
+        )
         raise BootseerError(
             f"{what} failed inside a container of {self.image.ref} with exit status {res.exit_code}: "
-            f"{_tail(res.output, 3)}",
+            f"{_tail(res.output, 3)}{offline}",
             res.exit_code,
         )
 

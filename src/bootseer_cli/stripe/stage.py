@@ -36,7 +36,9 @@ def run_stage(ctx: StageContext) -> StageResult:
     try:
         m = load_manifest(ctx.store, ck.name, ck.tag)
     except NoCheckpoint as e:  # the first start of a job, before its first push: nothing to mount
-        ctx.warn(f"checkpoint: {e}; starting without one")
+        # A job that never pushed has no tags: the expected first run, said (info), not warned about;
+        # a tag asked for that is not there, while others are, is still a warning.
+        (ctx.info if "no tags" in str(e) else ctx.warn)(f"checkpoint: {e}; starting without one")
         return StageResult("none", summary=f"no {ck.name}:{ck.tag} yet", cache="miss", reason=str(e))
     Targets(ctx.store, list(ck.targets)).check(m)  # the manifest's targets are not trusted
     # Resolved once, and this one path is used to mount, look up and unmount (or to pull into); a
