@@ -66,7 +66,7 @@ def execute(settings: Settings, command: list[str], skip: set[str] | None = None
 
 def _hand_over(ctx: StageContext) -> None:
     """What continues after exec: the agent (seeding, uploads), or the events uploaded here."""
-    if ctx.settings.exec.agent:
+    if ctx.settings.exec.agent and ctx.run.memory is None:  # no run directory anywhere: no agent, events inline
         for hook in ctx.before_agent:  # e.g. the env stage's lease keeper stops: the agent renews it now
             hook()
         _spawn_agent(ctx, os.getpid())

@@ -44,7 +44,7 @@ def parse_size(text: str) -> int:
 def _node_cache(config: Path | None, store: str | None) -> BlobCache:
     from ..cache import cache_for
 
-    return cache_for(load_settings(config, store).store)
+    return cache_for(load_settings(config, store).store, degrade=False)  # the configured one, as it is
 
 
 @cache.command("info")
