@@ -32,8 +32,22 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 def test_kubernetes_init_container_then_training_container(
     docker_client: Any, test_image: images.TestImage, prewarmed: Prewarmed, tmp_path: Path
 ) -> None:
-    """The Job template's two containers, as the kubelet would run them (volumes as bind mounts)."""
-    store_uri = prewarmed.store_dir.as_uri()
+    """The Job template's two containers, as the kubelet would run them (volumes as bind mounts). The pods
+    read CI's domain, verified with its public key (the ConfigMap): here the pre-warm's refs signed by a CI key."""
+    from bootseer_cli.trust import Trust, keygen, load_signer
+
+    store_dir = tmp_path / "store"
+    shutil.copytree(prewarmed.store_dir, store_dir)
+    store_uri = store_dir.as_uri()
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    keygen(str(tmp_path / "ci.key"), str(keys / "ci.pub"), "ci")
+    ci = open_store(store_uri, Trust("ci", signer=load_signer(str(tmp_path / "ci.key"))))
+    for kind in ("env", "hot"):
+        key = prewarmed.out["keys"]["image" if kind == "hot" else "env"]
+        ref = open_store(prewarmed.store_dir.as_uri()).read_ref(kind, key)
+        assert ref is not None, kind
+        ci.write_ref(kind, key, ref)
     _, job = yaml.safe_load_all(render("k8s-job.yaml", {"IMAGE": test_image.pinned, "STORE": store_uri}))
     pod = job["spec"]["template"]["spec"]
     (init_c,) = pod["initContainers"]
@@ -41,9 +55,10 @@ def test_kubernetes_init_container_then_training_container(
     cache_vol = tmp_path / "emptydir"
     cache_vol.mkdir()
     volumes = {"bootseer-cache": str(cache_vol), "bootseer-config": str(prewarmed.job)}
+    volumes["bootseer-verify-keys"] = str(keys)
 
     def binds(c: dict[str, Any]) -> dict[str, dict[str, str]]:
-        out = {str(prewarmed.store_dir): {"bind": str(prewarmed.store_dir), "mode": "rw"}}
+        out = {str(store_dir): {"bind": str(store_dir), "mode": "rw"}}
         for m in c["volumeMounts"]:
             if m["name"] in volumes:
                 out[volumes[m["name"]]] = {"bind": m["mountPath"], "mode": "rw"}
