@@ -130,7 +130,15 @@ def test_slurm_prolog_fills_the_node_cache(prewarmed: Prewarmed, tmp_path: Path)
     node_cache = tmp_path / "node-cache"
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "trainer", "SLURM_JOB_UID": str(os.getuid())}
     site = tmp_path / "prolog.env"
-    site.write_text(f"BOOTSEER_STORE={prewarmed.store_dir.as_uri()}\nBOOTSEER_NODE_CACHE={node_cache}\n")
+    # The site's settings, as KEY=VALUE lines (root 0600): the store and the domain the pre-warm published in
+    # (else the prolog reads the job user's domain).
+    from bootseer_cli.trust import default_domain
+
+    site.write_text(
+        f"BOOTSEER_STORE={prewarmed.store_dir.as_uri()}\nBOOTSEER_NODE_CACHE={node_cache}\n"
+        f"BOOTSEER_STORE_DOMAIN={default_domain()}\n"
+    )
+    site.chmod(0o600)
     # The prolog sees no job environment: the job's bootseer.toml pins the image, as the docs say.
     job = tmp_path / "job"
     shutil.copytree(prewarmed.job, job)
