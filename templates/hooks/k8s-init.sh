@@ -2,13 +2,19 @@
 # bootseer Kubernetes init container: warm the pod's shared volume before the training container starts.
 #
 # Runs in the job's own image (so it computes the same keys), with the same environment as the training
-# container (BOOTSEER_IMAGE pinned by digest, BOOTSEER_STORE and the store's credentials, BOOTSEER_CONFIG),
+# container (BOOTSEER_IMAGE pinned by digest, BOOTSEER_STORE and read-only store credentials, BOOTSEER_CONFIG,
+# the verify keys: it holds no signing key and publishes nothing),
 # and the shared volume mounted at $BOOTSEER_WARM_DIR (default /bootseer-cache). It fetches the env
 # snapshot, the hot-block record and the checkpoint stripes into $BOOTSEER_WARM_DIR/blobs, which the
 # entrypoint wrapper then hands to `bootseer exec` as the node cache.
 #
+# The pod's securityContext runs both containers as the job's uid and makes the volume group-owned by its
+# fsGroup (setgid directory): what this script makes is group-readable and -writable (umask 002), never
+# world-writable.
+#
 # It always exits 0: a cold cache only makes the start slower, it must never keep the pod from starting.
 set -u
+umask 002
 
 warm="${BOOTSEER_WARM_DIR:-/bootseer-cache}"
 limit="${BOOTSEER_PREFETCH_TIMEOUT:-600}"
@@ -31,6 +37,4 @@ status=$?
 if [ "$status" -ne 0 ]; then
     echo "bootseer-init: warning: prefetch ended with status $status; the start will fetch what is missing" >&2
 fi
-# The training container may run as another user: let it read and refresh the cache.
-chmod -R a+rwX "$warm" 2>/dev/null || true
 exit 0

@@ -4,11 +4,19 @@
 # slurm.conf:   Prolog=/etc/slurm/prolog.d/bootseer.sh     PrologFlags=Alloc
 # (Alloc runs the prolog at allocation, so the fetch overlaps the rest of the allocation.)
 #
-# Site settings come from $BOOTSEER_PROLOG_ENV (default /etc/bootseer/prolog.env), a shell file
-# setting e.g. BOOTSEER_STORE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and BOOTSEER_NODE_CACHE
-# (default /var/cache/bootseer). The job's bootseer.toml is $BOOTSEER_CONFIG when set, else the
-# bootseer.toml in the job's working directory (from `scontrol show job`). The prolog does not see the
-# job's environment, so the image must be pinned in that file (`[image] ref = "repo@sha256:…"`, the same
+# Site settings come from $BOOTSEER_PROLOG_ENV (default /etc/bootseer/prolog.env, root 0600): KEY=VALUE
+# lines, read literally (no shell evaluation: `&`, `$`, spaces and quotes inside a value stay as they are;
+# one pair of surrounding quotes is stripped; blank lines and # comments are skipped), e.g.
+#   BOOTSEER_STORE=s3://bucket/bootseer?endpoint_override=10.0.0.1:9000&scheme=http
+#   AWS_ACCESS_KEY_ID=…   AWS_SECRET_ACCESS_KEY=…   (the store's write credentials)
+#   BOOTSEER_NODE_CACHE=/var/cache/bootseer
+#   BOOTSEER_STORE_DOMAIN=site   BOOTSEER_TRUST_SIGNING_KEY=/etc/bootseer/domain.key   (root 0600)
+#   BOOTSEER_TRUST_VERIFY_KEYS=/etc/bootseer/keys/site.pub,/etc/bootseer/keys/ci.pub   BOOTSEER_TRUST_READ_FROM=ci
+# The signing key and the write credentials stay here, with root: the batch job (the job's user) gets the
+# public keys and, where reading needs any, a read-only credentials file (see slurm-job.sbatch; docs/trust.md).
+# These settings override the job's bootseer.toml (environment over file). The job's bootseer.toml is
+# $BOOTSEER_CONFIG when set, else the bootseer.toml in the job's working directory (from `scontrol show
+# job`). The prolog does not see the job's environment, so the image must be pinned in that file (`[image] ref = "repo@sha256:…"`, the same
 # value the sbatch template exports as BOOTSEER_IMAGE), else the keys are the node's, not the image's.
 #
 # Blobs land in $BOOTSEER_NODE_CACHE/<job user>, owned by that user; the job uses the same directory
@@ -18,12 +26,37 @@ set -u
 
 log() { echo "bootseer-prolog[${SLURM_JOB_ID:-?}]: $*" >&2; }
 
+# load_site_env FILE: export each KEY=VALUE line of FILE, the value taken literally (never evaluated).
+load_site_env() {
+    while IFS= read -r line || [ -n "$line" ]; do
+        line=${line%"$(printf '\r')"}
+        case "$line" in
+            '' | '#'*) continue ;;
+        esac
+        key=${line%%=*}
+        key=${key#export }
+        case "$line" in
+            *=*) ;;
+            *) log "$1: ignoring a line without '=': $key"; continue ;;
+        esac
+        case "$key" in
+            '' | [0-9]* | *[!A-Za-z0-9_]*) log "$1: ignoring a line that is not KEY=VALUE: $key"; continue ;;
+        esac
+        value=${line#*=}
+        case "$value" in
+            \"*\") value=${value#\"}; value=${value%\"} ;;
+            \'*\') value=${value#\'}; value=${value%\'} ;;
+        esac
+        export "$key=$value"
+    done < "$1"
+}
+
 site="${BOOTSEER_PROLOG_ENV:-/etc/bootseer/prolog.env}"
 if [ -r "$site" ]; then
-    set -a  # its assignments are for bootseer: export them
-    # shellcheck source=/dev/null
-    . "$site"
-    set +a
+    if [ -n "$(find "$site" -prune -perm -004 2>/dev/null)" ]; then
+        log "warning: $site is readable by every user, and it holds the store's credentials: chmod 600 it"
+    fi
+    load_site_env "$site"
 fi
 
 if ! command -v bootseer >/dev/null 2>&1; then

@@ -33,8 +33,22 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 def test_kubernetes_init_container_then_training_container(
     docker_client: Any, test_image: images.TestImage, prewarmed: Prewarmed, tmp_path: Path
 ) -> None:
-    """The Job template's two containers, as the kubelet would run them (volumes as bind mounts)."""
-    store_uri = prewarmed.store_dir.as_uri()
+    """The Job template's two containers, as the kubelet would run them (volumes as bind mounts). The pods
+    read CI's domain, verified with its public key (the ConfigMap): here the pre-warm's refs signed by a CI key."""
+    from bootseer_cli.trust import Trust, keygen, load_signer
+
+    store_dir = tmp_path / "store"
+    shutil.copytree(prewarmed.store_dir, store_dir)
+    store_uri = store_dir.as_uri()
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    keygen(str(tmp_path / "ci.key"), str(keys / "ci.pub"), "ci")
+    ci = open_store(store_uri, Trust("ci", signer=load_signer(str(tmp_path / "ci.key"))))
+    for kind in ("env", "hot"):
+        key = prewarmed.out["keys"]["image" if kind == "hot" else "env"]
+        ref = open_store(prewarmed.store_dir.as_uri()).read_ref(kind, key)
+        assert ref is not None, kind
+        ci.write_ref(kind, key, ref)
     _, job = yaml.safe_load_all(render("k8s-job.yaml", {"IMAGE": test_image.pinned, "STORE": store_uri}))
     pod = job["spec"]["template"]["spec"]
     (init_c,) = pod["initContainers"]
@@ -42,9 +56,10 @@ def test_kubernetes_init_container_then_training_container(
     cache_vol = tmp_path / "emptydir"
     cache_vol.mkdir()
     volumes = {"bootseer-cache": str(cache_vol), "bootseer-config": str(prewarmed.job)}
+    volumes["bootseer-verify-keys"] = str(keys)
 
     def binds(c: dict[str, Any]) -> dict[str, dict[str, str]]:
-        out = {str(prewarmed.store_dir): {"bind": str(prewarmed.store_dir), "mode": "rw"}}
+        out = {str(store_dir): {"bind": str(store_dir), "mode": "rw"}}
         for m in c["volumeMounts"]:
             if m["name"] in volumes:
                 out[volumes[m["name"]]] = {"bind": m["mountPath"], "mode": "rw"}
@@ -116,7 +131,15 @@ def test_slurm_prolog_fills_the_node_cache(prewarmed: Prewarmed, tmp_path: Path)
     node_cache = tmp_path / "node-cache"
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "trainer", "SLURM_JOB_UID": str(os.getuid())}
     site = tmp_path / "prolog.env"
-    site.write_text(f"BOOTSEER_STORE={prewarmed.store_dir.as_uri()}\nBOOTSEER_NODE_CACHE={node_cache}\n")
+    # The site's settings, as KEY=VALUE lines (root 0600): the store and the domain the pre-warm published in
+    # (else the prolog reads the job user's domain).
+    from bootseer_cli.trust import default_domain
+
+    site.write_text(
+        f"BOOTSEER_STORE={prewarmed.store_dir.as_uri()}\nBOOTSEER_NODE_CACHE={node_cache}\n"
+        f"BOOTSEER_STORE_DOMAIN={default_domain()}\n"
+    )
+    site.chmod(0o600)
     # The prolog sees no job environment: the job's bootseer.toml pins the image, as the docs say.
     job = tmp_path / "job"
     shutil.copytree(prewarmed.job, job)
