@@ -22,8 +22,9 @@ def keygen(
         Path, typer.Option("--out", "-o", metavar="PREFIX", help="Writes PREFIX.key (private, 0600) and PREFIX.pub.")
     ],
 ) -> None:
-    """Write a new Ed25519 key pair: keep PREFIX.key where only the signing steps (prolog, init
-    container, CI) can read it; give PREFIX.pub to every reader of the domain ([trust] verify_keys)."""
+    """Write a new Ed25519 key pair: keep PREFIX.key where only the signing steps (the Slurm prolog as
+    root, CI's secret) can read it, never in a training container; give PREFIX.pub to every reader of
+    the domain ([trust] verify_keys). docs/trust.md shows the setup per team."""
     from ..trust import keygen as make
 
     kid = make(f"{out}.key", f"{out}.pub", domain)

@@ -131,6 +131,8 @@ def container_environment(
             "BOOTSEER_IMAGE": pinned,
             "BOOTSEER_STORE": store_uri,
             "BOOTSEER_EXEC_AGENT": "0",  # the container ends with its command: upload events inline
+            # The probe's launcher is `bootseer hot record`, which publishes: it needs the store.
+            "BOOTSEER_EXEC_PASS_STORE_CREDENTIALS": "1",
             "BOOTSEER_EXEC_SKIP": "",
         }
     )
