@@ -132,9 +132,7 @@ def test_slurm_prolog_fills_the_node_cache(prewarmed: Prewarmed, tmp_path: Path)
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "trainer", "SLURM_JOB_UID": str(os.getuid())}
     site = tmp_path / "prolog.env"
     # The site's settings, as KEY=VALUE lines (root 0600): the store and the domain the pre-warm published in
-    # (else the prolog reads the job user's domain).
-    from bootseer_cli.trust import default_domain
-
+    # (else the prolog reads the job user's domain): the site decides, not the job's config.
     site.write_text(
         f"BOOTSEER_STORE={prewarmed.store_dir.as_uri()}\nBOOTSEER_NODE_CACHE={node_cache}\n"
         f"BOOTSEER_STORE_DOMAIN={default_domain()}\n"
@@ -145,10 +143,7 @@ def test_slurm_prolog_fills_the_node_cache(prewarmed: Prewarmed, tmp_path: Path)
     shutil.copytree(prewarmed.job, job)
     text = (job / "bootseer.toml").read_text()
     pinned = prewarmed.out["image"]["pinned"]
-    text = text.replace("[image]\n", f'[image]\nref = "{pinned}"\n')
-    # The prolog acts for the job's owner (SLURM_JOB_USER), whose domain is "trainer" by default; CI's
-    # prewarm published as this test's user: the team shares one domain by naming it (README: Security).
-    (job / "bootseer.toml").write_text(text + f'\n[store]\ndomain = "{default_domain()}"\n')
+    (job / "bootseer.toml").write_text(text.replace("[image]\n", f'[image]\nref = "{pinned}"\n'))
     r = _prolog(slurm | {"BOOTSEER_PROLOG_ENV": str(site), "BOOTSEER_CONFIG": str(job / "bootseer.toml")})
     assert r.returncode == 0, r.stderr
     cache = BlobCache(node_cache / "trainer", 1 << 30)
