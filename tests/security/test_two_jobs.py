@@ -205,3 +205,35 @@ def test_root_ignores_a_hostile_xdg_runtime_dir(tmp_path: Path, plain_user: str,
     finally:
         _wait_unmounted(d if out else "/run/bootseer/0")
         subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
+
+
+def test_the_next_start_cleans_ended_runs_and_leaves_live_mounts(tmp_path: Path, xdg: Path) -> None:
+    """A per-run dir whose server died (a stale mount) and an old empty one go; a live mount stays."""
+    import signal
+
+    from bootseer_cli.stripe.catalog import load_manifest
+    from bootseer_cli.stripe.mount import mount_detached, mount_info
+
+    _, want_a = _push(tmp_path, "job-a", 1)
+    store, _ = _push(tmp_path, "job-b", 2)
+    base = xdg / "bootseer"
+    base.mkdir(mode=0o700)
+    m = load_manifest(store, "job-b", "t1")
+    dead = mount_detached(m, base / "ckpt-dead", store.uri)
+    os.kill(dead, signal.SIGKILL)
+    os.waitpid(dead, 0)
+    live = mount_detached(m, base / "ckpt-live", store.uri)
+    (base / "ckpt-old").mkdir()
+    try:
+        env = _env(XDG_RUNTIME_DIR=str(xdg), XDG_CACHE_HOME=str(tmp_path / "cache"))
+        p = _exec(_config(tmp_path, store, "job-a"), "-", env, tmp_path)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert out.split()[1] == want_a, err
+        assert mount_info(base / "ckpt-dead") is None and not (base / "ckpt-dead").exists()
+        assert not (base / "ckpt-old").exists()
+        assert mount_info(base / "ckpt-live") is not None, "a live mount of another run was taken"
+        assert len(list((base / "ckpt-live").iterdir())) == 1  # and still serves its checkpoint
+        assert "removed 2 mount point(s) of ended runs" in err, err
+    finally:
+        os.kill(live, signal.SIGTERM)

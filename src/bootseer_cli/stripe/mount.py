@@ -190,14 +190,14 @@ def safe_mountpoint(mountpoint: str | Path) -> str:
 
 
 def server_gone(mountpoint: str) -> bool:
-    """The FUSE server of the mount at `mountpoint` has died (the kernel answers ENOTCONN).
+    """The FUSE server of the mount at `mountpoint` has died (the kernel answers ENOTCONN or ECONNABORTED).
 
     Only such a mount is ever unmounted by another start: a live one belongs to a running job (of
     this user or another), and taking it away would leave that job reading someone else's files."""
     try:
         os.stat(mountpoint)
     except OSError as e:
-        return e.errno == errno.ENOTCONN
+        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     return False
 
 
