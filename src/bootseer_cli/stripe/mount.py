@@ -15,6 +15,7 @@ connected"): a normal unmount first, then a lazy one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -85,11 +86,14 @@ def _fusermount() -> str:
     return shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
 
 
-def umount(mountpoint: str | Path, lazy_ok: bool = True) -> bool:
-    """Unmount a bootseer checkpoint mount (also a stale one); False when nothing was mounted there."""
+def umount(mountpoint: str | Path, lazy_ok: bool = True, dev: str = "") -> bool:
+    """Unmount a bootseer checkpoint mount (also a stale one); False when nothing was mounted there.
+
+    `dev`: only the mount with that device number (mountinfo's major:minor), i.e. one run's own
+    mount; whatever else is mounted there now (another run's, after ours ended) is left alone."""
     mp = os.path.abspath(mountpoint)
     info = mount_info(mp)
-    if info is None:
+    if info is None or (dev and info["dev"] != dev):
         return False
     if not info["fstype"].startswith("fuse"):
         raise BootseerError(f"{mp} is a {info['fstype']} mount, not a bootseer checkpoint mount")
@@ -185,19 +189,34 @@ def safe_mountpoint(mountpoint: str | Path) -> str:
     return mp
 
 
+def server_gone(mountpoint: str) -> bool:
+    """The FUSE server of the mount at `mountpoint` has died (the kernel answers ENOTCONN or ECONNABORTED).
+
+    Only such a mount is ever unmounted by another start: a live one belongs to a running job (of
+    this user or another), and taking it away would leave that job reading someone else's files."""
+    try:
+        os.stat(mountpoint)
+    except OSError as e:
+        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    return False
+
+
 def prepare_mountpoint(mountpoint: str | Path) -> str:
-    """A safe (`safe_mountpoint`), unmounted directory; a stale bootseer mount there is cleaned first."""
+    """A safe (`safe_mountpoint`), unmounted directory; a bootseer mount there whose server is gone
+    is cleaned first, a live one is refused (`MountpointError`): never stolen from its job."""
     mp = resolve_mountpoint(mountpoint)
     info = mount_info(mp)
     if info is not None:
         if not is_ours(info):
             raise BootseerError(f"{mp} is already a mount point ({info['fstype']} {info['source']})")
+        if not server_gone(mp):
+            raise MountpointError(f"{mp} is the live checkpoint mount of another run ({info['source']}); not taking it")
         umount(mp)
     return safe_mountpoint(mp)
 
 
-def _watch_owner(pid: int, mountpoint: str) -> None:
-    """Unmount when `pid` ends (pidfd where available, else polling)."""
+def _watch_owner(pid: int, mountpoint: str, dev: str = "") -> None:
+    """Unmount when `pid` ends (pidfd where available, else polling); only this server's own mount."""
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
@@ -214,7 +233,19 @@ def _watch_owner(pid: int, mountpoint: str) -> None:
             time.sleep(0.5)
     print(f"bootseer: owner pid {pid} ended; unmounting {mountpoint}", file=sys.stderr, flush=True)
     with contextlib.suppress(BootseerError):
-        umount(mountpoint)
+        umount(mountpoint, dev=dev)
+
+
+def _mounted_dev(mountpoint: str, timeout: float = 10.0) -> str:
+    """The device number of the bootseer mount at `mountpoint` once visible ("" if none appears)."""
+    deadline = time.time() + timeout
+    while True:
+        info = mount_info(mountpoint)
+        if is_ours(info):
+            return info["dev"]  # type: ignore[index]
+        if time.time() > deadline:
+            return ""
+        time.sleep(0.02)
 
 
 def serve(spec: dict[str, Any]) -> int:
@@ -239,7 +270,7 @@ def serve(spec: dict[str, Any]) -> int:
         fs.was_mounted = True
         threading.Thread(target=raise_read_ahead, args=(mp, kb), daemon=True).start()
         if owner:
-            threading.Thread(target=_watch_owner, args=(int(owner), mp), daemon=True).start()
+            threading.Thread(target=lambda: _watch_owner(int(owner), mp, _mounted_dev(mp)), daemon=True).start()
 
     fs = CheckpointFS(m, reader, on_init=on_init)
     options: dict[str, Any] = {

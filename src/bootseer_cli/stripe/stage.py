@@ -6,6 +6,11 @@ does the same on its way out, so the mount never outlives the job even if one of
 cannot be made (no FUSE here), the stage warns and pulls instead; if the store is unreachable the
 launch code warns and the job starts without a checkpoint. Either way the launcher finds the
 directory in `$BOOTSEER_CKPT_DIR`.
+
+Where: unless `[checkpoint] mountpoint` is configured, each run gets its own `<runtime>/ckpt-<run id>`
+(rundirs.py), so two jobs of one user on one node each see their own checkpoint, and the directories
+of ended runs are cleaned at the next start. A configured mount point is used as it is, but a live
+mount there (another run's) is an error for this start, never unmounted.
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ def run_stage(ctx: StageContext) -> StageResult:
     warns and starts the job without a checkpoint.
     """
     from .catalog import NoCheckpoint, Targets, load_manifest
-    from .mount import prepare_mountpoint
 
     ck = ctx.settings.checkpoint
     assert ck.name, "the stage table runs this stage only when [checkpoint] name is set"
@@ -42,8 +46,9 @@ def run_stage(ctx: StageContext) -> StageResult:
         return StageResult("none", summary=f"no {ck.name}:{ck.tag} yet", cache="miss", reason=str(e))
     Targets(ctx.store, list(ck.targets)).check(m)  # the manifest's targets are not trusted
     # Resolved once, and this one path is used to mount, look up and unmount (or to pull into); a
-    # symlink or another user's directory there is refused (MountpointError): no mount, no pull.
-    mp = prepare_mountpoint(ck.mountpoint)
+    # symlink or another user's directory there, or another run's live mount, is refused
+    # (MountpointError): no mount, no pull.
+    mp = _mountpoint(ctx)
     extra: dict[str, Any] = {"checkpoint": f"{m.name}:{m.tag}", "mode": ck.mode}
     if ck.mode == "mount":
         result = _mount(ctx, m, mp, extra)
@@ -52,9 +57,30 @@ def run_stage(ctx: StageContext) -> StageResult:
     return _pull(ctx, m, mp, extra)
 
 
+def _mountpoint(ctx: StageContext) -> str:
+    """This run's mount point: the configured one, or `<runtime>/ckpt-<run id>` (made without following
+    a link someone else planted, after the directories of ended runs are cleaned)."""
+    from ..paths import UnsafePath, default_mountpoint, make_private_dir, runtime_dir
+    from .mount import MountpointError, prepare_mountpoint
+    from .rundirs import sweep, write_owner
+
+    ck = ctx.settings.checkpoint
+    if ck.mountpoint != default_mountpoint():
+        return prepare_mountpoint(ck.mountpoint)
+    try:
+        base = make_private_dir(runtime_dir())
+    except OSError as e:  # UnsafePath, or e.g. a read-only /run
+        why = str(e) if isinstance(e, UnsafePath) else f"{runtime_dir()}: {e.strerror}"
+        raise MountpointError(f"runtime directory refused: {why}") from None
+    mp = base / f"ckpt-{ctx.run.run}"
+    sweep(base, str(mp), ctx.info)
+    write_owner(mp, os.getpid())  # before the directory exists: a concurrent sweep leaves it alone
+    return prepare_mountpoint(mp)
+
+
 def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> StageResult | None:
     """The detached mount, owned by this pid (the launcher's after execvp); None: no mount here, pull."""
-    from .mount import mount_detached
+    from .mount import mount_detached, mount_info
 
     missing = fuse_missing()
     if missing:  # say so in one line rather than wait for a mount that cannot appear
@@ -74,7 +100,8 @@ def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> St
     except BootseerError as e:
         ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {mp} ({e}); pulling it instead")
         return None
-    ctx.add_agent_task(UnmountTask(mountpoint=mp, pid=pid))
+    info = mount_info(mp)
+    ctx.add_agent_task(UnmountTask(mountpoint=mp, pid=pid, dev=info["dev"] if info else ""))
     ctx.exports["BOOTSEER_CKPT_DIR"] = mp
     ctx.info(f"checkpoint {m.name}:{m.tag} mounted at {mp}")
     return StageResult("mounted", summary=f"mounted {m.name}:{m.tag}", extra=extra)
