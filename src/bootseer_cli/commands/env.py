@@ -36,6 +36,11 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None) -> None:
 
     taken = baseline_here(Settings.from_config(load_config(config, store)), say, _warn)
     typer.echo(f"baseline of {taken.entries} entries under {', '.join(taken.roots)} saved")
+    if taken.carried:
+        _warn(
+            f"the tree carries {taken.carried}: `bootseer snapshot` will refuse to publish what the setup "
+            "adds to it (use a fresh venv of the image, or `bootseer exec`)"
+        )
 
 
 def _published(p: Published, as_json: bool) -> None:
