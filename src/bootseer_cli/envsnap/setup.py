@@ -51,9 +51,7 @@ def baseline_path(roots: list[str]) -> Path:
     return cache_root() / "env-baseline" / f"{tag}.manifest"
 
 
-def take_baseline(
-    roots: list[str], store: StoreSettings, info: Callable[[str], None], strip: bool = True
-) -> Manifest:
+def take_baseline(roots: list[str], store: StoreSettings, info: Callable[[str], None], strip: bool = True) -> Manifest:
     """Before a setup: drop the stamp (the tree is about to change), remove what a previously carried
     env added and nobody changed since (so the baseline is the image again; only with `strip`: `exec`
     runs the setup itself and knows the tree is to hold one env), and scan the tree."""

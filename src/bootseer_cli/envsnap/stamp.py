@@ -204,9 +204,7 @@ def _remove_if_empty(d: str) -> bool:
     return False
 
 
-def switch_deletions(
-    roots: list[str], meta: Meta, digest: str, say: Callable[[str], None] = _stderr
-) -> list[str]:
+def switch_deletions(roots: list[str], meta: Meta, digest: str, say: Callable[[str], None] = _stderr) -> list[str]:
     """Paths of the env the tree carries now that the snapshot being restored does not have, and
     that nobody changed since bootseer wrote them (said in one line before they go).
 
