@@ -150,7 +150,7 @@ def test_switch_by_restore_keeps_the_users_package(tmp_path: Path, pkg_index: pk
 
 
 def test_snapshot_refuses_an_increment_over_a_carried_env(tmp_path: Path, pkg_index: pkgindex.PackageIndex) -> None:
-    venv, site, store = carrying_a(tmp_path, pkg_index)
+    venv, _site, store = carrying_a(tmp_path, pkg_index)
     nocfg = tmp_path / "nocfg"
     nocfg.mkdir()
     cache = tmp_path / "manual-cache"
@@ -173,7 +173,7 @@ def test_snapshot_refuses_an_increment_over_a_carried_env(tmp_path: Path, pkg_in
 
 
 def test_a_stamp_whose_files_changed_is_a_miss(tmp_path: Path, pkg_index: pkgindex.PackageIndex) -> None:
-    venv, site, store = carrying_a(tmp_path, pkg_index)
+    venv, site, _store = carrying_a(tmp_path, pkg_index)
     a = tmp_path / "a"
     assert "env present" in exec_in(a, "node", pkg_index).stderr
     stamp = json.loads((venv / ".bootseer-env.json").read_text())
