@@ -78,10 +78,14 @@ def test_verbs_baseline_snapshot_restore_ls_show_rm(tmp_path: Path, store_uri: s
     show = cli(tmp_path, "env", "show", key[:8], "--files").stdout
     assert f"{root}/{SITE}/pkg_b/__init__.py" in show and f"- {root}/{SITE}/pkg_a" in show
     assert f"{root}/{SITE}/b_link.py -> pkg_b/__init__.py" in show
+    assert f"roots      {root}\n" in show and "[" not in show, show  # lists joined, not Python's repr
+    lines = {ln.split()[0]: ln for ln in show.splitlines() if ln.strip()}
+    assert lines["size"].endswith(" compressed") and lines["bytes"].endswith(" unpacked"), show
+    assert " B " in lines["size"] or "kB" in lines["size"], show
 
     make_base(root)  # another node: same image, empty cache
     r = cli(tmp_path, "restore", node="node2")
-    assert r.returncode == 0 and "restored" in r.stdout, r.stderr
+    assert r.returncode == 0 and "restored" in r.stdout and " unpacked) from " in r.stdout, r.stderr
     assert tree_state(root) == want
     again = cli(tmp_path, "restore", node="node2")
     assert again.returncode == 0 and "already present" in again.stdout
@@ -128,7 +132,7 @@ def test_corrupt_and_truncated_blobs_are_caught(tmp_path: Path, store_uri: str) 
     make_base(root)
     r = cli(tmp_path, "exec", "--", "true", node="exec1")
     assert r.returncode == 0, r.stderr
-    assert "could not restore" in r.stderr and "published" in r.stderr, r.stderr
+    assert "could not restore" in r.stderr and "published" in r.stderr and " compressed)" in r.stderr, r.stderr
     assert (tmp_path / "setup-runs").read_text().count("run") == 2
     assert tree_state(root) == want
     make_base(root)
