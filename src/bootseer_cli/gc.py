@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,10 +38,26 @@ if TYPE_CHECKING:
     from .store import Store
 
 
+KEPT_REASONS = {
+    "ref": "named by a ref",
+    "lease": "under a live lease",
+    "grace": "younger than the grace",
+}
+
+
 @dataclass
 class Plan:
+    """What gc removes (`doomed`), and what it keeps and why: `held` in words (leases), `kept` as
+    reason -> (count, bytes) of the main store's blobs (see `KEPT_REASONS`), so that "would free 0 B"
+    comes with where the space is and what would let it go."""
+
     doomed: list[Doomed]
     held: list[str]
+    kept: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(b for _, b in self.kept.values())
 
     @property
     def freed_bytes(self) -> int:
@@ -102,19 +118,31 @@ def scan_store(store: Store, policy: Policy) -> tuple[Scan, list[tuple[str, str,
     return scan, scan.gone_stripes
 
 
-def _orphans(store: Store, policy: Policy, scan: Scan) -> list[Doomed]:
-    """Blobs of the main store that nothing kept names, old enough to be no publication in progress."""
+def _orphans(store: Store, policy: Policy, scan: Scan, kept: dict[str, tuple[int, int]]) -> list[Doomed]:
+    """Blobs of the main store that nothing kept names, old enough to be no publication in progress.
+
+    Every other blob is counted into `kept` under the first reason that keeps it: a ref names it, a
+    live lease (a p2p fetch, or any env build: its blob exists before its ref), younger than the grace."""
     if scan.building:
         scan.held.append("orphan blobs: an env snapshot is being built (a live lease); the next gc removes them")
-        return []
     out = []
+
+    def keep(reason: str, size: int) -> None:
+        n, b = kept.get(reason, (0, 0))
+        kept[reason] = (n + 1, b + size)
+
     for f in store.list_info("blobs/sha256"):
         digest = f.rel.rsplit("/", 1)[1]
-        if not is_digest(digest) or digest in scan.live or digest in scan.lease_digests:
+        if not is_digest(digest):
             continue
-        if f.mtime > policy.now - policy.grace_s:
-            continue
-        out.append(Doomed("blob", digest, f.size, (f.rel,), last_used=f.mtime))
+        if digest in scan.live:
+            keep("ref", f.size)
+        elif digest in scan.lease_digests or scan.building:
+            keep("lease", f.size)
+        elif f.mtime > policy.now - policy.grace_s:
+            keep("grace", f.size)
+        else:
+            out.append(Doomed("blob", digest, f.size, (f.rel,), last_used=f.mtime))
     return out
 
 
@@ -150,10 +178,11 @@ def plan(store: Store, policy: Policy, runs_root: Path | None = None) -> Plan:
             from .store import blob_path
 
             doomed.append(Doomed("stripe", digest, size, (blob_path(digest),), target=target))
-    doomed += _orphans(store, policy, scan)
+    kept: dict[str, tuple[int, int]] = {}
+    doomed += _orphans(store, policy, scan, kept)
     if runs_root is not None:
         doomed += _runs(runs_root, policy)
-    return Plan(doomed, scan.held)
+    return Plan(doomed, scan.held, kept)
 
 
 def _delete(store: Store, d: Doomed, targets: Any) -> None:
@@ -186,7 +215,7 @@ def apply(store: Store, p: Plan, configured_targets: list[str] | None = None) ->
             with contextlib.suppress(StoreError, OSError):  # an unreachable target keeps an orphan stripe
                 _delete(store, d, targets)
                 done.append(d)
-    return Plan(done, p.held)
+    return Plan(done, p.held, p.kept)
 
 
 def touch_used(store: Store, kind: str, key: str, doc: dict[str, Any], now: float | None = None) -> None:

@@ -1,5 +1,6 @@
 """A node that carries one env restarts with another requirements file: it must get the new env whole,
-never a mix that imports the old env's version (the old env's files are removed first)."""
+never a mix that imports the old env's version (the old env's files are removed first), and what the
+user put into the venv by hand stays. (The node runs the bootseer installed in the seed venv.)"""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ def test_node_carrying_old_env_gets_new_env_whole(cluster, seed, tmp_path):
     assert built.rc == 0 and env_kind(built) == "built", built.output[-4000:]
 
     (old.work / "requirements.txt").write_text(changed)
+    mine = old.site_packages / "my_helpers.py"  # the user's own module, written by hand
+    mine.write_text("HELP = 1\n")
     again = old.start(command=DEPS_COMMAND).wait()
     assert again.rc == 0, again.output[-4000:]
+    assert mine.read_text() == "HELP = 1\n", "a file the user wrote was removed"
     assert env_kind(again) == "restored"
     assert not (old.site_packages / "tabulate-0.10.0.dist-info").exists()
     assert not (old.site_packages / "tabulate").exists()  # the old version's package directory

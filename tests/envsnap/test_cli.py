@@ -78,10 +78,14 @@ def test_verbs_baseline_snapshot_restore_ls_show_rm(tmp_path: Path, store_uri: s
     show = cli(tmp_path, "env", "show", key[:8], "--files").stdout
     assert f"{root}/{SITE}/pkg_b/__init__.py" in show and f"- {root}/{SITE}/pkg_a" in show
     assert f"{root}/{SITE}/b_link.py -> pkg_b/__init__.py" in show
+    assert f"roots      {root}\n" in show and "[" not in show, show  # lists joined, not Python's repr
+    lines = {ln.split()[0]: ln for ln in show.splitlines() if ln.strip()}
+    assert lines["size"].endswith(" compressed") and lines["bytes"].endswith(" unpacked"), show
+    assert " B " in lines["size"] or "kB" in lines["size"], show
 
     make_base(root)  # another node: same image, empty cache
     r = cli(tmp_path, "restore", node="node2")
-    assert r.returncode == 0 and "restored" in r.stdout, r.stderr
+    assert r.returncode == 0 and "restored" in r.stdout and " unpacked) from " in r.stdout, r.stderr
     assert tree_state(root) == want
     again = cli(tmp_path, "restore", node="node2")
     assert again.returncode == 0 and "already present" in again.stdout
@@ -128,7 +132,7 @@ def test_corrupt_and_truncated_blobs_are_caught(tmp_path: Path, store_uri: str) 
     make_base(root)
     r = cli(tmp_path, "exec", "--", "true", node="exec1")
     assert r.returncode == 0, r.stderr
-    assert "could not restore" in r.stderr and "published" in r.stderr, r.stderr
+    assert "could not restore" in r.stderr and "published" in r.stderr and " compressed)" in r.stderr, r.stderr
     assert (tmp_path / "setup-runs").read_text().count("run") == 2
     assert tree_state(root) == want
     make_base(root)
@@ -207,7 +211,8 @@ def test_changes_outside_the_roots_are_listed(tmp_path: Path) -> None:
 
 
 def test_switching_envs_removes_the_old_envs_files(tmp_path: Path) -> None:
-    """A node carrying env A restores env B: A's files B does not have go (undoably), B's come."""
+    """A node carrying env A restores env B: A's files B does not have go (undoably), B's come; what the
+    user added or changed stays (with the directory that holds it)."""
     root = project(tmp_path, (tmp_path / "store").as_uri())  # env A: setup.sh (pkg_a → pkg_b)
     s = root / SITE
     (tmp_path / "setupB.sh").write_text(
@@ -233,10 +238,18 @@ def test_switching_envs_removes_the_old_envs_files(tmp_path: Path) -> None:
     r = cli(tmp_path, "exec", "--", "true", node="n")
     assert "published" in r.stderr or "restored" in r.stderr, r.stderr
     assert (s / "pkg_b").exists()
+    (s / "mine.py").write_text("M = 1\n")  # the user's own file, and one of A's the user edited
+    (s / "pkg_b" / "notes.txt").write_text("mine\n")
+    (s / "pkg_b" / "__init__.py").write_text("B = 2  # edited\n")
     use("setupB.sh")  # … and restarts with B
     r = cli(tmp_path, "exec", "--", "true", node="n")
     assert r.returncode == 0 and "restored" in r.stderr, r.stderr
-    assert tree_state(root) == want_b, "env A's files were left behind"
+    assert "switching envs: removing 3 path(s)" in r.stderr and "2 path(s) changed since" in r.stderr, r.stderr
+    mine = {str(s / "mine.py"), str(s / "pkg_b"), str(s / "pkg_b" / "notes.txt"), str(s / "pkg_b" / "__init__.py")}
+    assert {k: v for k, v in tree_state(root).items() if k not in mine} == want_b, "env A's files were left behind"
+    assert (s / "mine.py").exists() and (s / "pkg_b" / "notes.txt").exists(), "the user's files were removed"
+    assert (s / "pkg_b" / "__init__.py").read_text() == "B = 2  # edited\n"
+    assert not (s / "b_link.py").exists() and not (s / "pkg_b-2.0.dist-info").exists()
 
     use("setupC.sh")  # B deleted pkg_a of the image, which C keeps: no restore can bring it back
     r = cli(tmp_path, "exec", "--", "true", node="n")

@@ -121,6 +121,18 @@ def test_recent_orphans_and_live_fetch_leases_are_kept(tmp_path: Path) -> None:
     assert [d.name for d in gc.plan(store, gc.Policy(now=LATER)).doomed] == [young]
 
 
+def test_the_plan_counts_what_it_keeps_and_why(tmp_path: Path) -> None:
+    """ "would free 0 B" comes with the space kept: blobs named by a ref, under a live lease, too young."""
+    store = Store((tmp_path / "store").as_uri())
+    _env(store, "c" * 64, os.urandom(300))
+    fetching = store.put_blob_bytes(os.urandom(200))
+    assert store.try_lease(f"p2p-{fetching}", ttl_s=3600) is not None
+    store.put_blob_bytes(os.urandom(100))  # an orphan, younger than the grace
+    plan = gc.plan(store, gc.Policy())
+    assert plan.doomed == [] and plan.kept == {"ref": (1, 300), "lease": (1, 200), "grace": (1, 100)}
+    assert plan.kept_bytes == 600
+
+
 def test_touch_used_at_most_once_a_day(tmp_path: Path) -> None:
     store = Store((tmp_path / "store").as_uri())
     doc = {"blob": "0" * 64, "created": time.time() - 2 * DAY, "_source": "cache"}
@@ -154,7 +166,9 @@ def test_gc_cli_on_the_default_store(isolated_cache: Path) -> None:
     r = _bootseer("gc", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert "would remove env" in r.stdout and "would free 5.1 kB" in r.stdout and store.has_blob(digest)
+    assert "kept 1 blob(s), 100 B: 1 (100 B) named by a ref" in r.stdout, r.stdout
     doc = json.loads(_bootseer("gc", "--json").stdout)
+    assert doc["kept"] == {"ref": {"blobs": 1, "bytes": 100}} and doc["kept_bytes"] == 100
     assert {(d["kind"], d["name"]) for d in doc["removed"]} == {("env", "a" * 64), ("blob", digest), ("run", run.name)}
     assert not store.has_blob(digest) and store.has_blob(live) and not run.exists()
     bad = _bootseer("gc", "--keep-tags", "0")

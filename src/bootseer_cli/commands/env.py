@@ -36,6 +36,11 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None) -> None:
 
     taken = baseline_here(Settings.from_config(load_config(config, store)), say, _warn)
     typer.echo(f"baseline of {taken.entries} entries under {', '.join(taken.roots)} saved")
+    if taken.carried:
+        _warn(
+            f"the tree carries {taken.carried}: `bootseer snapshot` will refuse to publish what the setup "
+            "adds to it (use a fresh venv of the image, or `bootseer exec`)"
+        )
 
 
 def _published(p: Published, as_json: bool) -> None:
@@ -97,20 +102,38 @@ def _entries_doc(settings: Settings, st: Store, ref: dict[str, Any]) -> dict[str
     return {"entries": [e.row() for e in listed.entries], "deletion_paths": list(listed.deletions)}
 
 
+# How `env show` writes a ref's numbers for people: sizes in decimal SI units (units.py), labelled
+# compressed (the blob) or unpacked (the files); times as dates with their age; lists joined.
+_SIZE_LABELS = {"size": "compressed", "bytes": "unpacked"}
+_TIMES = ("created", "used")
+
+
+def _show_value(k: str, v: Any) -> str:
+    """One field of a ref as `env show` prints it (the JSON form keeps the raw values)."""
+    number = isinstance(v, int | float) and not isinstance(v, bool)
+    if k in _SIZE_LABELS and number:
+        return f"{fmt_bytes(float(v))} {_SIZE_LABELS[k]}"
+    if k in _TIMES and number:
+        return f"{fmt_time(float(v))} ({fmt_age(float(v))} ago)"
+    if isinstance(v, list | tuple):
+        return ", ".join(str(x) for x in v) if v else "(none)"
+    if isinstance(v, dict):
+        return json.dumps(v, sort_keys=True)
+    return str(v)
+
+
 def _show_text(doc: dict[str, Any], ref: dict[str, Any], files: bool) -> None:
     for k in SHOWN_FIELDS:
         if k in doc:
-            v = doc[k]
-            if k == "created":
-                v = f"{fmt_time(float(v))} ({fmt_age(float(v))} ago)"
-            typer.echo(f"{k:10} {v}")
+            typer.echo(f"{k:10} {_show_value(k, doc[k])}")
     for k, v in sorted(ref.items()):
         if k not in doc or k in SHOWN_FIELDS:
             continue
-        typer.echo(f"{k:10} {v}")
+        typer.echo(f"{k:10} {_show_value(k, v)}")
     if files:
         for path, kind, mode, size, _mtime, extra in doc["entries"]:
-            typer.echo(f"{kind} {mode:04o} {size:>10} {path}" + (f" -> {extra}" if kind in ("l", "h") else ""))
+            shown = fmt_bytes(size) if kind == "f" else "-"
+            typer.echo(f"{kind} {mode:04o} {shown:>9} {path}" + (f" -> {extra}" if kind in ("l", "h") else ""))
         for path in doc["deletion_paths"]:
             typer.echo(f"- {path}")
 

@@ -7,12 +7,15 @@ this verb parses the options, prints the plan or the result, and removes this no
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..units import fmt_age, fmt_bytes
+from ..units import fmt_age, fmt_bytes, fmt_seconds
 from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
+
+if TYPE_CHECKING:
+    from ..gc import Plan
 
 _KINDS = {
     "env": "env snapshots",
@@ -54,6 +57,8 @@ def gc(
     if as_json:
         doc = {"store": st.uri, "dry_run": dry_run, "keep_days": keep_days, "keep_tags": keep_tags}
         doc |= {"freed_bytes": plan.freed_bytes, "removed": [d.as_json() for d in plan.doomed], "held": plan.held}
+        doc["kept_bytes"] = plan.kept_bytes
+        doc["kept"] = {why: {"blobs": n, "bytes": b} for why, (n, b) in plan.kept.items()}
         typer.echo(json.dumps(doc, indent=2))
         return
     verb = "would remove" if dry_run else "removed"
@@ -66,6 +71,25 @@ def gc(
         typer.echo(f"kept: {why}")
     freed = "would free" if dry_run else "freed"
     typer.echo(f"{freed} {fmt_bytes(plan.freed_bytes)} in {len(plan.doomed)} item(s) from {st.uri}")
+    _kept_line(plan, policy.grace_s)
+
+
+def _kept_line(plan: Plan, grace_s: float) -> None:
+    """Where the space that stays is, and why: `kept 12 blob(s), 1.2 GB: 10 (1.1 GB) named by a ref, …`."""
+    from ..gc import KEPT_REASONS
+
+    if not plan.kept:
+        typer.echo("kept no blobs")
+        return
+    n = sum(c for c, _ in plan.kept.values())
+    parts = []
+    for why, label in KEPT_REASONS.items():
+        if why in plan.kept:
+            c, b = plan.kept[why]
+            age = f"{grace_s / 3600:g} h" if grace_s >= 3600 else fmt_seconds(grace_s)
+            grace = f" ({age})" if why == "grace" else ""
+            parts.append(f"{c} ({fmt_bytes(b)}) {label}{grace}")
+    typer.echo(f"kept {n} blob(s), {fmt_bytes(plan.kept_bytes)}: " + ", ".join(parts))
 
 
 def register(app: typer.Typer) -> None:

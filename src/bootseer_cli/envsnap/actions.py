@@ -33,6 +33,7 @@ class BaselineTaken:
 
     entries: int
     roots: tuple[str, ...]
+    carried: str = ""  # the env bootseer put in the tree before ("" when none): a snapshot will refuse
 
 
 @dataclass(frozen=True)
@@ -70,20 +71,26 @@ def baseline_here(settings: Settings, say: Say, warn: Say) -> BaselineTaken:
 
     The key is the one from before the setup: a setup into the base prefix changes the image
     fingerprint, and fresh nodes (which compute the key before their setup) must find the snapshot
-    under this one. An interrupted restore of the tree is put back first, so it is not recorded."""
+    under this one. An interrupted restore of the tree is put back first, so it is not recorded.
+
+    Nothing is removed: the packages in the tree are the user's (even those bootseer restored, once
+    the user works in the tree by hand). When the tree carries an env bootseer restored or set up,
+    the baseline says so, and `snapshot_here` refuses to publish what would be only an increment."""
     from ..identity import keys_for
     from . import manifest
     from .journal import recover
     from .lock import tree_lock
     from .setup import baseline_path, take_baseline
+    from .stamp import carried_note
 
     roots = settings.env.resolve_roots()
     key = keys_for(settings).env.digest
     with tree_lock(roots, say, warn):
         recover(roots, say)
-        m = take_baseline(roots, settings.store, say)
-    manifest.save(m, baseline_path(roots), roots, {"env_key": key})
-    return BaselineTaken(len(m), tuple(roots))
+        carried = carried_note(roots)
+        m = take_baseline(roots, settings.store, say, strip=False)
+    manifest.save(m, baseline_path(roots), roots, {"env_key": key, "carried": carried})
+    return BaselineTaken(len(m), tuple(roots), carried)
 
 
 def snapshot_here(settings: Settings, warn: Say) -> Published:
@@ -91,7 +98,9 @@ def snapshot_here(settings: Settings, warn: Say) -> Published:
 
     The snapshot goes under the key the baseline recorded (see `baseline_here`); the stamp carries
     that key and the key as of now, so a restart of this node matches either. BootseerError when no
-    baseline was taken."""
+    baseline was taken, and when the baseline was taken on a tree that carried an env of bootseer's:
+    the capture would then hold only what the setup added to that env, while the key promises the
+    whole setup, and every node restoring it would get a broken env."""
     from ..cache import cache_for
     from ..identity import keys_for
     from ..store import open_store_for
@@ -106,6 +115,12 @@ def snapshot_here(settings: Settings, warn: Say) -> Published:
     if not path.exists():
         raise BootseerError(f"no baseline for {', '.join(roots)}: run `bootseer baseline` before the setup")
     base, _, extra = manifest.load(path)
+    if extra.get("carried"):
+        raise BootseerError(
+            f"not published: the baseline was taken on a tree that already carried {extra['carried']}, so the "
+            "snapshot would hold only what the setup added to it; run the setup in a fresh venv of the image "
+            "(`bootseer baseline` there first), or let `bootseer exec` run it"
+        )
     now = keys_for(settings).env.digest
     key = str(extra.get("env_key") or now)
     st = open_store_for(settings)

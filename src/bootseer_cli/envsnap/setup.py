@@ -2,8 +2,9 @@
 
 - `excluded_paths`: bootseer's own state inside the roots (`EnvSettings.resolve_roots` names the
   roots), which must never be part of a snapshot;
-- `take_baseline`: stamp → strip → baseline, the one sequence before any setup (`exec` on the
-  lease holder, `exec` without a store, `bootseer baseline` before a setup run by hand);
+- `take_baseline`: stamp → strip → baseline, the sequence before `exec`'s setup (on the lease
+  holder, or without a store); `bootseer baseline` before a setup run by hand only records (it never
+  removes anything: the user runs the setup, and decides what the tree holds);
 - `run_setup`: the `[env] setup` commands, in the interpreter's environment; `fresh_setup` is
   both, timed.
 """
@@ -50,11 +51,13 @@ def baseline_path(roots: list[str]) -> Path:
     return cache_root() / "env-baseline" / f"{tag}.manifest"
 
 
-def take_baseline(roots: list[str], store: StoreSettings, info: Callable[[str], None]) -> Manifest:
+def take_baseline(roots: list[str], store: StoreSettings, info: Callable[[str], None], strip: bool = True) -> Manifest:
     """Before a setup: drop the stamp (the tree is about to change), remove what a previously carried
-    env added (so the baseline is the image again), and scan the tree."""
+    env added and nobody changed since (so the baseline is the image again; only with `strip`: `exec`
+    runs the setup itself and knows the tree is to hold one env), and scan the tree."""
     remove_stamp(roots)
-    strip_carried(roots, info)
+    if strip:
+        strip_carried(roots, info)
     return scan(roots, excluded_paths(store))
 
 

@@ -42,7 +42,8 @@ def _lease_ttl(ctx: StageContext) -> float:
 
 
 def _restored_result(r: Restored, note: str = "") -> StageResult:
-    summary = f"restored {r.files} files ({fmt_bytes(r.raw_bytes)}) from {r.source}" + (f", {note}" if note else "")
+    summary = f"restored {r.files} files ({fmt_bytes(r.raw_bytes)} unpacked) from {r.source}"
+    summary += f", {note}" if note else ""
     return StageResult(
         outcome="restored",
         summary=summary,
@@ -268,7 +269,8 @@ def _capture_and_hand_over(
     keeper.hand_over()
     ctx.before_agent.append(stop_renewing)
     ctx.add_agent_task(task)
-    summary = f"setup {setup_s:.1f} s, captured {cap.files} files ({fmt_bytes(cap.size)}); the agent uploads it"
+    summary = f"setup {setup_s:.1f} s, captured {cap.files} files ({fmt_bytes(cap.size)} compressed)"
+    summary += "; the agent uploads it"
     return StageResult(
         outcome="built",
         summary=summary + (f", {note}" if note else ""),
@@ -304,7 +306,7 @@ def _capture_and_publish(
         write_stamp(roots, [key], cap.digest, cap.entries, cap.deletion_paths)
         return StageResult("setup", summary=f"setup {setup_s:.1f} s (not published)", cache="miss", reason=str(e))
     write_stamp(roots, _keys_now(ctx, key), cap.digest, cap.entries, cap.deletion_paths)
-    summary = f"setup {setup_s:.1f} s, published {cap.files} files ({fmt_bytes(cap.size)})"
+    summary = f"setup {setup_s:.1f} s, published {cap.files} files ({fmt_bytes(cap.size)} compressed)"
     return StageResult(
         outcome="built",
         summary=summary + (f", {note}" if note else ""),

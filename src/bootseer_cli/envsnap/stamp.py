@@ -1,9 +1,13 @@
 """Stamps: which env a tree carries, and what that env put into it.
 
-The stamp (`<first root>/.bootseer-env.json`) says which env keys a tree carries, with the size and
-mtime of a few sentinel files (the dist-infos' RECORDs) so a tree changed since is not trusted.
-Beside it, `.bootseer-env.paths` lists what the env added and deleted, so that a later switch to
-another env (or a setup on this tree) can remove this one's files first.
+The stamp (`<first root>/.bootseer-env.json`) says which env keys a tree carries. Beside it,
+`.bootseer-env.paths` lists what the env added (with the size and mtime, or link target, each path had
+when bootseer wrote it) and deleted. The list serves two rules:
+
+- a stamp holds only while every file it lists is still as written: one missing or changed is a miss
+  (restore again), never "env present";
+- nothing a user installed is removed without their say: switching the tree to another env (or a
+  setup on it) removes only the listed paths that nobody changed since, and says so first.
 """
 
 from __future__ import annotations
@@ -12,14 +16,17 @@ import contextlib
 import json
 import os
 import shutil
+import stat
+import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError
-from .format import ArchiveEntry, Meta
-from .manifest import CARRIED_NAME, DIR, FILE, STAMP_NAME, Manifest, under
+from .format import HARDLINK, ArchiveEntry, Meta
+from .manifest import CARRIED_NAME, DIR, FILE, STAMP_NAME, SYMLINK, Manifest, under
 
 MAX_SENTINELS = 512
 
@@ -43,19 +50,127 @@ def _sentinels(entries: Sequence[ArchiveEntry]) -> list[str]:
 
 
 def read_carried(roots: list[str]) -> dict[str, Any] | None:
-    """What bootseer put into this tree beyond the image: {"blob", "paths", "deletions"}, or None."""
+    """What bootseer put into this tree beyond the image: {"blob", "entries", "deletions"}, or None.
+
+    `entries` rows are `[path, kind, size, mtime_s, link]` as the env left them (a symlink's target,
+    a hardlink's size and mtime are its target's), so that what someone changed since can be told
+    from what bootseer wrote. A file written by an older bootseer lists bare `paths`: nothing of it
+    can be checked, so nothing of it is ever removed."""
     try:
         doc = json.loads(carried_path(roots).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("paths"), list):
+    if not isinstance(doc, dict):
+        return None
+    rows = doc.get("entries")
+    if isinstance(rows, list):
+        doc["entries"] = [r for r in rows if isinstance(r, list) and len(r) == 5 and isinstance(r[0], str)]
+    elif isinstance(doc.get("paths"), list):
+        doc["entries"] = [[p, "?", 0, 0, ""] for p in doc["paths"] if isinstance(p, str)]
+    else:
         return None
     return doc
 
 
+def carried_rows(entries: Sequence[ArchiveEntry]) -> list[list[Any]]:
+    """The paths file's rows for `entries`: what each path looks like right after bootseer wrote it."""
+    files = {e.path: e for e in entries if e.kind == FILE}
+    rows = []
+    for e in entries:
+        if e.kind == HARDLINK:
+            t = files.get(e.extra)
+            rows.append([e.path, HARDLINK, t.size if t else -1, t.mtime if t else -1, e.extra])
+        else:
+            rows.append([e.path, e.kind, e.size, e.mtime, e.extra if e.kind == SYMLINK else ""])
+    return rows
+
+
+def _as_written(row: list[Any]) -> bool | None:
+    """Whether the path of `row` is still as bootseer wrote it (None: it is gone). Files compare size
+    and whole-second mtime (extraction sets the archive's mtime; a capture records the file's own)."""
+    path, kind, size, mtime, link = row
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if kind == SYMLINK:
+        try:
+            return stat.S_ISLNK(st.st_mode) and os.readlink(path) == link
+        except OSError:
+            return False
+    if kind in (FILE, HARDLINK):
+        return stat.S_ISREG(st.st_mode) and st.st_size == size and st.st_mtime_ns // 10**9 == mtime
+    if kind == DIR:
+        return stat.S_ISDIR(st.st_mode)
+    return False  # written by an older bootseer: unknown, so not ours to touch
+
+
+def _only_bytecode(d: str) -> bool:
+    """A `__pycache__` holding nothing but bytecode (Python wrote it beside the env's modules)."""
+    try:
+        return all(n.endswith((".pyc", ".pyo")) and not os.path.isdir(os.path.join(d, n)) for n in os.listdir(d))
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class Removable:
+    """What switching away from the carried env may remove, and what it must leave.
+
+    `paths` are the env's own files, links and directories that nobody changed since bootseer wrote
+    them (a directory only when everything in it is removable too, or bytecode Python wrote there);
+    `kept` counts the env's paths that someone changed, and the directories that hold anything else."""
+
+    paths: list[str]
+    kept: int
+
+
+def removable(roots: list[str], doc: dict[str, Any], keep: set[str] | frozenset[str] = frozenset()) -> Removable:
+    """The carried env's paths (of `doc`, not in `keep`) that may go without removing anything of a user's."""
+    rows = [r for r in doc["entries"] if r[0] not in keep and under(r[0], roots) and r[0] not in roots]
+    ok: set[str] = set()
+    kept = 0
+    dirs = []
+    for r in rows:
+        if r[1] == DIR:
+            dirs.append(r)
+            continue
+        state = _as_written(r)
+        if state:
+            ok.add(r[0])
+        elif state is False:
+            kept += 1
+    for r in sorted(dirs, key=lambda q: q[0].count("/"), reverse=True):
+        if not _as_written(r):
+            continue
+        try:
+            names = os.listdir(r[0])
+        except OSError:
+            continue
+        inside = [os.path.join(r[0], n) for n in names]
+        if all(p in ok or (p.endswith("/__pycache__") and _only_bytecode(p)) for p in inside):
+            ok.add(r[0])
+        else:
+            kept += 1
+    return Removable(sorted(ok), kept)
+
+
+def say_removal(say: Callable[[str], None], gone: Removable, why: str) -> None:
+    """The one line said before the carried env's paths go: how many, and how many stay and why."""
+    if not gone.paths and not gone.kept:
+        return
+    stay = f"; {gone.kept} path(s) changed since or holding other files stay" if gone.kept else ""
+    say(f"env: {why}: removing {len(gone.paths)} path(s) bootseer wrote there and nobody changed since{stay}")
+
+
+def _stderr(msg: str) -> None:
+    print(f"bootseer: {msg}", file=sys.stderr, flush=True)
+
+
 def strip_carried(roots: list[str], info: Callable[[str], None]) -> None:
-    """Before a setup on a tree that carries another env: remove what that env added (so the new
-    baseline is the image again, and the new snapshot does not lean on the old env's files).
+    """Before a setup on a tree that carries another env: remove what that env added and nobody
+    changed since (so the new baseline is the image again where it can be, and the new snapshot does
+    not lean on the old env's files). Anything a user changed or added stays.
 
     Files and links go first; then the directories the env created, deepest first, each once it is
     empty (bytecode caches Python wrote into them since count as the env's).
@@ -63,24 +178,18 @@ def strip_carried(roots: list[str], info: Callable[[str], None]) -> None:
     doc = read_carried(roots)
     if doc is None:
         return
-    paths = [p for p in doc["paths"] if isinstance(p, str) and under(p, roots) and p not in roots]
-    removed = 0
+    gone = removable(roots, doc)
+    say_removal(info, gone, "the tree carries another env")
     dirs = []
-    for p in paths:
-        if not os.path.lexists(p):
-            continue
+    for p in gone.paths:
         if os.path.isdir(p) and not os.path.islink(p):
             dirs.append(p)
             continue
         with contextlib.suppress(OSError):
             os.unlink(p)
-            removed += 1
     for d in sorted(dirs, key=lambda q: q.count("/"), reverse=True):
-        if _remove_if_empty(d):
-            removed += 1
+        _remove_if_empty(d)
     carried_path(roots).unlink(missing_ok=True)
-    if removed:
-        info(f"env: removed {removed} path(s) of the env this tree carried before")
 
 
 def _remove_if_empty(d: str) -> bool:
@@ -95,8 +204,9 @@ def _remove_if_empty(d: str) -> bool:
     return False
 
 
-def switch_deletions(roots: list[str], meta: Meta, digest: str) -> list[str]:
-    """Paths of the env the tree carries now that the snapshot being restored does not have.
+def switch_deletions(roots: list[str], meta: Meta, digest: str, say: Callable[[str], None] = _stderr) -> list[str]:
+    """Paths of the env the tree carries now that the snapshot being restored does not have, and
+    that nobody changed since bootseer wrote them (said in one line before they go).
 
     Raises IntegrityError when the old env deleted files of the image that the new one keeps: they
     cannot be brought back from a snapshot (the setup must run instead).
@@ -113,7 +223,9 @@ def switch_deletions(roots: list[str], meta: Meta, digest: str) -> list[str]:
             f"this tree carries another env that deleted {len(lost)} file(s) of the image (e.g. {lost[0]}), "
             "which the snapshot cannot bring back"
         )
-    return sorted(p for p in doc["paths"] if isinstance(p, str) and p not in new_paths)
+    gone = removable(roots, doc, new_paths)
+    say_removal(say, gone, "switching envs")
+    return gone.paths
 
 
 def _replace_json(path: Path, doc: dict[str, Any]) -> None:
@@ -133,7 +245,8 @@ def write_stamp(
     """Say, last of all, that this tree carries the env for `keys` (and what the env put in it)."""
     cpath = carried_path(roots)
     if cpath.parent.is_dir():
-        _replace_json(cpath, {"blob": digest, "paths": [e.path for e in entries], "deletions": list(deletions or [])})
+        doc = {"blob": digest, "entries": carried_rows(entries), "deletions": list(deletions or [])}
+        _replace_json(cpath, doc)
     sentinels: dict[str, list[int]] = {}
     for p in _sentinels(entries):
         with contextlib.suppress(OSError):
@@ -150,7 +263,8 @@ def remove_stamp(roots: list[str]) -> None:
 
 
 def stamp_state(roots: list[str], env_key: str) -> tuple[bool, str]:
-    """(True, "") when the tree carries `env_key` and its sentinel files are untouched; else the reason."""
+    """(True, "") when the tree carries `env_key` and every file the env wrote is still as written
+    (the sentinels of a stamp without a paths file); else the reason, "stale …" when the tree changed."""
     try:
         doc = json.loads(stamp_path(roots).read_text())
     except FileNotFoundError:
@@ -166,6 +280,16 @@ def stamp_state(roots: list[str], env_key: str) -> tuple[bool, str]:
             return False, f"stale stamp: {p} is gone"
         if st.st_size != size or st.st_mtime_ns != mtime_ns:
             return False, f"stale stamp: {p} changed"
+    carried = read_carried(roots)
+    if carried is not None and carried.get("blob") == doc.get("blob"):
+        for row in carried["entries"]:
+            if row[1] == DIR:
+                continue  # a directory's mtime moves whenever Python writes bytecode beside its modules
+            state = _as_written(row)
+            if state is None:
+                return False, f"stale stamp: {row[0]} is gone"
+            if state is False and row[1] != "?":
+                return False, f"stale stamp: {row[0]} changed"
     return True, ""
 
 
@@ -174,7 +298,25 @@ def entries_of(after: Manifest, changed: list[str], before: Manifest) -> list[Ar
     changed, directories included when the setup created them (not in `before`), so that switching
     away from this env removes them too."""
     return [
-        ArchiveEntry(p, after[p].kind, after[p].mode, after[p].size, 0, "")
+        ArchiveEntry(p, after[p].kind, after[p].mode, after[p].size, after[p].mtime_ns // 10**9, after[p].target or "")
         for p in changed
         if after[p].kind != DIR or p not in before
     ]
+
+
+def carried_note(roots: list[str]) -> str:
+    """What bootseer put into this tree ("env <blob> (stamp for <key>)"), or "" when nothing.
+
+    A tree with a stamp or a paths file holds an env that a restore or a setup under `exec` wrote;
+    a baseline taken over it is not the image's clean state."""
+    doc = read_carried(roots)
+    try:
+        stamp = json.loads(stamp_path(roots).read_text())
+    except (OSError, ValueError):
+        stamp = None
+    if doc is None and not isinstance(stamp, dict):
+        return ""
+    blob = (doc or {}).get("blob") or (stamp or {}).get("blob") or ""
+    keys = (stamp or {}).get("env_keys") or [] if isinstance(stamp, dict) else []
+    what = f"the env {str(keys[0])[:16]}" if keys else "an env"
+    return what + (f" (blob {str(blob)[:12]})" if blob else "") + " that bootseer wrote there"

@@ -49,7 +49,7 @@ def _restore(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]
         err(f"no snapshot for env {key[:16]}")
         return EXIT_MISS
     out(
-        f"restored env {key[:16]}: {r.files} files ({fmt_bytes(r.raw_bytes)}) from {r.source} "
+        f"restored env {key[:16]}: {r.files} files ({fmt_bytes(r.raw_bytes)} unpacked) from {r.source} "
         f"in {r.seconds_fetch + r.seconds_extract:.2f} s (fetch {r.seconds_fetch:.2f} s, "
         f"extract {r.seconds_extract:.2f} s)"
     )
