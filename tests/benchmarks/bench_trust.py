@@ -74,16 +74,21 @@ def project(base: Path, name: str, keys: bool) -> tuple[Path, dict[str, str]]:
     return proj, env
 
 
-def fresh_restart(proj: Path, env: dict[str, str]) -> float:
+def fresh_restart(proj: Path, env: dict[str, str]) -> tuple[float, float]:
+    """(wall, CPU of bootseer's process tree) of one restart onto a fresh node."""
+    import resource
+
     for d in ("tree", "node", "compile", "ckpt"):
         shutil.rmtree(proj / d, ignore_errors=True)
     (proj / "tree").mkdir()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     r = bootseer(["exec", "--", "true"], proj, env)
     took = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode or "warning" in r.stderr:
         sys.exit(f"restart failed or warned: {r.stderr}")
-    return took
+    return took, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
 PARTS = """
@@ -114,15 +119,17 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="bench-trust-"))
     try:
         signed, plain = project(base, "signed", True), project(base, "plain", False)
-        times: dict[str, list[float]] = {"signed": [], "plain": []}
+        times: dict[str, list[tuple[float, float]]] = {"signed": [], "plain": []}
         for _ in range(args.rounds):
             times["signed"].append(fresh_restart(*signed))
             times["plain"].append(fresh_restart(*plain))
-        s, p = statistics.median(times["signed"]), statistics.median(times["plain"])
-        print(
-            f"restart, 4 stages, fresh node: signed {s * 1e3:.0f} ms, unsigned {p * 1e3:.0f} ms, "
-            f"added {1e3 * (s - p):+.0f} ms (medians of {args.rounds}, interleaved)"
-        )
+        for i, what in ((0, "wall"), (1, "CPU")):
+            s = statistics.median(x[i] for x in times["signed"])
+            p = statistics.median(x[i] for x in times["plain"])
+            print(
+                f"restart, 4 stages, fresh node, {what}: signed {s * 1e3:.0f} ms, unsigned {p * 1e3:.0f} ms, "
+                f"added {1e3 * (s - p):+.0f} ms (medians of {args.rounds}, interleaved)"
+            )
         parts = [
             json.loads(
                 subprocess.run(
