@@ -86,8 +86,11 @@ def _exec(tmp_path: Path, store_uri: str, setup: str) -> subprocess.Popen[str]:
 def test_an_env_lease_with_a_huge_ttl_is_taken_over_after_the_readers_ttl(tmp_path: Path, store_uri: str) -> None:
     """Before: the next node waited `wait_s` (300 s here) for a holder that was long dead."""
     (tmp_path / "env").mkdir()
-    building = tmp_path / "building"
-    dying = _exec(tmp_path, store_uri, f"touch {building}; sleep 600")
+    building, die = tmp_path / "building", tmp_path / "die"
+    # One setup for both nodes (it is part of the env key): the first one hangs, the second builds.
+    setup = f"if [ -e {die} ]; then touch {building}; sleep 600; fi; echo built > {tmp_path}/built"
+    die.touch()
+    dying = _exec(tmp_path, store_uri, setup)
     deadline = time.monotonic() + 60
     while not building.exists() and dying.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -101,8 +104,9 @@ def test_an_env_lease_with_a_huge_ttl_is_taken_over_after_the_readers_ttl(tmp_pa
     assert doc is not None
     doc.update(expires=time.time() + 4e9, ttl=4e9)  # … which claims to hold for a century
     st.put_bytes(f"leases/{key}", json.dumps(doc).encode())
+    die.unlink()
     t0 = time.monotonic()
-    run = _exec(tmp_path, store_uri, f"mkdir -p {tmp_path / 'env' / 'lib'} && echo built > {tmp_path}/built")
+    run = _exec(tmp_path, store_uri, setup)
     try:
         _out, err = run.communicate(timeout=90)
     except subprocess.TimeoutExpired:
