@@ -37,6 +37,10 @@ from .upkeep import DAY_S, KEEP_EVERYTHING, Doomed, Policy, Scan, is_digest, num
 if TYPE_CHECKING:
     from .store import Store
 
+# The longest a lease document may hold gc back since it was last written: leases are renewed every
+# third of their TTL (60 s for an env build, 30 s for a download), so a live one is always younger.
+GC_LEASE_TTL_S = 600.0
+
 
 KEPT_REASONS = {
     "ref": "named by a ref",
@@ -83,7 +87,9 @@ def _leases(store: Store, now: float, scan: Scan) -> set[str]:
         if key.startswith("."):
             continue
         doc = store.read_lease(key) or {}
-        if number(doc.get("expires")) <= now:
+        # Held at most GC_LEASE_TTL_S since it was written, whatever it claims (a forged far-future lease
+        # must not keep gc from its work for longer than that).
+        if number(doc.get("expires")) <= now or not store.lease_live(key, doc, GC_LEASE_TTL_S, now):
             continue
         if key.startswith("env-"):
             building.add(key[len("env-") :])

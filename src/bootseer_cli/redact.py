@@ -36,6 +36,7 @@ def redact(uri: str) -> str:
     """
     if "://" not in uri:
         return uri
+    uri = _userinfo_to_last_at(uri)
     try:
         parts = urlsplit(uri)
         host = parts.hostname or ""
@@ -47,6 +48,22 @@ def redact(uri: str) -> str:
         netloc = f"{MASK}@{host}" + (f":{port}" if port else "")
     query = "&".join(_redact_pair(pair) for pair in parts.query.split("&")) if parts.query else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _userinfo_to_last_at(uri: str) -> str:
+    """`uri` with everything before the last "@" of its authority-and-path taken as user info (and
+    replaced by a placeholder that `redact` masks).
+
+    A secret may hold an unencoded "/" (AWS secret keys do): in `s3://user:123/abc@host/b` urlsplit
+    ends the netloc at the "/", reads "123" as a port and "/abc@host/b" as the path, and the secret
+    would be printed whole. An "@" before the query whose left side has a ":" (user:secret) or no "/"
+    (plain user info) ends the user info; `s3://bucket/dir@v1` keeps its path."""
+    scheme, rest = uri.split("://", 1)
+    head = re.split(r"[?#]", rest, maxsplit=1)[0]
+    at = head.rfind("@")
+    if at < 0 or (":" not in head[:at] and "/" in head[:at]):
+        return uri
+    return f"{scheme}://user@{rest[at + 1 :]}"
 
 
 def _redact_pair(pair: str) -> str:

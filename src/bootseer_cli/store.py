@@ -373,14 +373,17 @@ class Store(StoreFS):
             return {"owner": "", "expires": 0.0, "forged": True}
         return doc
 
-    def lease_live(self, key: str, doc: dict[str, Any] | None, now: float | None = None) -> bool:
+    def lease_live(self, key: str, doc: dict[str, Any] | None, ttl_s: float, now: float | None = None) -> bool:
         """Whether a lease document still holds, by this node's clock, allowing for clock skew.
 
-        A lease holds until `expires + skew`, skew = min(TTL/2, LEASE_SKEW_S): a node whose clock
-        runs ahead of the holder's by less than that never takes a live lease. An expiry more than
-        TTL + skew in the future means the writer's clock runs ahead; such a lease is held, but only
-        until TTL + skew after the store's own modification time of the lease, so a fast clock
-        cannot keep a dead holder's lease for longer than one TTL (plus skew).
+        `ttl_s` is the reader's own TTL for this kind of lease (its settings, never the document's):
+        a lease is held for at most that long since it was last written, whatever `ttl` or `expires`
+        the document claims, so a forged or buggy lease (`ttl: 4e9`) holds nobody back for longer
+        than one TTL of the reader's. Within that, a lease holds until `expires + skew`, skew =
+        min(TTL/2, LEASE_SKEW_S): a node whose clock runs ahead of the holder's by less than that
+        never takes a live lease. An expiry more than TTL + skew in the future (the writer's clock
+        runs ahead, or the document lies) holds only until TTL + skew after the store's own
+        modification time of the lease object.
         """
         if not doc:
             return False
@@ -389,12 +392,15 @@ class Store(StoreFS):
             expires, ttl = float(doc.get("expires") or 0), float(doc.get("ttl") or 0)
         except (TypeError, ValueError):
             return False
+        if expires != expires or ttl != ttl:  # NaN compares false with everything: a torn lease
+            return False
+        ttl = min(ttl, ttl_s) if ttl > 0 else ttl_s
         skew = min(ttl / 2, LEASE_SKEW_S)
         if now > expires + skew:
             return False
-        if ttl and expires > now + ttl + skew:
+        if expires > now + ttl + skew:
             written = self._mtime(self._lease_rel(key))
-            return written is None or now <= written + ttl + skew
+            return written is not None and now <= written + ttl + skew  # unknown mtime: nothing bounds it
         return True
 
     def _mtime(self, rel: str) -> float | None:
@@ -421,16 +427,16 @@ class Store(StoreFS):
                     os.link(tmp, full)
                 except FileExistsError:
                     current = self.read_lease(key)
-                    if self.lease_live(key, current):
+                    if self.lease_live(key, current, ttl_s):
                         return None
-                    self._remove_stale_local(key, full, (current or {}).get("owner"))
+                    self._remove_stale_local(key, full, (current or {}).get("owner"), ttl_s)
                     continue
                 finally:
                     tmp.unlink(missing_ok=True)
                 return Lease(self, key, owner, expires, ttl_s)
             return None
         current = self.read_lease(key)
-        if self.lease_live(key, current):
+        if self.lease_live(key, current, ttl_s):
             return None
         self.put_bytes(self._lease_rel(key), doc)
         time.sleep(self.settle_s)
@@ -439,14 +445,14 @@ class Store(StoreFS):
             return Lease(self, key, owner, expires, ttl_s)
         return None
 
-    def _remove_stale_local(self, key: str, full: Path, stale_owner: str | None) -> None:
+    def _remove_stale_local(self, key: str, full: Path, stale_owner: str | None, ttl_s: float) -> None:
         """Move a stale lease aside (rename is atomic: one taker wins); if what was moved turns out
         to be a fresh lease that another taker created meanwhile, put it back."""
         aside = self._move_aside(full)
         if aside is None:
             return
         moved = self._lease_from(key, aside.read_bytes())
-        if moved.get("owner") != stale_owner and self.lease_live(key, moved):
+        if moved.get("owner") != stale_owner and self.lease_live(key, moved, ttl_s):
             with contextlib.suppress(FileExistsError):
                 os.link(aside, full)
         aside.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from .conftest import MiB, bootseer, pages, resident_set, wait_for, write_config
 
 
 def _record(tree: Path, program: Path, cwd: Path) -> dict:
+    write_config(cwd / "bootseer.toml", [tree])  # replay reads only under the configured roots
     r = bootseer("hot", "record", "--root", str(tree), "--", sys.executable, str(program), str(tree), cwd=cwd)
     assert r.returncode == 0, r.stderr
     assert "recorded 2 files" in r.stderr

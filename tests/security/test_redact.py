@@ -67,3 +67,25 @@ def test_a_manifest_records_the_same_target_for_the_full_and_the_shown_uri() -> 
         == public_uri(shown)
         == "s3://ckpt-a/x?endpoint_override=127.0.0.1:1&scheme=http&session_token=***"
     )
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://user:123/abc@host/bucket",  # the secret starts with digits: urlsplit reads a port, the rest a path
+        "s3://123:456/def@host/bucket?region=us-east-1",
+        "s3://123:abc/def@host/bucket",
+        "s3://AKIA123/abc:def+ghi@host/bucket",
+    ],
+)
+def test_a_secret_with_an_unencoded_slash_is_masked(uri: str) -> None:
+    secret = uri.split("://", 1)[1].rsplit("@", 1)[0]
+    shown = redact(uri)
+    assert shown.startswith("s3://***@host/bucket"), shown
+    for part in secret.replace(":", "/").split("/"):
+        assert part not in shown.split("://", 1)[1], shown
+    assert secret not in redact_text(f"cannot open {uri}: denied")
+
+
+def test_an_at_sign_in_a_path_is_not_user_info() -> None:
+    assert redact("s3://bucket/dir@v1/x") == "s3://bucket/dir@v1/x"

@@ -172,6 +172,12 @@ def _header_block(r: Reader) -> bytes | None:
     return hdr
 
 
+# A GNU long name or long link holds one path (PATH_MAX is 4096): a record claiming more is corrupt.
+# Checked before it is read, since it is read whole into memory: a 19 kB frame whose long-name record
+# claimed 1.2 GB made the restorer allocate that much (the disk is bounded, memory was not).
+LONG_NAME_MAX = 1 << 20
+
+
 def next_member(r: Reader, limit: int) -> tuple[TarMember | None, int]:
     """Read the next member's header (GNU long-name/long-link records included) from at most `limit` bytes.
 
@@ -189,6 +195,8 @@ def next_member(r: Reader, limit: int) -> tuple[TarMember | None, int]:
         size, flag = _octal(hdr[124:136]), hdr[156:157]
         if flag in (b"L", b"K"):
             padded = size + (-size % BLOCK)
+            if size > LONG_NAME_MAX or padded > limit - pos:
+                raise IntegrityError(f"snapshot has a tar long-name record of {size} bytes (corrupt)")
             val = bytes(r.read(padded))[:size].rstrip(b"\0").decode("utf-8", "surrogateescape")
             pos += padded
             longname, longlink = (val, longlink) if flag == b"L" else (longname, val)

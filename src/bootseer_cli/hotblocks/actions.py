@@ -66,6 +66,8 @@ def record_command(
             log.drain(0.0)  # this process's own opens so far (the store, the key) are not the command's
             log.paths.clear()
         proc, started = _start(command, run)
+        if log is not None:
+            log.launcher = proc.pid  # only the command's opens (and its children's), not the node's
         try:
             why = wait_ready(
                 mode,
@@ -77,7 +79,10 @@ def record_command(
             )
             if log is not None:
                 log.close()
-            doc = _scan_and_publish(store, key, roots, list(log.paths) if log is not None else None)
+            if log is not None and log.overflowed:  # opens were lost: an incomplete record is not published
+                why, doc = f"{why}; record incomplete: the fanotify queue overflowed, nothing published", None
+            else:
+                doc = _scan_and_publish(store, key, roots, list(log.paths) if log is not None else None)
             code = proc.wait()
         except BaseException:  # not swallowed: the command must not outlive a failed or interrupted record
             proc.kill()
@@ -125,7 +130,9 @@ def _load(settings: Settings, image_key: str) -> tuple[Record, dict[str, Any]] |
     from ..store import open_store_for
     from .record import load
 
-    return load(settings.p2p, open_store_for(settings), cache_for(settings.store), image_key)
+    return load(
+        settings.p2p, open_store_for(settings), cache_for(settings.store), image_key, resolve_roots(settings.image)
+    )
 
 
 def replay_now(

@@ -82,7 +82,11 @@ def record_task(task: RecordTask, agent: Agent) -> None:
     roots = [str(r) for r in task.roots]
     fan_fd = task.fan_fd
     try:
-        log = OpenLog(int(fan_fd), roots, ignore_pids=(os.getpid(),)) if fan_fd is not None else None
+        log = (
+            OpenLog(int(fan_fd), roots, ignore_pids=(os.getpid(),), launcher=agent.launcher_pid)
+            if fan_fd is not None
+            else None
+        )
     except OSError as e:  # the group was not handed over (an exec that closed it): nothing to record from
         agent.log(f"hot-record: {e.strerror or e}; not recording")
         return
@@ -90,12 +94,24 @@ def record_task(task: RecordTask, agent: Agent) -> None:
         # The queue is read only once the start is over: the kernel opens an fd on the file for every
         # event when it is read, an open the loader serves (a FUSE OPEN and RELEASE; on s3fs a HEAD
         # request), so reading while the program starts made it wait behind the agent's opens
-        # (s3fs: +737 requests, 1.14x). The group's queue is unlimited; its events pin only paths.
+        # (s3fs: +737 requests, 1.14x). The queue is the kernel's default, bounded one (opens.py).
         why, at, started = _wait(task, agent, agent.wait)
     finally:
         if log is not None:
             log.close()  # marks removed, the whole queue read, the group closed: nothing queues behind us
+    if log is not None and log.overflowed:
+        _discard_incomplete(task, agent, log, why)
+        return
     _scan_and_publish(task, agent, roots, log, (why, at - started))
+
+
+def _discard_incomplete(task: RecordTask, agent: Agent, log: OpenLog, why: str) -> None:
+    """The fanotify queue overflowed: some opens were lost, so the record would look complete and is not.
+    Nothing is published (the last record, if any, stays); the next start records again."""
+    t0 = time.time()
+    reason = f"record incomplete: the fanotify queue overflowed ({log.events} events, {log.others} of other processes)"
+    agent.log(f"hot-record ({why}): {reason}; nothing published")
+    record_event(agent.run, "hot-record", t0, time.time(), "incomplete", reason=reason, detail=task.image_key)
 
 
 def _files_seen(task: RecordTask, log: OpenLog | None) -> list[FileInfo] | None:

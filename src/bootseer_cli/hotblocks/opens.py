@@ -12,6 +12,13 @@ nothing is evicted before exec.
 Needs CAP_SYS_ADMIN (mount marks); `open_group` returns None otherwise and the stage falls back to a
 time-bounded eviction walk (see stage.py). Each event carries an fd the kernel opens for us: it is
 used for one `readlink` and closed at once.
+
+Bounded: the group has the kernel's default queue (16384 events), never FAN_UNLIMITED_QUEUE. A mount
+mark sees every process on the mount, so an unlimited queue read only at ready let any user on the
+node pin unreclaimable kernel memory (100k opens in seconds); when the queue overflows, the kernel
+queues FAN_Q_OVERFLOW and the record is incomplete (`overflowed`), which the caller discards. For
+the same reason only the opens of the launcher and its descendants are kept (`launcher`): another
+job's opens on the same mount are not this start's.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ import time
 FAN_CLOEXEC = 0x1
 FAN_NONBLOCK = 0x2
 FAN_CLASS_NOTIF = 0x0
-FAN_UNLIMITED_QUEUE = 0x10
 FAN_MARK_ADD = 0x1
 FAN_MARK_FLUSH = 0x80
 FAN_MARK_MOUNT = 0x10
@@ -57,7 +63,7 @@ def open_group(roots: list[str]) -> tuple[int | None, str]:
     if os.geteuid() != 0:
         return None, "fanotify mount marks need root"
     lib = _libc()
-    flags = FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_QUEUE
+    flags = FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK  # the default, bounded queue (module doc)
     fd = lib.fanotify_init(flags, os.O_RDONLY | os.O_CLOEXEC | os.O_LARGEFILE)
     if fd < 0:
         return None, f"fanotify_init: {os.strerror(ctypes.get_errno())}"
@@ -77,18 +83,61 @@ def is_group(fd: int) -> bool:
         return False
 
 
-class OpenLog:
-    """Drains a fanotify group: the regular files under `roots` that were opened, in first-open order."""
+def parent_pid(pid: int) -> int | None:
+    """The parent of `pid` from /proc/<pid>/stat (a zombie still has one); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:  # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")"
+        return int(data.rsplit(b")", 1)[1].split()[1])
+    except (IndexError, ValueError):
+        return None
 
-    def __init__(self, fd: int, roots: list[str], ignore_pids: tuple[int, ...] = ()) -> None:
+
+class OpenLog:
+    """Drains a fanotify group: the regular files under `roots` that were opened, in first-open order,
+    by `launcher` or its descendants (any process when `launcher` is None)."""
+
+    def __init__(
+        self, fd: int, roots: list[str], ignore_pids: tuple[int, ...] = (), launcher: int | None = None
+    ) -> None:
         if not is_group(fd):
             raise OSError(errno.EBADF, f"fd {fd} is not a fanotify group")
         self.fd = fd
         self.prefixes = tuple(os.path.realpath(r).rstrip("/") + "/" for r in roots)
         self.ignore = set(ignore_pids)
+        self.launcher = launcher
+        self._ours: dict[int, bool] = {}
         self.paths: dict[str, None] = {}
         self.events = 0
+        self.others = 0  # events of processes that are not the launcher's
         self.overflowed = False
+
+    def is_ours(self, pid: int) -> bool:
+        """Whether `pid` is the launcher or one of its descendants, by the /proc parent chain now.
+
+        Read when the queue is read (at ready): a process that has exited and been reaped by then cannot
+        be told from another user's and is dropped; the launcher's workers are alive at ready. The
+        launcher execs in place, so its pid is the one `bootseer exec` had."""
+        if self.launcher is None:
+            return pid not in self.ignore
+        seen: list[int] = []
+        ours = False
+        cur: int | None = pid
+        while cur is not None and cur > 1 and len(seen) < 4096:
+            if cur in self._ours:
+                ours = self._ours[cur]
+                break
+            if cur == self.launcher:
+                ours = True
+                break
+            seen.append(cur)
+            cur = parent_pid(cur)
+        for p in seen:
+            self._ours[p] = ours
+        return ours and pid not in self.ignore
 
     def _keep(self, path: str) -> bool:
         return path.startswith(self.prefixes) or path + "/" in self.prefixes
@@ -106,10 +155,12 @@ class OpenLog:
             if efd < 0:
                 continue
             try:
-                if pid not in self.ignore:
-                    path = os.readlink(f"/proc/self/fd/{efd}")
-                    if self._keep(path):
-                        self.paths.setdefault(path, None)
+                if not self.is_ours(pid):
+                    self.others += 1
+                    continue
+                path = os.readlink(f"/proc/self/fd/{efd}")
+                if self._keep(path):
+                    self.paths.setdefault(path, None)
             except OSError:
                 pass
             finally:

@@ -231,8 +231,31 @@ def publish(store: Store, rec: Record) -> dict[str, Any]:
     return doc
 
 
-def load(p2p: P2PSettings, store: Store, cache: BlobCache, image_key: str) -> tuple[Record, dict[str, Any]] | None:
-    """The published record for `image_key` (through the node cache, and the job's swarm when `p2p` is on), or None."""
+def confine(rec: Record, roots: list[str]) -> int:
+    """Drop, in place, every file and extent of `rec` not under `roots` (this node's configured roots, not
+    the record's own, which come from the store); returns how many files were dropped.
+
+    A record is a list of paths that replay opens and reads as root: one from the store must not make it
+    read anything outside the trees it was configured for. Paths are compared as written, and one that
+    is not in normal form (`..`, `//`) is dropped too, so no spelling leads out of a root."""
+    real = {os.path.realpath(r) for r in roots}  # a root may be a file (walk_files)
+    prefixes = tuple(r.rstrip("/") + "/" for r in real)
+
+    def inside(path: str) -> bool:
+        return os.path.normpath(path) == path and (path.startswith(prefixes) or path in real)
+
+    outside = {p for p in rec.files if not inside(p)} | {p for p, _, _ in rec.extents if not inside(p)}
+    if outside:
+        rec.files = {p: v for p, v in rec.files.items() if p not in outside}
+        rec.extents = [e for e in rec.extents if e[0] not in outside]
+    return len(outside)
+
+
+def load(
+    p2p: P2PSettings, store: Store, cache: BlobCache, image_key: str, roots: list[str]
+) -> tuple[Record, dict[str, Any]] | None:
+    """The published record for `image_key` (through the node cache, and the job's swarm when `p2p` is on),
+    confined to `roots` (the configured ones: see `confine`; the ref's `_outside` counts what was dropped), or None."""
     from ..delivery import fetch_blob
 
     doc = store.read_ref(REF_KIND, image_key)
@@ -243,7 +266,8 @@ def load(p2p: P2PSettings, store: Store, cache: BlobCache, image_key: str) -> tu
         raise IntegrityError(f"ref hot/{image_key[:16]} names no blob")
     fetched = fetch_blob(p2p, store, digest, cache=cache)
     rec = from_parquet(fetched.path.read_bytes())
-    doc = dict(doc, _source=fetched.source, _bytes_from_store=fetched.bytes_from_store)
+    dropped = confine(rec, roots)
+    doc = dict(doc, _source=fetched.source, _bytes_from_store=fetched.bytes_from_store, _outside=dropped)
     return rec, doc
 
 

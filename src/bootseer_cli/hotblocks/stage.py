@@ -64,7 +64,7 @@ def run_stage(ctx: StageContext) -> StageResult:
         skipped = _skip_before_load(ctx, image_key)
         if skipped is not None:
             return skipped
-        found = load(ctx.settings.p2p, ctx.store, ctx.cache, image_key)
+        found = load(ctx.settings.p2p, ctx.store, ctx.cache, image_key, roots)
     except IntegrityError as e:  # a corrupt record is replaced by a new one
         ctx.warn(f"image: the hot-block record is unusable ({e}); taking a new one")
         found, why_record = None, "record unusable"

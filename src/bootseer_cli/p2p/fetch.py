@@ -481,7 +481,7 @@ def _torrent_for_unpublished(
     lease = store.try_lease(f"p2p-{digest}", LEASE_TTL_S)
     if lease is not None:
         return _publish_as_first_fetcher(p2p, store, digest, cache, progress, lease)
-    return _wait_for_torrent(store, digest)
+    return _wait_for_torrent(store, digest, p2p.deadline_s)
 
 
 def _publish_as_first_fetcher(
@@ -510,20 +510,20 @@ def _publish_as_first_fetcher(
     return Result(path, n + len(torrent), 0, note, origin=True)
 
 
-def _wait_for_torrent(store: Store, digest: str) -> dict[str, Any]:
-    """Another node is making the torrent: wait for its ref while that node's lease lives."""
-    missing_since: float | None = None
+def _wait_for_torrent(store: Store, digest: str, deadline_s: float) -> dict[str, Any]:
+    """Another node is making the torrent: wait for its ref while its lease lives (by this node's TTL), at
+    most this node's `[p2p] deadline_s`: a forged or far-future lease must not stop the start."""
+    missing_since, deadline = None, time.monotonic() + deadline_s
     while True:
         tref = store.read_ref("torrent", digest)
         if tref and tref.get("torrent"):
             return tref
-        current = store.read_lease(f"p2p-{digest}")
-        if current is None or float(current.get("expires", 0)) < time.time():
-            missing_since = missing_since or time.monotonic()
-            if time.monotonic() - missing_since > 2.0:
-                raise NoSwarm("no torrent was published for this blob, and the node making one gave up")
-        else:
-            missing_since = None
+        if time.monotonic() >= deadline:
+            raise NoSwarm(f"no torrent was published for this blob within [p2p] deadline_s = {deadline_s:g} s")
+        live = store.lease_live(f"p2p-{digest}", store.read_lease(f"p2p-{digest}"), LEASE_TTL_S)
+        missing_since = None if live else (missing_since or time.monotonic())
+        if missing_since is not None and time.monotonic() - missing_since > 2.0:
+            raise NoSwarm("no torrent was published for this blob, and the node making one gave up")
         time.sleep(0.25)
 
 

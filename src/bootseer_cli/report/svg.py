@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -67,9 +68,15 @@ def _nice_step(span: float, ticks: int = 8) -> float:
     return 10 * mag  # pragma: no cover
 
 
+# What XML 1.0 does not allow (C0 controls but tab and newlines, surrogates, U+FFFE/U+FFFF), and the C1
+# controls it discourages: one such character from the store made the whole SVG unparseable.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
 def esc(text: object) -> str:
-    """`text` as HTML/SVG text: events come from the store and are not trusted."""
-    return html.escape(str(text), quote=True)
+    """`text` as HTML/SVG text: events come from the store and are not trusted, so markup is escaped and
+    characters XML cannot hold are shown as U+FFFD (the page and the SVG stay well-formed)."""
+    return html.escape(_NOT_XML.sub("\ufffd", str(text)), quote=True)
 
 
 class _Svg:

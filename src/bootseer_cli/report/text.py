@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import NamedTuple
 
 from ..units import fmt_bytes, fmt_seconds, fmt_time
 from .analysis import StartRow, TrendReport
 from .findings import slowest, why_slow
 from .job import JobReport, StageStats
+
+# Characters that must not reach a terminal as they are: C0 controls but the newline (ESC starts
+# sequences that clear the screen, retitle the window or rewrite what was printed before; BEL rings),
+# DEL, C1 controls (0x9b is a one-byte CSI) and the bidi overrides and isolates (text shown in another
+# order than it reads). Node names, reasons, job ids and details come from the store, written by any job.
+_UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every control character written out (`\\x1b`), so a report from the store cannot drive
+    the terminal it is printed on; the newlines of the report's own lines stay."""
+    return _UNSAFE.sub(
+        lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 0x100 else f"\\u{ord(m.group(0)):04x}", text
+    )
+
 
 # ---- rows: built once, drawn as text and as HTML ----------------------------------------------
 
@@ -106,6 +122,7 @@ def first_start_words(r: JobReport) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]], left: int = 1, last_left: bool = False) -> list[str]:
+    rows = [[terminal_safe(c) for c in r] for r in rows]  # escaped before measuring: the columns stay aligned
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     n = len(header)
 
@@ -151,7 +168,7 @@ def job_text(r: JobReport) -> str:
         for a in r.attempts:
             lines.append(f"  start {a.attempt}: {a.nodes} node(s), {fmt_seconds(a.startup_s)} ({fmt_time(a.started)})")
     lines += ["", r.verdict]
-    return "\n".join(lines)
+    return terminal_safe("\n".join(lines))
 
 
 def trend_text(t: TrendReport) -> str:
@@ -169,7 +186,7 @@ def trend_text(t: TrendReport) -> str:
     rows = [[*c[:5], f"{c.hits}/{c.misses}", *c[7:]] for c in map(start_cells, t.rows)]
     header = ["started", "job", "start", "nodes", "startup", "hit/miss", "from store", "from peers", "saved", "GPU-h"]
     lines += _table(header, rows, left=2)
-    return "\n".join(lines)
+    return terminal_safe("\n".join(lines))
 
 
 def to_json(report: JobReport | TrendReport) -> str:
