@@ -89,7 +89,7 @@ def _leases(store: Store, now: float, scan: Scan) -> set[str]:
         doc = store.read_lease(key) or {}
         # Held at most GC_LEASE_TTL_S since it was written, whatever it claims (a forged far-future lease
         # must not keep gc from its work for longer than that).
-        if number(doc.get("expires")) <= now or not store.lease_live(key, doc, GC_LEASE_TTL_S, now):
+        if number(doc.get("expires")) <= now or not store.lease_live(key, doc, GC_LEASE_TTL_S):  # real time
             continue
         if key.startswith("env-"):
             building.add(key[len("env-") :])
