@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -95,15 +96,26 @@ def _wait_agent(xdg: Path, timeout_s: float = 120.0) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (~150 MB a node: its TMPDIR)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-compile-"))
+    try:
+        _bench(work, args.runs)
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench(work: Path, runs: int) -> None:
     (work / "model.py").write_text(MODEL)
     print(f"load average before: {os.getloadavg()}")
     cold, _ = with_stage(work, "warmup")
     print(f"warm-up (publishes): first compiled call {cold:.1f} s")
     print(f"warm-up of the warm node: first compiled call {without_stage(work, 'warm'):.1f} s")
     plain, restored, warm, stages = [], [], [], []
-    for i in range(args.runs):
+    for i in range(runs):
         plain.append(without_stage(work, f"plain-{i}"))
         first, stage = with_stage(work, f"node-{i}")
         restored.append(first)
