@@ -260,7 +260,7 @@ def test_precompiled_headers_travel_from_tmpdir_to_tmpdir(tmp_path: Path, monkey
 
 
 def test_header_dir_not_ours_or_inside_the_users_cache_is_left_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     env = node_env(tmp_path, "n") | {"LOGNAME": "carol"}
     _on(env, monkeypatch)
@@ -269,6 +269,7 @@ def test_header_dir_not_ours_or_inside_the_users_cache_is_left_alone(
     ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri())
     res = run_stage(ctx)
     assert res.outcome == "miss" and "headers" not in ctx.agent_tasks[0]["roots"]
+    assert "Inductor's headers are not carried" in capsys.readouterr().err
     assert not any((tmp_path / "elsewhere").iterdir())
 
     default = Path(env["TMPDIR"]) / "torchinductor_carol"

@@ -47,12 +47,14 @@ def run_stage(ctx: StageContext) -> StageResult:
     if key is None:
         return StageResult(outcome="skipped", summary="no torch", reason="torch is not installed")
     launcher_env = {**os.environ, **ctx.exports}  # its TMPDIR and user place Inductor's precompiled headers
-    roots, exports = cache_roots(settings.cache_dir or default_base(), key.digest, launcher_env)
+    wanted, exports = cache_roots(settings.cache_dir or default_base(), key.digest, launcher_env)
     try:
-        roots = make_dirs(roots)
+        roots = make_dirs(wanted)
     except OSError as e:
         ctx.warn(f"compile: cannot create the cache directories ({e.strerror or e}); PyTorch keeps its defaults")
         return StageResult(outcome="fallback", summary="no cache dir", cache="miss", reason=str(e))
+    for name in wanted.keys() - roots.keys():
+        ctx.warn(f"compile: {wanted[name]} is not a directory of this user; Inductor's {name} are not carried")
     ctx.exports.update(exports)
     index, restored, why = _restore(ctx, key, roots)
     base = take_baseline(roots, restored.digests, restored.bad)
