@@ -1,4 +1,8 @@
-"""Helpers for the compile-cache tests: a stage context for one "node", a stand-in for the agent."""
+"""Helpers for the compile-cache tests: a stage context for one "node", a stand-in for the agent.
+
+Every "node" has its own empty TMPDIR and HOME, as a fresh container has: Inductor keeps its
+precompiled headers in `$TMPDIR/torchinductor_<user>/`, so nodes sharing one /tmp would share them.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from bootseer_cli.compilecache.stage import run_stage
 from bootseer_cli.events import RunInfo
 from bootseer_cli.keys import Keys, make_key
 from bootseer_cli.settings import CompileSettings, Settings, StoreSettings
-from bootseer_cli.stage import StageContext
+from bootseer_cli.stage import StageContext, StageResult
 from bootseer_cli.store import Store, open_store
 
 MODEL = Path(__file__).with_name("model.py")
@@ -23,10 +28,32 @@ TEST_KEYS = Keys(image=make_key({"kind": "image", "t": 1}), env=make_key({"kind"
 
 
 @pytest.fixture(autouse=True)
-def no_user_cache_vars(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stage keeps a cache directory the user set: the tests start without any."""
+def no_user_cache_vars(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The stage keeps a cache directory the user set: the tests start without any; and the stage
+    writes Inductor's headers under TMPDIR: each test has its own (never the machine's /tmp)."""
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR"):
         monkeypatch.delenv(var, raising=False)
+    (tmp_path / "tmpdir").mkdir(exist_ok=True)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmpdir"))
+
+
+def node_env(root: Path, node: str) -> dict[str, str]:
+    """The node's own TMPDIR and HOME (created empty on first use)."""
+    env = {"TMPDIR": str(root / f"tmp-{node}"), "HOME": str(root / f"home-{node}")}
+    for path in env.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def run_stage_on(ctx: StageContext) -> tuple[StageResult, dict[str, str]]:
+    """The compile stage as the node of `ctx` runs it (its TMPDIR and HOME); (result, that environment)."""
+    env = node_env(ctx.run.run_dir.parent, ctx.run.node)
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR"):
+            mp.delenv(var, raising=False)
+        for var, value in env.items():
+            mp.setenv(var, value)
+        return run_stage(ctx), env
 
 
 def new_run(root: Path, node: str) -> RunInfo:
@@ -88,9 +115,10 @@ def publish_as_agent(ctx: StageContext) -> FakeAgent:
     return agent
 
 
-def run_model(exports: dict[str, str]) -> dict[str, object]:
-    """The compiled model in its own process, pointed at the caches the stage exported."""
+def run_model(exports: dict[str, str], node: dict[str, str]) -> dict[str, object]:
+    """The compiled model in its own process on a node (`node_env`), pointed at the caches the stage exported."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_EXT"))}
+    env.update(node)
     env.update(exports)
     out = subprocess.run([sys.executable, str(MODEL)], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

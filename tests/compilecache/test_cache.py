@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.compilecache import key as keymod
+from bootseer_cli.compilecache import publish as publish_mod
 from bootseer_cli.compilecache.index import Entry, merge, prune, read_index, write_index
 from bootseer_cli.compilecache.publish import publish
 from bootseer_cli.compilecache.stage import run_stage
-from bootseer_cli.compilecache.tree import Baseline, cache_roots, take_baseline
+from bootseer_cli.compilecache.tree import Baseline, cache_roots, header_dir, take_baseline
 from bootseer_cli.store import open_store
 
-from .conftest import TEST_KEYS, node_ctx, publish_as_agent
+from .conftest import TEST_KEYS, node_ctx, node_env, publish_as_agent
 
 D = "ab" * 32
 
@@ -206,3 +207,71 @@ def test_files_an_earlier_run_never_published_are_published(tmp_path: Path) -> N
     run_stage(ctx)
     agent = publish_as_agent(ctx)
     assert any("1 file(s), 5 B published" in line for line in agent.lines), agent.lines
+
+
+def _on(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+
+
+def test_precompiled_headers_travel_from_tmpdir_to_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor's headers live in `$TMPDIR/torchinductor_<user>/precompiled_headers`: node A publishes
+    the one its run built (not one another key left there), node B restores it into its own TMPDIR,
+    for another user name; a run that reads the other restored files refreshes the header's entry."""
+    store_uri = (tmp_path / "store").as_uri()
+    a_env = node_env(tmp_path, "a") | {"LOGNAME": "alice"}
+    _on(a_env, monkeypatch)
+    a_headers = header_dir(a_env)
+    assert a_headers == Path(a_env["TMPDIR"]) / "torchinductor_alice" / "precompiled_headers"
+    a_headers.mkdir(parents=True)
+    (a_headers / "other-torch.h.gch").write_bytes(b"o" * 7)  # left by another key: not this key's
+    ctx = node_ctx(tmp_path, "a", store_uri)
+    res = run_stage(ctx)
+    assert res.outcome == "miss" and "TMPDIR" not in ctx.exports
+    (a_headers / "mine.h").write_bytes(b"#include <x>\n")
+    (a_headers / "mine.h.gch").write_bytes(b"g" * 50)
+    (a_headers / "locks").mkdir()
+    (a_headers / "locks" / "mine.lock").write_bytes(b"")
+    Path(ctx.exports["TORCHINDUCTOR_CACHE_DIR"], "k.so").write_bytes(b"k" * 5)
+    publish_as_agent(ctx)
+    index = read_index(open_store(store_uri), res.extra["compile_key"])
+    assert set(index.entries) == {"headers/mine.h", "headers/mine.h.gch", "inductor/k.so"}
+
+    b_env = node_env(tmp_path, "b") | {"LOGNAME": "bob"}
+    _on(b_env, monkeypatch)
+    ctx = node_ctx(tmp_path, "b", store_uri)
+    res = run_stage(ctx)
+    assert res.outcome == "hit" and res.extra["files"] == 3, res
+    b_headers = Path(b_env["TMPDIR"]) / "torchinductor_bob" / "precompiled_headers"
+    assert (b_headers / "mine.h.gch").read_bytes() == b"g" * 50
+
+    publish_as_agent(ctx)  # nothing read: nothing refreshed
+    assert read_index(open_store(store_uri), res.extra["compile_key"]).entries == index.entries
+    ctx = node_ctx(tmp_path, "b", store_uri)
+    run_stage(ctx)
+    Path(ctx.exports["TORCHINDUCTOR_CACHE_DIR"], "k.so").read_bytes()  # a hit reads the kernel, not the header
+    old = time.time() - 2 * publish_mod.REFRESH_S
+    store = open_store(store_uri)
+    aged = {r: Entry(e.digest, e.size, old) for r, e in index.entries.items()}
+    write_index(store, res.extra["compile_key"], "x", aged, [])
+    publish_as_agent(ctx)
+    after = read_index(store, res.extra["compile_key"]).entries
+    assert after["headers/mine.h.gch"].used > old and after["inductor/k.so"].used > old, after
+
+
+def test_header_dir_not_ours_or_inside_the_users_cache_is_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = node_env(tmp_path, "n") | {"LOGNAME": "carol"}
+    _on(env, monkeypatch)
+    (tmp_path / "elsewhere").mkdir()
+    Path(env["TMPDIR"], "torchinductor_carol").symlink_to(tmp_path / "elsewhere")  # planted in a shared /tmp
+    ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri())
+    res = run_stage(ctx)
+    assert res.outcome == "miss" and "headers" not in ctx.agent_tasks[0]["roots"]
+    assert "Inductor's headers are not carried" in capsys.readouterr().err
+    assert not any((tmp_path / "elsewhere").iterdir())
+
+    default = Path(env["TMPDIR"]) / "torchinductor_carol"
+    roots, _ = cache_roots(tmp_path / "base", D, {**env, "TORCHINDUCTOR_CACHE_DIR": str(default)})
+    assert "headers" not in roots and roots["inductor"] == default  # the headers are inside it already

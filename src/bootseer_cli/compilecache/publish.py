@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ..digests import sha256_file
 from ..errors import IntegrityError
 from .index import Entry, merge, prune, read_index, write_index
-from .tree import Baseline, walk
+from .tree import HEADERS, Baseline, walk
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -55,15 +55,27 @@ def _upload(store: Store, path: Path, size: int, bad: set[str]) -> str:
 
 
 def changes(roots: Mapping[str, Path], base: Baseline) -> tuple[dict[str, tuple[Path, os.stat_result]], list[str]]:
-    """(index path -> (file, stat) for files new or changed since the baseline, restored files read since)."""
+    """(index path -> (file, stat) for files new or changed since the baseline, restored files read since).
+
+    A precompiled header is not read on a cache hit (Inductor only checks that it exists, and builds
+    it when it does not, before it loads any C++ kernel, cached or not): restored headers count as used
+    when any other restored file was read, so that pruning does not take the largest file first.
+    """
     changed: dict[str, tuple[Path, os.stat_result]] = {}
     used: list[str] = []
+    headers: list[str] = []
     for rel, path, st in walk(roots):
         was = base.files.get(rel)
         if was is None or (st.st_size, st.st_mtime_ns) != was[:2]:
             changed[rel] = (path, st)
-        elif st.st_atime_ns > was[2] and rel in base.digests:
+        elif rel not in base.digests:
+            continue
+        elif st.st_atime_ns > was[2]:
             used.append(rel)
+        elif rel.startswith(f"{HEADERS}/"):
+            headers.append(rel)
+    if any(not rel.startswith(f"{HEADERS}/") for rel in used):
+        used += headers
     return changed, used
 
 

@@ -2,7 +2,8 @@
 
 With `[compile] enabled = true`: compute the compile key (image, env, device, torch), export
 TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TORCH_EXTENSIONS_DIR (each unless the user set it)
-for the launcher, restore the files the store's index lists for the key, take the baseline, and
+for the launcher, restore the files the store's index lists for the key (Inductor's precompiled
+headers into the launcher's `$TMPDIR/torchinductor_<user>/`, see `tree`), take the baseline, and
 give the agent a "compile-publish" task that publishes what the run adds once the start is over.
 Without torch there is nothing to carry: the stage says so and does nothing. Everything else that
 goes wrong (no store, a corrupt blob, a full disk) is a warning: the job starts with the cache it
@@ -45,12 +46,15 @@ def run_stage(ctx: StageContext) -> StageResult:
         return StageResult(outcome="fallback", summary="no key", cache="miss", reason=str(e))
     if key is None:
         return StageResult(outcome="skipped", summary="no torch", reason="torch is not installed")
-    roots, exports = cache_roots(settings.cache_dir or default_base(), key.digest, os.environ)
+    launcher_env = {**os.environ, **ctx.exports}  # its TMPDIR and user place Inductor's precompiled headers
+    wanted, exports = cache_roots(settings.cache_dir or default_base(), key.digest, launcher_env)
     try:
-        make_dirs(roots)
+        roots = make_dirs(wanted)
     except OSError as e:
         ctx.warn(f"compile: cannot create the cache directories ({e.strerror or e}); PyTorch keeps its defaults")
         return StageResult(outcome="fallback", summary="no cache dir", cache="miss", reason=str(e))
+    for name in wanted.keys() - roots.keys():
+        ctx.warn(f"compile: {wanted[name]} is not a directory of this user; Inductor's {name} are not carried")
     ctx.exports.update(exports)
     index, restored, why = _restore(ctx, key, roots)
     base = take_baseline(roots, restored.digests, restored.bad)
