@@ -59,14 +59,15 @@ def check_domain(name: str, where: str = "[store] domain") -> str:
 
 
 def default_domain() -> str:
-    """The job owner's user name (`SLURM_JOB_USER` where a prolog acts for a job), else this process's."""
-    import getpass
+    """The job owner's user name: the real user's, from the password database (never `USER` or
+    `LOGNAME`, which a process sets as it likes); for root acting for a job (the Slurm prolog), the
+    job's owner (`SLURM_JOB_USER`)."""
+    import pwd
 
-    for var in ("SLURM_JOB_USER",):
-        if os.environ.get(var):
-            return _plain(os.environ[var])
+    if os.geteuid() == 0 and os.environ.get("SLURM_JOB_USER"):
+        return _plain(os.environ["SLURM_JOB_USER"])
     try:
-        return _plain(getpass.getuser())
+        return _plain(pwd.getpwuid(os.getuid()).pw_name)
     except (KeyError, OSError):
         return f"uid-{os.getuid()}"
 

@@ -268,7 +268,7 @@ def test_header_dir_not_ours_or_inside_the_users_cache_is_left_alone(
     Path(env["TMPDIR"], "torchinductor_carol").symlink_to(tmp_path / "elsewhere")  # planted in a shared /tmp
     ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri())
     res = run_stage(ctx)
-    assert res.outcome == "miss" and "headers" not in ctx.agent_tasks[0]["roots"]
+    assert res.outcome == "miss" and "headers" not in Baseline.load(Path(ctx.agent_tasks[0].baseline)).roots
     assert "Inductor's headers are not carried" in capsys.readouterr().err
     assert not any((tmp_path / "elsewhere").iterdir())
 
