@@ -102,9 +102,9 @@ def test_corrupt_cached_hot_record_is_refetched(tmp_path: Path, own_copy_cache: 
     rec.extents = [(str(f), 0, 4096)]
     doc = record.publish(store, rec)
     cache = BlobCache(own_copy_cache, 1 << 30)
-    assert record.load(P2PSettings(), store, cache, rec.image_key) is not None
+    assert record.load(P2PSettings(), store, cache, rec.image_key, [str(tmp_path)]) is not None
     _flip(cache.path(doc["blob"]), offset=doc["size"] // 2)
-    got = record.load(P2PSettings(), store, cache, rec.image_key)
+    got = record.load(P2PSettings(), store, cache, rec.image_key, [str(tmp_path)])
     assert got is not None and got[0].extents == rec.extents and got[1]["_source"] == "store"
 
 

@@ -32,10 +32,18 @@ ROOT_LOCK_DIRS = ("/run/lock/bootseer", "/run/bootseer/locks")
 
 
 def tree_key(roots: list[str]) -> str:
-    """The tree's identity: a hash of its roots' real paths, sorted (the order a config lists them in,
-    or a symlink on the way, does not make another tree)."""
-    real = sorted(os.path.realpath(r) for r in roots)
-    return hashlib.sha256("\n".join(real).encode()).hexdigest()[:24]
+    """The tree's identity: its roots' real paths, sorted (the order a config lists them in, or a symlink
+    on the way, does not make another tree), with the device and inode of each that exists: one path in
+    two mount namespaces or containers of a node (its own /opt/venv each) is two trees, which must
+    not wait for each other."""
+    parts = []
+    for r in sorted(os.path.realpath(r) for r in roots):
+        try:
+            st = os.stat(r)
+            parts.append(f"{r}\0{st.st_dev}:{st.st_ino}")
+        except OSError:
+            parts.append(r)  # not made yet: its path (the restore creates it under the lock)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
 def _root_lock_dir() -> str | None:
