@@ -66,8 +66,11 @@ def editable_outside(after: Manifest, changed: list[str], roots: list[str]) -> l
 
 
 def open_for_writing(paths: set[str]) -> list[str]:
-    """Which of `paths` some process holds open for writing (from /proc/<pid>/fd and fdinfo)."""
+    """Which of `paths` some process holds open for writing (from /proc/<pid>/fd and fdinfo).
+
+    A path matches only where the open file is the very file (device and inode) this process sees there."""
     found: list[str] = []
+    ours: dict[str, tuple[int, int] | None] = {}
     me = os.getpid()
     try:
         pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
@@ -91,11 +94,26 @@ def open_for_writing(paths: set[str]) -> list[str]:
             try:
                 with open(f"/proc/{pid}/fdinfo/{fd}") as f:
                     flags = _fdinfo_flags(f.read())
+                if not flags & (os.O_WRONLY | os.O_RDWR):
+                    continue
+                theirs = os.stat(f"{fd_dir}/{fd}")  # the open file itself, whatever namespace it lives in
             except OSError:
                 continue
-            if flags & (os.O_WRONLY | os.O_RDWR):
+            if _identity(target, ours) == (theirs.st_dev, theirs.st_ino):
                 found.append(f"{target} (pid {pid})")
     return found
+
+
+def _identity(path: str, seen: dict[str, tuple[int, int] | None]) -> tuple[int, int] | None:
+    """`path`'s (device, inode) in this mount namespace, looked up once: a process in another namespace
+    (another job's node with its venv mounted at the same path) can show the same path for another file."""
+    if path not in seen:
+        try:
+            st = os.lstat(path)
+            seen[path] = (st.st_dev, st.st_ino)
+        except OSError:
+            seen[path] = None
+    return seen[path]
 
 
 def _fdinfo_flags(text: str) -> int:
