@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -44,6 +47,33 @@ class StageFatal(BootseerError):
 INTERRUPT_GRACE_S = 0.5
 _interrupted = threading.Event()
 _watching = False  # once per process
+# A tree is being put back (`interrupts_deferred`): Ctrl-C is held off, the watchdog waits for it, as
+# long as this at most (an undo is local renames and removals; past this the journal still recovers it).
+_deferring = threading.Event()
+UNDO_WAIT_S = 300.0
+DEFERRED_LINE = "bootseer: still putting the tree back; Ctrl-C is ignored until it is whole"
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C off while a tree is being put back: a press says so in one line and is ignored, and
+    the watchdog (`_watch_interrupts`) waits instead of exiting. People press Ctrl-C again exactly when
+    the first one seems to do nothing; an undo cut short leaves a half-restored tree."""
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.getsignal(signal.SIGINT) if main else None
+    if main:
+        signal.signal(signal.SIGINT, _say_deferred)
+    _deferring.set()
+    try:
+        yield
+    finally:
+        _deferring.clear()
+        if main:
+            signal.signal(signal.SIGINT, old)
+
+
+def _say_deferred(signum: int, frame: object) -> None:
+    os.write(2, DEFERRED_LINE.encode() + b"\n")
 
 
 def run_guarded(fn: Callable[[], Any]) -> Any:
@@ -71,11 +101,9 @@ def _watch_interrupts() -> None:
     The signal's wakeup fd is written by the C-level handler at once, so a daemon thread learns of the
     signal; when Python's default handler is still the one installed (a verb that handles SIGINT itself,
     like the agent, is left alone) and the process has not exited within `INTERRUPT_GRACE_S`, it exits
-    130 itself. A responsive main thread has by then unwound normally, its `finally` blocks run.
+    130 itself. A responsive main thread has by then unwound normally, its `finally` blocks run; one
+    that is putting a tree back (`interrupts_deferred`) is waited for.
     """
-    import os
-    import signal
-
     global _watching
     if _watching or threading.current_thread() is not threading.main_thread():
         return
@@ -100,6 +128,11 @@ def _watch_interrupts() -> None:
             if signal.SIGINT not in got or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
                 continue
             time.sleep(INTERRUPT_GRACE_S)
+            if _deferring.is_set():  # the main thread is putting a tree back: let it finish
+                deadline = time.monotonic() + UNDO_WAIT_S
+                while _deferring.is_set() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(INTERRUPT_GRACE_S)
             if not _interrupted.is_set():
                 os.write(2, b"bootseer: interrupted\n")
             os._exit(130)

@@ -13,11 +13,13 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
 import stat
 import sys
 import uuid
 from typing import Any
 
+from ..errors import interrupts_deferred
 from .apply import State
 from .dirfd import DIR_FLAGS, DirFds, NotADir, fd_budget
 from .format import UnsafeArchive
@@ -181,17 +183,34 @@ def plan_changes(st: State, undo: Undo) -> None:
 
 
 def rollback(st: State, undo: Undo) -> str:
-    """Remove what the extraction created (a dead worker's paths too: the planned new paths), put
-    back what it moved aside. Returns what was done.
+    """Remove what the extraction created (a dead worker's paths too: the planned new paths, and
+    whatever now stands where an original was moved aside), put back what it moved aside. Returns what
+    was done.
+
+    Ctrl-C is held off meanwhile (`interrupts_deferred`): the tree is never left half put back. After
+    an interrupt the user is told at once why the exit takes a moment, and the forked workers, which
+    may still be writing, are stopped first.
 
     A directory swapped for a symlink is counted as not put back (the journal stays for the next
     start's recovery), never removed through."""
+    with interrupts_deferred():
+        cause = sys.exc_info()[1]
+        if cause is not None and not isinstance(cause, Exception):  # Ctrl-C (KeyboardInterrupt), SystemExit
+            if isinstance(cause, KeyboardInterrupt):
+                print("bootseer: interrupted: putting the tree back…", file=sys.stderr, flush=True)
+            _stop_forked_workers()
+        return _rollback(st, undo)
+
+
+def _rollback(st: State, undo: Undo) -> str:
     st.abort.set()
     errors = 0
     made = set(st.created) | set(st.made_dirs)
+    replaced = {path for path, _ in undo.moved}  # the original is aside: what is there now is ours
     d = DirFds(st.plan.roots, fd_budget())
     try:
-        for q in sorted(made | (st.new - set(st.plan.roots)), key=lambda q: q.count("/"), reverse=True):
+        gone = made | replaced | (st.new - set(st.plan.roots))
+        for q in sorted(gone, key=lambda q: q.count("/"), reverse=True):
             try:
                 _remove(d, q)
             except NotADir:  # below a symlink: only planned, never written through (else: out of reach)
@@ -207,6 +226,34 @@ def rollback(st: State, undo: Undo) -> str:
     if errors:
         return f"undo incomplete: {errors} path(s) could not be put back"
     return "the tree was put back as it was"
+
+
+def _stop_forked_workers() -> None:
+    """Kill and reap this process's forked restore workers (children running our own command line,
+    never exec'd), which an interrupt of the parent leaves writing: the undo must not race them."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/cmdline", "rb") as f:
+            mine = f.read()
+        names = os.listdir("/proc")
+    except OSError:  # no procfs: the workers got the same Ctrl-C (one process group) and stop on their own
+        return
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rpartition(b")")[2].split()[1])
+            if ppid != me:
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if f.read() != mine:
+                    continue
+        except (OSError, ValueError, IndexError):
+            continue
+        with contextlib.suppress(OSError):
+            os.kill(int(name), signal.SIGKILL)
+            os.waitpid(int(name), 0)
 
 
 def journal_doc(st: State, undo: Undo, committed: bool = False) -> dict[str, Any]:

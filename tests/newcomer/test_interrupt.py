@@ -1,0 +1,103 @@
+"""Ctrl-C during an env restore (issue 29 item 4): the first press says at once that the tree is being
+put back; a second press during that undo is held off with one line saying so; the tree ends exactly
+as it was before the restore, with nothing of ours left in it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.errors import DEFERRED_LINE
+from tests.envsnap.conftest import run_cli, tree_state
+from tests.envsnap.test_cli import SITE, make_base, project
+from tests.support import pkgindex
+
+pytestmark = pytest.mark.integration
+
+FILES = 20000  # enough that neither the restore nor its undo is over before the signals land
+
+
+def _many_files(tmp_path: Path, root: Path) -> None:
+    """The setup, by hand: the project's replace-and-delete script, then FILES small files in 200 packages."""
+    s = root / SITE
+    (tmp_path / "many.py").write_text(
+        "import os, sys\n"
+        f"for d in range({FILES // 100}):\n"
+        f"    p = os.path.join({str(s)!r}, f'many_{{d}}', 'sub')\n"
+        "    os.makedirs(p)\n"
+        "    for f in range(100):\n"
+        "        open(os.path.join(p, f'f{f}.py'), 'w').write(f'{d}-{f}\\n')\n"
+    )
+    subprocess.run(["sh", "setup.sh"], cwd=tmp_path, check=True)
+    subprocess.run([sys.executable, "many.py"], cwd=tmp_path, check=True)
+
+
+def test_ctrl_c_twice_during_a_restore_leaves_the_tree_whole(tmp_path: Path) -> None:
+    root = project(tmp_path, (tmp_path / "store").as_uri())
+    (root / SITE / "pkg_a" / "big.bin").write_bytes(os.urandom(1 << 20))  # an image file the setup deletes
+    assert run_cli(["baseline"], tmp_path, tmp_path / "c0").returncode == 0
+    _many_files(tmp_path, root)
+    r = run_cli(["snapshot"], tmp_path, tmp_path / "c0")
+    assert r.returncode == 0 and "published" in r.stdout, r.stderr
+
+    make_base(root)  # the image again, as a fresh node has it
+    (root / SITE / "pkg_a" / "big.bin").write_bytes(b"image bytes\n" * 1000)
+    before = tree_state(root)
+
+    env = {k: v for k, v in pkgindex.clean_env().items() if not k.startswith("BOOTSEER_")}
+    env.update({"XDG_CACHE_HOME": str(tmp_path / "node-cache"), "BOOTSEER_EXEC_AGENT": "0"})
+    p = subprocess.Popen(
+        [sys.executable, "-m", "bootseer_cli", "restore"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: Ctrl-C reaches the restore and its workers
+    )
+    lines: list[str] = []
+    undoing = threading.Event()
+
+    def read() -> None:
+        assert p.stderr is not None
+        for line in p.stderr:
+            lines.append(line.rstrip("\n"))
+            if "putting the tree back" in line:
+                undoing.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        journal = root / ".bootseer-env.journal"
+        deadline = time.monotonic() + 120
+        while not journal.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert journal.exists(), f"the restore never began: {lines}"
+        time.sleep(0.3)  # well into the extraction
+        assert p.poll() is None, f"the restore ended before Ctrl-C: {lines}"
+        t0 = time.monotonic()
+        os.killpg(p.pid, signal.SIGINT)
+        assert undoing.wait(5), f"no word of the undo within 5 s of Ctrl-C: {lines}"
+        said = time.monotonic() - t0
+        os.killpg(p.pid, signal.SIGINT)  # the second press, while the tree is being put back
+        rc = p.wait(timeout=120)
+        reader.join(10)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert rc == 130, lines
+    assert said < 1.0, f"the first Ctrl-C was answered after {said:.2f} s"
+    assert "bootseer: interrupted: putting the tree back…" in lines, lines
+    assert DEFERRED_LINE in lines, f"the second Ctrl-C was not held off during the undo: {lines}"
+    assert "Traceback" not in "\n".join(lines), lines
+    ours = [n for n in os.listdir(root) if n.startswith((".bootseer-undo-", ".bootseer-env.journal"))]
+    assert ours == [], f"left behind: {ours}"
+    assert tree_state(root) == before, "the tree is not as it was before the restore"
