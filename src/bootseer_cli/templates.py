@@ -57,6 +57,28 @@ def names_in(text: str) -> list[str]:
     return list(dict.fromkeys(m.group(1) for m in _PLACEHOLDER.finditer(text)))
 
 
+def knobs(name: str) -> list[tuple[str, str | None]]:
+    """The `--set` names a template takes, in order of first use, each with its default (None: required)."""
+    out: dict[str, str | None] = {}
+    for m in _PLACEHOLDER.finditer(_source(name)):
+        key, default = m.group(1), m.group(2)
+        if key not in out or default is None:  # one use without a default makes it required (`render`)
+            out[key] = default
+    return list(out.items())
+
+
+def knobs_line(name: str) -> str:
+    """What `init --list` prints under a template: its `--set` names, the required ones first."""
+    ks = knobs(name)
+    need = [k for k, d in ks if d is None]
+    may = [k for k, d in ks if d is not None]
+    if not ks:
+        return "--set: nothing"
+    parts = [f"{', '.join(need)} (required)"] if need else []
+    parts += [f"{', '.join(may)} (optional)"] if may else []
+    return "--set " + "; ".join(parts)
+
+
 def _source(name: str) -> str:
     path = _files().get(name)
     if "/" in name or path is None:

@@ -50,8 +50,8 @@ def debian_app(docker_client: Any, debian12_base: str) -> Iterator[str]:
         "Dockerfile.bootseer",
         {
             "BASE_IMAGE": debian12_base,
-            "SOURCE": "COPY wheels /tmp/wheels",
-            "PIP_ARGS": "--no-index --find-links /tmp/wheels",
+            "SOURCE": "COPY wheels /tmp/bootseer-dist",  # bootseer's wheel and its dependencies'
+            "PIP_ARGS": "--no-index --find-links /tmp/bootseer-dist",
         },
     )
     with tempfile.TemporaryDirectory(prefix="bootseer-ctx-") as tmp:

@@ -227,9 +227,10 @@ def test_hooks_are_shellcheck_clean(hook: str) -> None:
 
 def test_dockerfile_snippet_renders() -> None:
     text = render("Dockerfile.bootseer", {"BASE_IMAGE": "registry.example/train:1.0"})
-    assert text.splitlines()[3] == "FROM registry.example/train:1.0"
+    assert "\nFROM registry.example/train:1.0\nCOPY bootseer-dist /tmp/bootseer-dist\n" in text
     assert "python3 -m venv  /opt/bootseer" in text  # its own venv: a PEP 668 base refuses a system install
-    assert "/opt/bootseer/bin/python -m pip install --no-cache-dir  bootseer" in text
+    # the wheel the user built, never `bootseer` from the package index (there is none there)
+    assert "/opt/bootseer/bin/python -m pip install --no-cache-dir  /tmp/bootseer-dist/bootseer-*.whl" in text
     assert "ln -sf /opt/bootseer/bin/bootseer /usr/local/bin/bootseer" in text
     assert 'ENTRYPOINT ["/usr/local/bin/bootseer-entrypoint"]' in text
 
@@ -259,7 +260,8 @@ def test_init_renders_the_hooks(tmp_path: Path, hook: str) -> None:
 
 def test_dockerfile_installs_the_hooks_from_the_wheel() -> None:
     text = render("Dockerfile.bootseer", {"BASE_IMAGE": "x:1"})
-    assert "COPY" not in text.replace("{{SOURCE|}}", "")  # nothing needed from a checkout
+    copies = [line for line in text.splitlines() if line.startswith("COPY")]
+    assert copies == ["COPY bootseer-dist /tmp/bootseer-dist"]  # bootseer's wheel, nothing else from a checkout
     assert "bootseer init /usr/local/bin/bootseer-entrypoint --template entrypoint.sh" in text
 
 

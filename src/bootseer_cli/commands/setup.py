@@ -40,6 +40,7 @@ def init(
     if list_:
         for name, about in templates.available().items():
             typer.echo(f"{name:32} {about}")
+            typer.echo(f"{'':32}   {templates.knobs_line(name)}")
         return
     written = templates.render_to(template, path, values or [], force=force)
     typer.echo(f"wrote {written}")
