@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..units import fmt_bytes, fmt_seconds
+from .complete import checkpoint_refs
 from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
 
 if TYPE_CHECKING:
@@ -120,11 +121,16 @@ def ls(
         typer.echo(f"{e.name}:{e.tag}  {fmt_bytes(e.size):>10}  {e.files} files  {e.stripes} stripes  {when} UTC")
 
 
+def _emit(doc: dict[str, Any]) -> None:
+    typer.echo(json.dumps(doc, indent=2))
+
+
 @app.command("rm")
 def rm(
-    ref: Annotated[str, typer.Argument(help="NAME:TAG to remove.")],
+    ref: Annotated[str, typer.Argument(help="NAME:TAG to remove.", autocompletion=checkpoint_refs)],
     config: ConfigOpt = None,
     store: StoreOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Remove NAME:TAG (its manifest, then the stripes no other checkpoint uses)."""
     from ..errors import ConfigError
@@ -134,6 +140,9 @@ def rm(
         raise ConfigError(f"rm {ref}: give NAME:TAG (or NAME:latest)")
     settings, st, m = _open(ref, config, store)
     n = remove(st, m.name, m.tag, list(settings.checkpoint.targets))
+    if as_json:
+        _emit({"removed": f"{m.name}:{m.tag}", "name": m.name, "tag": m.tag, "stripe_objects_deleted": n})
+        return
     typer.echo(f"removed {m.name}:{m.tag} ({n} stripe objects deleted)")
 
 
@@ -156,13 +165,14 @@ ThreadsOpt = Annotated[
 
 @app.command()
 def pull(
-    ref: Annotated[str, typer.Argument(help="NAME[:TAG|latest].")],
+    ref: Annotated[str, typer.Argument(help="NAME[:TAG|latest].", autocompletion=checkpoint_refs)],
     dest: Annotated[Path, typer.Argument(help="Directory to create (appears complete or not at all).")],
     force: Annotated[bool, typer.Option("--force", "-f", help="Replace DEST if it exists.")] = False,
     memory: MemoryOpt = None,
     threads: ThreadsOpt = None,
     config: ConfigOpt = None,
     store: StoreOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Copy a checkpoint to local disk, in parallel from all stripes, verified."""
     from ..cache import cache_for
@@ -186,6 +196,11 @@ def pull(
             advance=advance,
         )
     took = time.time() - t0
+    if as_json:
+        doc = {"name": m.name, "tag": m.tag, "dest": str(r.dest), "bytes": r.bytes, "skipped": r.skipped}
+        doc |= {"bytes_from_store": r.bytes_from_store, "bytes_from_peers": r.bytes_from_peers}
+        _emit({**doc, "seconds": round(took, 3)})
+        return
     if r.skipped:
         typer.echo(f"{r.dest} already holds {m.name}:{m.tag}")
     else:
@@ -197,22 +212,27 @@ def pull(
 
 @app.command()
 def mount(
-    ref: Annotated[str, typer.Argument(help="NAME[:TAG|latest].")],
+    ref: Annotated[str, typer.Argument(help="NAME[:TAG|latest].", autocompletion=checkpoint_refs)],
     mountpoint: Annotated[Path, typer.Argument(help="Where to mount it (created if missing).")],
     foreground: Annotated[bool, typer.Option("--foreground", help="Serve in this process until unmounted.")] = False,
+    hide: Annotated[
+        bool, typer.Option("--force", help="Mount over a non-empty directory (its files hidden until unmounted).")
+    ] = False,
     memory: MemoryOpt = None,
     threads: ThreadsOpt = None,
     config: ConfigOpt = None,
     store: StoreOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Mount a checkpoint read-only (FUSE); detached unless --foreground. Undo with `ckpt umount`."""
     from ..stripe.catalog import Targets
-    from ..stripe.mount import mount_detached, resolve_mountpoint, serve
+    from ..stripe.mount import check_mountable, mount_detached, resolve_mountpoint, serve
 
     settings, st, m = _open(ref, config, store)
     targets = list(settings.checkpoint.targets)
     Targets(st, targets).check(m)  # the manifest's targets are not trusted: refused here, not in the server
     mp = resolve_mountpoint(mountpoint.expanduser())
+    check_mountable(mp, hide_files=hide)
     allow_other = settings.checkpoint.allow_other
     if foreground:
         spec = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri_with_credentials(), "targets": targets}
@@ -221,11 +241,14 @@ def mount(
     pid = mount_detached(
         m, mp, st.uri_with_credentials(), targets=targets, options=_options(memory, threads), allow_other=allow_other
     )
+    if as_json:
+        _emit({"mounted": f"{m.name}:{m.tag}", "name": m.name, "tag": m.tag, "mountpoint": mp, "pid": pid})
+        return
     typer.echo(f"mounted {m.name}:{m.tag} at {mp} (server pid {pid}; `bootseer ckpt umount {mp}` to unmount)")
 
 
 @app.command()
-def umount(mountpoint: Annotated[Path, typer.Argument(help="The mount point.")]) -> None:
+def umount(mountpoint: Annotated[Path, typer.Argument(help="The mount point.")], as_json: JsonOpt = False) -> None:
     """Unmount a checkpoint mount (also a stale one whose server died)."""
     from ..errors import BootseerError
     from ..stripe.mount import resolve_mountpoint
@@ -234,6 +257,9 @@ def umount(mountpoint: Annotated[Path, typer.Argument(help="The mount point.")])
     mp = resolve_mountpoint(mountpoint.expanduser())
     if not do_umount(mp):
         raise BootseerError(f"{mp} is not mounted")
+    if as_json:
+        _emit({"unmounted": mp})
+        return
     typer.echo(f"unmounted {mp}")
 
 

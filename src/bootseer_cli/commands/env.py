@@ -27,7 +27,7 @@ def _warn(msg: str) -> None:
     typer.echo(f"bootseer: warning: {msg}", err=True)
 
 
-def baseline(config: ConfigOpt = None, store: StoreOpt = None) -> None:
+def baseline(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Record the state of the env roots before a setup (for `bootseer snapshot`)."""
     from ..envsnap.actions import baseline_here
 
@@ -35,7 +35,11 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None) -> None:
         typer.echo(f"bootseer: {msg}", err=True)
 
     taken = baseline_here(Settings.from_config(load_config(config, store)), say, _warn)
-    typer.echo(f"baseline of {taken.entries} entries under {', '.join(taken.roots)} saved")
+    if as_json:
+        doc = {"entries": taken.entries, "roots": list(taken.roots), "carried": taken.carried or None}
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        typer.echo(f"baseline of {taken.entries} entries under {', '.join(taken.roots)} saved")
     if taken.carried:
         _warn(
             f"the tree carries {taken.carried}: `bootseer snapshot` will refuse to publish what the setup "
@@ -61,11 +65,11 @@ def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt
     _published(snapshot_here(Settings.from_config(load_config(config, store)), _warn), as_json)
 
 
-def restore(config: ConfigOpt = None, store: StoreOpt = None) -> None:
+def restore(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Restore the snapshot for the current env key: exit 0 on a hit, 3 when there is none."""
     from ..verbs.restore import restore_verb
 
-    code = restore_verb(load_config(config, store), typer.echo, lambda m: typer.echo(m, err=True))
+    code = restore_verb(load_config(config, store), typer.echo, lambda m: typer.echo(m, err=True), as_json)
     if code:
         raise typer.Exit(code)
 
@@ -168,16 +172,22 @@ def env_rm(
     keys: Annotated[list[str], typer.Argument(help="Env keys (or unique prefixes) to remove.")],
     config: ConfigOpt = None,
     store: StoreOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Remove snapshots: the ref, and the blob when no other ref names it."""
     from ..envsnap import catalog
     from ..store import open_store_for
 
     st = open_store_for(Settings.from_config(load_config(config, store)))
+    removed: list[str] = []
     for prefix in keys:
         full = catalog.match_key(st, prefix)
         catalog.remove(st, full)
-        typer.echo(f"removed env {full[:16]}")
+        removed.append(full)
+        if not as_json:
+            typer.echo(f"removed env {full[:16]}")
+    if as_json:
+        typer.echo(json.dumps({"removed": removed}, indent=2))
 
 
 def register(app: typer.Typer) -> None:

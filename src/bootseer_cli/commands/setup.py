@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from .complete import template_names
 from .options import ConfigOpt, JsonOpt, StoreOpt, load_config, load_settings
 
 if TYPE_CHECKING:
@@ -25,7 +26,10 @@ if TYPE_CHECKING:
 def init(
     path: Annotated[Path, typer.Argument(help="Where to write it.")] = Path("bootseer.toml"),
     template: Annotated[
-        str, typer.Option("--template", "-t", metavar="NAME", help="Template to render (see --list).")
+        str,
+        typer.Option(
+            "--template", "-t", metavar="NAME", help="Template to render (see --list).", autocompletion=template_names
+        ),
     ] = "bootseer.toml",
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List the templates and exit.")] = False,

@@ -215,6 +215,30 @@ def prepare_mountpoint(mountpoint: str | Path) -> str:
     return safe_mountpoint(mp)
 
 
+def check_mountable(mountpoint: str, hide_files: bool = False) -> None:
+    """What `ckpt mount` refuses before any work: a path that already holds a mount (a second one would
+    stack on it, the first hidden but still served), and a non-empty directory, whose files a mount
+    would hide without a word (unless `hide_files`, the verb's --force)."""
+    info = mount_info(mountpoint)
+    if info is not None and not (is_ours(info) and server_gone(mountpoint)):
+        what = f"the checkpoint mount {info['source']}" if is_ours(info) else f"a {info['fstype']} mount"
+        raise MountpointError(
+            f"{mountpoint} already holds {what}; not mounting over it (`bootseer ckpt umount {mountpoint}` first)"
+        )
+    if info is not None or hide_files:
+        return
+    try:
+        with os.scandir(mountpoint) as it:
+            n = sum(1 for _ in it)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return  # created, or refused with its reason, by the mount itself
+    if n:
+        raise MountpointError(
+            f"{mountpoint} is not empty ({n} {'entry' if n == 1 else 'entries'}): the mount would hide them; "
+            "mount on an empty or new directory, or add --force to hide them until unmounted"
+        )
+
+
 def _watch_owner(pid: int, mountpoint: str, dev: str = "") -> None:
     """Unmount when `pid` ends (pidfd where available, else polling); only this server's own mount."""
     try:

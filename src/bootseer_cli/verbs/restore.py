@@ -20,11 +20,12 @@ if TYPE_CHECKING:
 EXIT_MISS = 3
 
 
-def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]) -> int:
+def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], None], as_json: bool = False) -> int:
     """`bootseer restore`: 0 when the env is present or restored, 3 when the store has no snapshot, 1
-    (or the error's own code) when anything else fails."""
+    (or the error's own code) when anything else fails. `as_json`: the outcome as one JSON document on
+    stdout (also for a miss); errors stay one line on stderr."""
     try:
-        return _restore(cfg, out, err)
+        return _restore(cfg, out, err, as_json)
     except BootseerError as e:
         err(f"bootseer: error: {e}")
         return e.exit_code
@@ -33,7 +34,7 @@ def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], N
         return 1
 
 
-def _restore(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]) -> int:
+def _restore(cfg: Config, out: Callable[[str], None], err: Callable[[str], None], as_json: bool) -> int:
     from ..envsnap.actions import restore_here
     from ..settings import Settings
     from ..units import fmt_bytes
@@ -42,6 +43,16 @@ def _restore(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]
         Settings.from_config(cfg), lambda m: err(f"bootseer: {m}"), lambda m: err(f"bootseer: warning: {m}")
     )
     key, r = done.env_key, done.restored
+    if as_json:
+        import json
+
+        doc: dict[str, object] = {"env_key": key, "outcome": "present" if done.present else "miss"}
+        if r is not None and not done.present:
+            doc |= {"outcome": "restored", "blob": r.digest, "files": r.files, "unpacked_bytes": r.raw_bytes}
+            doc |= {"source": r.source, "bytes_from_store": r.bytes_from_store, "bytes_from_peers": r.bytes_from_peers}
+            doc |= {"seconds_fetch": round(r.seconds_fetch, 3), "seconds_extract": round(r.seconds_extract, 3)}
+        out(json.dumps(doc, indent=2))
+        return EXIT_MISS if doc["outcome"] == "miss" else 0
     if done.present:
         out(f"env {key[:16]} already present")
         return 0
