@@ -19,7 +19,7 @@ Definitions (the tests recompute each of them from the raw events):
   earlier the job would have started had that node's stage taken the stage's median instead.
 - *Hits/misses* come from the `cache` column ("hit…"/"miss…"), else from the outcome
   (hit/restored vs miss/built). *Bytes saved* are the bytes delivered on hits that did not come
-  from the store (node cache or peers).
+  from the store (node cache or peers); a hot-block replay's local reads are not counted.
 - The *verdict* is the `Finding` whose fix would save the most: a stage slow on every node, a
   stage's straggler, the slow tail as a whole, or bootseer's own overhead. Findings are tagged
   records (`kind`, `stage`, `node`, `seconds`), so the verdict picks among them by tag, never by
@@ -36,6 +36,9 @@ from ..units import fmt_seconds
 from .findings import verdict
 from .job import AttemptSummary, JobReport, node_rows, stage_stats
 from .starts import NodeStart, cache_class, gpu_count, node_starts, percentile, select
+
+# Stages whose hits read local files (the hot-block replay of the image): no bytes saved from the store.
+LOCAL_REPLAY_STAGES = frozenset({"image"})
 
 
 def analyze_job(
@@ -203,14 +206,16 @@ def _start_rows(job: str, every: list[NodeStart], gpus_flag: int | None, gpus_co
 
 
 def _cache_tally(group: list[NodeStart]) -> tuple[int, int, int]:
-    """(hits, misses, bytes saved) over the events of one start: saved = bytes a hit did not read from the store."""
+    """(hits, misses, bytes saved) over the events of one start: saved = bytes a hit did not read from the
+    store. A hot-block replay's bytes are not counted: it reads the image's own files from local disk,
+    which nothing would have fetched from the store (`LOCAL_REPLAY_STAGES`)."""
     hits = misses = saved = 0
     for s in group:
         for e in s.events:
             cls = cache_class(e)
             hits += cls == "hit"
             misses += cls == "miss"
-            if cls == "hit":
+            if cls == "hit" and e.get("stage") not in LOCAL_REPLAY_STAGES:
                 saved += max(0, int(e.get("bytes") or 0) - int(e.get("bytes_from_store") or 0))
     return hits, misses, saved
 

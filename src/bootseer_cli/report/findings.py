@@ -7,7 +7,7 @@ from typing import Literal
 
 from ..units import fmt_seconds
 from .job import STAGE_LABELS, JobReport, NodeRow, StageStats
-from .starts import FAILED_OUTCOMES, READY_STAGE, TOTAL_STAGE
+from .starts import FAILED_OUTCOMES, READY_STAGE, TOTAL_STAGE, count
 
 _ADVICE_MISS = {
     "image": "no hot-block record for this image yet (one is recorded on a first start; call "
@@ -96,7 +96,7 @@ def _stage_finding(s: StageStats) -> Finding:
     """A stage slow on every node (its median), with the advice for why: failures, misses, or plain speed."""
     if s.failed:
         why = f" ({s.reasons[0]})" if s.reasons else ""
-        advice = f"it failed or fell back on {s.failed} of {s.nodes} nodes{why}: fix that first"
+        advice = f"it failed or fell back on {s.failed} of {count(s.nodes, 'node')}{why}: fix that first"
     elif s.misses:
         advice = _ADVICE_MISS.get(s.stage, f"{s.misses} cache misses")
     else:

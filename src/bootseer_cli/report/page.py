@@ -83,7 +83,7 @@ def job_html(r: JobReport) -> str:
         body.append("<h2>Starts in this job</h2>")
         body.append(
             _html_table(
-                ["start", "nodes", "first start", "startup"],
+                ["start", "nodes", "began", "startup"],
                 [
                     [str(a.attempt), str(a.nodes), esc(fmt_time(a.started)), fmt_seconds(a.startup_s)]
                     for a in r.attempts
@@ -97,7 +97,8 @@ def job_html(r: JobReport) -> str:
 def _job_cards(r: JobReport) -> str:
     """The headline figures of a job, the ones that call for action marked (none when it is already fast)."""
     act = not already_fast(r)
-    items = [(fmt_seconds(r.startup_s), "startup: job's first start → slowest node ready", act)]
+    which = f"start {r.attempt}" if r.attempt else "this start"
+    items = [(fmt_seconds(r.startup_s), f"startup: {which}'s first node start → slowest node ready", act)]
     if straggler_node(r):
         items += [
             (r.slowest_node, "slowest node (the straggler)", act),

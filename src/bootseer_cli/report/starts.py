@@ -28,6 +28,11 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def count(n: int, word: str) -> str:
+    """`1 node`, `3 nodes`: a count with its noun, singular for one."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def cache_class(event: dict[str, Any]) -> str | None:
     """'hit', 'miss' or None (the event says nothing about a cache)."""
     cache = str(event.get("cache") or "").lower()

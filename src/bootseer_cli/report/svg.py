@@ -19,7 +19,7 @@ from typing import NamedTuple
 from ..units import fmt_seconds, fmt_time
 from .analysis import TrendReport
 from .job import JobReport, NodeRow
-from .starts import READY_STAGE, TOTAL_STAGE, percentile
+from .starts import READY_STAGE, TOTAL_STAGE, count, percentile
 from .text import straggler_node
 
 MAX_NODE_ROWS = 64
@@ -273,7 +273,7 @@ def _group_bars(
         lo, mid_start, mid_end, hi = bar
         fill = color(stage, others)
         tip = (
-            f"{stage} over {len(rows)} nodes: median {fmt_seconds(mid_start)}–{fmt_seconds(mid_end)}, "
+            f"{stage} over {count(len(rows), 'node')}: median {fmt_seconds(mid_start)}–{fmt_seconds(mid_end)}, "
             f"p10 start {fmt_seconds(lo)}, p90 end {fmt_seconds(hi)}"
         )
         if stage == TOTAL_STAGE:
@@ -404,7 +404,8 @@ def trend_svg(t: TrendReport, width: int = 1200, height: int = 260) -> str:
     for px, py, r in pts:
         svg.add(
             f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3.5" fill="{COLORS["image"]}"><title>{esc(r.job)} start '
-            f"{r.attempt}: {fmt_seconds(r.startup_s)}, {r.nodes} nodes, {esc(fmt_time(r.started))}</title></circle>"
+            f"{r.attempt}: {fmt_seconds(r.startup_s)}, {count(r.nodes, 'node')}, "
+            f"{esc(fmt_time(r.started))}</title></circle>"
         )
     if rows:
         svg.text(left, height - 10, fmt_time(rows[0].started), ' fill="#666"')

@@ -10,6 +10,7 @@ from ..units import fmt_bytes, fmt_seconds, fmt_time
 from .analysis import StartRow, TrendReport
 from .findings import slowest, why_slow
 from .job import JobReport, StageStats
+from .starts import count
 
 # Characters that must not reach a terminal as they are: C0 controls but the newline (ESC starts
 # sequences that clear the screen, retitle the window or rewrite what was printed before; BEL rings),
@@ -148,7 +149,7 @@ def job_text(r: JobReport) -> str:
         lines.append(f"startup {fmt_seconds(r.startup_s)} to the node's ready ({r.slowest_node})")
     if counts_gpus(r):
         lines.append(
-            f"GPU time wasted {r.gpu_hours_wasted:.2f} GPU-hours ({r.nodes} nodes × {r.gpus_per_node} GPUs "
+            f"GPU time wasted {r.gpu_hours_wasted:.2f} GPU-hours ({count(r.nodes, 'node')} × {r.gpus_per_node} GPUs "
             f"[{r.gpus_source}] × {fmt_seconds(r.startup_s)})"
         )
     if r.ready_called < r.nodes:
