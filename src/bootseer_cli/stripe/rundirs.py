@@ -56,6 +56,8 @@ def sweep(base: Path, keep: str, info: Callable[[str], None]) -> int:
     from .mount import is_ours, mount_info, server_gone, umount
 
     removed = 0
+    stale = False  # a mount whose server died was taken down: worth a line (an ended run's empty
+    # directory, every start's leftover of the one before, is not: exec prints one summary line)
     try:
         names = sorted(n for n in os.listdir(base) if n.startswith(PREFIX) and not n.endswith(OWNER_SUFFIX))
     except OSError:
@@ -72,6 +74,7 @@ def sweep(base: Path, keep: str, info: Callable[[str], None]) -> int:
                 umount(p)
             if mount_info(p) is not None:
                 continue
+            stale = True
         elif _owner_alive(p):
             continue  # a pull (or a mount about to be made) of a run that is still going
         try:
@@ -85,6 +88,6 @@ def sweep(base: Path, keep: str, info: Callable[[str], None]) -> int:
         with contextlib.suppress(OSError):
             os.unlink(f"{p}{OWNER_SUFFIX}")
         removed += 1
-    if removed:
+    if removed and stale:
         info(f"checkpoint: removed {removed} mount point(s) of ended runs under {base}")
     return removed

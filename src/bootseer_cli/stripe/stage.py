@@ -103,8 +103,9 @@ def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> St
     info = mount_info(mp)
     ctx.add_agent_task(UnmountTask(mountpoint=mp, pid=pid, dev=info["dev"] if info else ""))
     ctx.exports["BOOTSEER_CKPT_DIR"] = mp
-    ctx.info(f"checkpoint {m.name}:{m.tag} mounted at {mp}")
-    return StageResult("mounted", summary=f"mounted {m.name}:{m.tag}", extra=extra)
+    # no line of its own: exec prints one summary line (the job finds the path in $BOOTSEER_CKPT_DIR,
+    # `bootseer report` in the event)
+    return StageResult("mounted", summary=f"mounted {m.name}:{m.tag}", extra={**extra, "mountpoint": mp})
 
 
 def fuse_missing(device: str = "/dev/fuse", euid: int | None = None) -> str:
