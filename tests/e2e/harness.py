@@ -246,6 +246,7 @@ class Node:
             d.mkdir(parents=True)
         for f in ("train.py", "requirements.txt", "bootseer.toml"):
             shutil.copy2(EXAMPLE / f, self.work / f)
+        shutil.copytree(EXAMPLE / "fnv", self.work / "fnv")  # requirements.txt names it: ./fnv
         if requirements is not None:
             (self.work / "requirements.txt").write_text(requirements)
         self.venv_at.mkdir(parents=True, exist_ok=True)
