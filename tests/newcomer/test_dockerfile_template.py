@@ -105,3 +105,11 @@ def test_the_rendered_dockerfile_builds_from_a_wheel_of_this_tree(docker_client:
         assert where.startswith("/opt/bootseer/lib/"), where  # from the wheel, into bootseer's own venv
     finally:
         docker_client.images.remove(tag, force=True)
+
+
+@pytest.mark.parametrize("name", ["github-actions-prewarm.yml", "gitlab-ci-prewarm.yml"])
+def test_the_ci_templates_install_a_named_wheel_not_the_index(name: str) -> None:
+    text = render(name, {"IMAGE": "registry.example/team/train"})
+    install = next(line for line in text.splitlines() if "python3 -m pip install" in line and "docker" not in line)
+    assert install.split()[-1] == "./bootseer-dist/bootseer-*.whl", install
+    assert "BOOTSEER_SPEC" in text.split("\nname:", 1)[0] or "--set BOOTSEER_SPEC" in text, "the knob is documented"
