@@ -39,7 +39,8 @@ def _many_files(tmp_path: Path, root: Path) -> None:
     subprocess.run([sys.executable, "many.py"], cwd=tmp_path, check=True)
 
 
-def test_ctrl_c_twice_during_a_restore_leaves_the_tree_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize("verb", [["restore"], ["exec", "--", "true"]], ids=["restore", "exec"])
+def test_ctrl_c_twice_during_a_restore_leaves_the_tree_whole(tmp_path: Path, verb: list[str]) -> None:
     root = project(tmp_path, (tmp_path / "store").as_uri())
     (root / SITE / "pkg_a" / "big.bin").write_bytes(os.urandom(1 << 20))  # an image file the setup deletes
     assert run_cli(["baseline"], tmp_path, tmp_path / "c0").returncode == 0
@@ -54,7 +55,7 @@ def test_ctrl_c_twice_during_a_restore_leaves_the_tree_whole(tmp_path: Path) -> 
     env = {k: v for k, v in pkgindex.clean_env().items() if not k.startswith("BOOTSEER_")}
     env.update({"XDG_CACHE_HOME": str(tmp_path / "node-cache"), "BOOTSEER_EXEC_AGENT": "0"})
     p = subprocess.Popen(
-        [sys.executable, "-m", "bootseer_cli", "restore"],
+        [sys.executable, "-m", "bootseer_cli", *verb],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.DEVNULL,
