@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
 import uuid
@@ -112,7 +113,9 @@ def make_root(root: str) -> None:
         tree.close()
 
 
+@functools.cache
 def _libc_fsid() -> tuple[Callable[[int], int], Callable[[int], int]] | None:
+    """libc's setfsuid and setfsgid (loaded on first use: only root in a foreign tree needs them)."""
     try:
         import ctypes
 
@@ -122,9 +125,6 @@ def _libc_fsid() -> tuple[Callable[[int], int], Callable[[int], int]] | None:
         return None
 
 
-_FSID = _libc_fsid()
-
-
 @contextlib.contextmanager
 def acting_as(tree: Tree) -> Iterator[None]:
     """This thread's file system identity becomes the tree's owner while the block runs (root in a
@@ -132,9 +132,10 @@ def acting_as(tree: Tree) -> Iterator[None]:
     if not tree.foreign:
         yield
         return
-    if _FSID is None:
+    fsid = _libc_fsid()
+    if fsid is None:
         raise Refused(errno.EPERM, f"cannot act as uid {tree.uid} here; root does not write into its tree")
-    setfsuid, setfsgid = _FSID
+    setfsuid, setfsgid = fsid
     gid = _primary_gid(tree)
     old_gid = setfsgid(gid)
     old_uid = setfsuid(tree.uid)
