@@ -72,8 +72,11 @@ class ConditionalS3:
         parsed = urlparse(full)
         query = dict(parse_qsl(parsed.query))
         config: dict[str, object] = {"conditional_put": "etag"}
-        if "region" in query:
-            config["region"] = query["region"]
+        region = query.get("region") or getattr(fs.fs, "region", "")  # pyarrow resolved the bucket's region
+        if region:
+            config["region"] = region
+        if query.get("force_virtual_addressing", "").lower() in ("1", "true", "yes"):
+            config["virtual_hosted_style_request"] = True
         if "endpoint_override" in query:
             scheme = query.get("scheme", "https")
             config["endpoint"] = f"{scheme}://{query['endpoint_override']}"
