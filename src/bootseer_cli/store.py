@@ -491,8 +491,9 @@ class Store(StoreFS):
 
         On a local store the compare and the write are atomic: the lease file is renamed aside (one
         process gets it), checked, and the renewed document linked into place, which fails rather
-        than overwrite a lease another node created meanwhile. On an object store the read and the
-        write are two requests; a taker only acts on an expired lease (by its clock, with the skew
+        than overwrite a lease another node created meanwhile. With conditional writes (`leasecas`)
+        it is one request, If-Match the version this holder wrote. On any other object store the read
+        and the write are two requests; a taker only acts on an expired lease (by its clock, with the skew
         allowance), and the owner renews only a lease that has not expired by its own clock, so the
         window needs a clock skew beyond the allowance.
         """
