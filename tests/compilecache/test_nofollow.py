@@ -191,3 +191,36 @@ def test_root_publishes_and_restores_its_own_tree(tmp_path: Path) -> None:
     dst.mkdir(parents=True)
     out = restore(store, read_index(store, KEY), {"inductor": dst}, 1 << 30)
     assert out.files == 1 and (dst / "fxgraph" / "g").read_bytes() == b"graph"
+
+
+def test_publish_does_not_hang_on_a_fifo_swapped_in(
+    base: Path, tmp_path: Path, user: pwd.struct_passwd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listed file swapped for a FIFO: opened O_NONBLOCK and refused by fstat, never waited on."""
+    import threading
+
+    root = _users_tree(base, user)
+    _put_as(user, root / "kernel.py", b"print('a kernel')")
+    real_changes = publish_mod.changes
+
+    def walk_then_swap(roots: dict[str, Path], baseline: Baseline) -> object:
+        out = real_changes(roots, baseline)
+        (root / "kernel.py").unlink()
+        os.mkfifo(root / "kernel.py")
+        os.chown(root / "kernel.py", user.pw_uid, user.pw_gid)
+        return out
+
+    monkeypatch.setattr(publish_mod, "changes", walk_then_swap)
+    store = open_store((tmp_path / "store").as_uri())
+    done: list[object] = []
+    t = threading.Thread(
+        target=lambda: done.append(publish(store, KEY, "n0", {"inductor": root}, Baseline(roots={}), 1 << 30)),
+        daemon=True,
+    )
+    t.start()
+    t.join(20)
+    if t.is_alive():  # let the reader go, then fail
+        with open(os.open(root / "kernel.py", os.O_WRONLY | os.O_NONBLOCK), "wb") as w:
+            w.write(b"x")
+        pytest.fail("the publish waited on a FIFO")
+    assert done and read_index(store, KEY).entries == {}
