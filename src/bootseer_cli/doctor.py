@@ -35,6 +35,28 @@ def check_store(settings: StoreSettings) -> Check:
     return Check("store", "ok", f"{store.uri} is reachable and writable")
 
 
+def check_leases(settings: StoreSettings) -> Check:
+    """How the store's single-flight leases are taken: compare-and-swap (a local store's exclusive create,
+    S3 conditional writes) or, where the store offers neither, write, settle and read back (issue 28)."""
+    from .leasecas import lease_protocol
+    from .redact import redact_text
+    from .store import open_store
+
+    try:
+        protocol, why = lease_protocol(open_store(settings.uri))
+    except (BootseerError, OSError, ValueError) as e:
+        return Check("leases", "warn", f"not checked: {redact_text(str(e))}")
+    if protocol == "compare-and-swap":
+        return Check("leases", "ok", f"compare-and-swap: {why}")
+    return Check(
+        "leases",
+        "warn",
+        f"write, settle and read back ({why}): a node that stalls between its check and its write can share "
+        "a lease with another (two builds of one env, two first fetchers)",
+        "use a store with conditional writes (AWS S3, a MinIO that honours If-None-Match) where that matters",
+    )
+
+
 def check_trust(settings: Settings) -> Check:
     """Which domain this node writes, what it reads, and whether refs are signed (one line to turn it on)."""
     from .trust import describe, trust_for
@@ -134,7 +156,8 @@ def run_checks(settings: Settings) -> list[Check]:
     """The machine's checks, then each capability's (its `doctor` hook), in the order `bootseer doctor` prints them."""
     from .capabilities import CAPABILITIES, resolve
 
-    checks = [check_store(settings.store), check_trust(settings), check_cache(settings.store), check_docker()]
+    checks = [check_store(settings.store), check_leases(settings.store), check_trust(settings)]
+    checks += [check_cache(settings.store), check_docker()]
     checks.append(check_hostname())
     for cap in CAPABILITIES:  # each capability checks what it needs of this machine
         if cap.doctor:

@@ -10,11 +10,15 @@ Layout (DESIGN.md section 3)::
 
 Blobs and refs are published atomically (see `storefs`): a reader never uses a partial object.
 
-Leases. On file:// a lease is created with O_EXCL, which is atomic. pyarrow exposes no
-create-if-absent on object stores, so there a lease is taken by writing a unique owner id, waiting
-a settle time and reading it back: of several nodes that write within the settle window, exactly
-one (the last writer) reads back its own id. The guarantee holds as long as a write completes within
-`settle_s` (default 1 s; raise it for slow stores). Expired leases are taken over the same way.
+Leases are compare-and-swap where the store offers it. On file:// a lease is created with link(),
+which fails if it exists (atomic). On S3 servers that honour conditional writes (`leasecas`) a lease
+is created with `If-None-Match: *` and renewed, taken over or released with `If-Match: <etag>`: of
+several takers exactly one wins, however long any of them stalls. Elsewhere (GCS, HDFS, an S3 server
+that ignores the headers; `bootseer doctor` says which) pyarrow exposes no create-if-absent, so a
+lease is taken by writing a unique owner id, waiting a settle time and reading it back: of several
+nodes that write within the settle window, exactly one (the last writer) reads back its own id. That
+holds only as long as no node stalls between its check and its write for more than `settle_s`
+(default 1 s). Expired leases are taken over the same way.
 A lease records its TTL; its holder renews it (every TTL/3 in the keepers) and releases it only
 while it is still the owner (compare, then write), and a reader allows for clock skew: see
 `Store.lease_live` and `LEASE_SKEW_S`.
@@ -93,6 +97,7 @@ class Lease:
     expires: float
     ttl_s: float = 0.0
     lost: bool = False
+    etag: str = ""  # the version this holder wrote, on a store with conditional writes (`leasecas`)
 
     def release(self) -> None:
         self.store.release_lease(self)
@@ -435,6 +440,12 @@ class Store(StoreFS):
                     tmp.unlink(missing_ok=True)
                 return Lease(self, key, owner, expires, ttl_s)
             return None
+        cas = self.conditional()
+        if cas is not None:
+            from .leasecas import take_lease
+
+            etag = take_lease(self, cas, key, owner, ttl_s, doc)
+            return None if etag is None else Lease(self, key, owner, expires, ttl_s, etag=etag)
         current = self.read_lease(key)
         if self.lease_live(key, current, ttl_s):
             return None
@@ -480,11 +491,16 @@ class Store(StoreFS):
 
         On a local store the compare and the write are atomic: the lease file is renamed aside (one
         process gets it), checked, and the renewed document linked into place, which fails rather
-        than overwrite a lease another node created meanwhile. On an object store the read and the
-        write are two requests; a taker only acts on an expired lease (by its clock, with the skew
+        than overwrite a lease another node created meanwhile. With conditional writes (`leasecas`)
+        it is one request, If-Match the version this holder wrote. On any other object store the read
+        and the write are two requests; a taker only acts on an expired lease (by its clock, with the skew
         allowance), and the owner renews only a lease that has not expired by its own clock, so the
         window needs a clock skew beyond the allowance.
         """
+        if lease.etag:
+            from .leasecas import swap_lease
+
+            return swap_lease(self, lease, ttl_s)
         if lease.lost or not self._still_ours(lease):
             lease.lost = True
             return False
@@ -535,6 +551,11 @@ class Store(StoreFS):
         delete is skipped once the lease has expired by this clock (a taker may be acting on it),
         so deleting a taker's lease needs a clock skew beyond the allowance (see `lease_live`).
         """
+        if lease.etag:  # a released lease stays as an expired version (a delete cannot be conditional here)
+            from .leasecas import swap_lease
+
+            swap_lease(self, lease, 0.0, release=True)
+            return
         if lease.lost or not self._still_ours(lease):
             return
         if self.is_local:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import pyarrow.dataset as pads
     import pyarrow.fs as pafs
 
+    from .leasecas import ConditionalS3
 
 KEEP_NAME = ".keep"
 SUPPORTED_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "")
@@ -113,6 +114,16 @@ class StoreFS:
     def uri_with_credentials(self) -> str:
         """The full URI, secret included: only for a child's environment or a 0600 file, never argv or text."""
         return self._full_uri
+
+    def conditional(self) -> ConditionalS3 | None:
+        """Create-if-absent and replace-if-unchanged on this store, when its server honours conditional
+        writes (an S3 server, probed once per process; `leasecas`); None elsewhere. Local stores have
+        their own exclusive create (link), used by the leases directly."""
+        if not hasattr(self, "_cas"):
+            from .leasecas import conditional
+
+            self._cas = conditional(self)
+        return self._cas
 
     # ---- generic paths -------------------------------------------------------------------------
     def scoped(self, rel: str) -> str:

@@ -138,8 +138,8 @@ def test_keys_json(tmp_path: Path) -> None:
 def test_doctor(tmp_path: Path) -> None:
     r = run(["doctor", "--json", "--store", (tmp_path / "s").as_uri()], tmp_path)
     checks = {c["name"]: c for c in json.loads(r.stdout)}
-    assert set(checks) == {"store", "trust", "fuse", "cache", "docker", "p2p", "hostname", "image root"}
-    assert checks["store"]["status"] == "ok"
+    assert set(checks) == {"store", "leases", "trust", "fuse", "cache", "docker", "p2p", "hostname", "image root"}
+    assert checks["store"]["status"] == "ok" and checks["leases"]["status"] == "ok"
     r = run(["doctor", "--store", "nope://x"], tmp_path)
     assert r.returncode == 1
     assert "fail  store" in r.stdout and "unknown scheme" in r.stdout and "fix:" in r.stdout

@@ -8,6 +8,7 @@ many nodes then writes one index shard an hour, not one per node.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -15,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..digests import sha256_file
 from ..errors import IntegrityError
 from .index import Entry, merge, prune, read_index, write_index
-from .tree import HEADERS, Baseline, walk
+from .nofollow import Tree, open_file, open_tree
+from .tree import HEADERS, Baseline, index_parts, walk
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -39,19 +40,28 @@ class Published:
     skipped: int = 0  # files that changed while they were read, or were too large
 
 
-def _chunks(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            yield chunk
+def _chunks(fd: int) -> Iterator[bytes]:
+    """The file's bytes from its start, read through the descriptor that was checked (`nofollow`)."""
+    offset = 0
+    while chunk := os.pread(fd, CHUNK, offset):
+        offset += len(chunk)
+        yield chunk
 
 
-def _upload(store: Store, path: Path, size: int, bad: set[str]) -> str:
-    """Upload one file as a blob; a blob known to be corrupt is replaced, not trusted by its size."""
-    digest = sha256_file(path)
+def _upload(store: Store, fd: int, size: int, bad: set[str]) -> str:
+    """Upload one open file as a blob; a blob known to be corrupt is replaced, not trusted by its size."""
+    h = hashlib.sha256()
+    for chunk in _chunks(fd):
+        h.update(chunk)
+    digest = h.hexdigest()
     if digest in bad:
         store.delete_blob(digest)
-    store.put_blob_stream(digest, _chunks(path), size=size)
+    store.put_blob_stream(digest, _chunks(fd), size=size)  # hashed again on the way: a change is caught
     return digest
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns)
 
 
 def changes(roots: Mapping[str, Path], base: Baseline) -> tuple[dict[str, tuple[Path, os.stat_result]], list[str]]:
@@ -80,24 +90,56 @@ def changes(roots: Mapping[str, Path], base: Baseline) -> tuple[dict[str, tuple[
 
 
 def upload_changes(
-    store: Store, changed: Mapping[str, tuple[Path, os.stat_result]], base: Baseline, max_bytes: int, now: float
+    store: Store,
+    roots: Mapping[str, Path],
+    changed: Mapping[str, tuple[Path, os.stat_result]],
+    base: Baseline,
+    max_bytes: int,
+    now: float,
 ) -> tuple[dict[str, Entry], int]:
-    """Upload the changed files; returns their entries and how many were skipped."""
+    """Upload the changed files; returns their entries and how many were skipped.
+
+    Each file is opened again from its root without following links (`nofollow.open_file`) and sent
+    only if it is still the file the walk saw (device, inode, size, mtime): a file swapped for a link,
+    a FIFO or another file since then (by the user who owns the tree) is skipped, never followed."""
     fresh: dict[str, Entry] = {}
     skipped = 0
     bad = set(base.bad)
-    for rel, (path, st) in sorted(changed.items()):
-        size = st.st_size
-        if size > max_bytes:
-            skipped += 1
-            continue
-        try:
-            digest = _upload(store, path, size, bad)
-        except (IntegrityError, FileNotFoundError):  # rewritten or removed while read: the next publish has it
-            skipped += 1
-            continue
-        fresh[rel] = Entry(digest, size, now)
+    trees: dict[str, Tree] = {}
+    try:
+        for rel, (_path, st) in sorted(changed.items()):
+            if st.st_size > max_bytes:
+                skipped += 1
+                continue
+            try:
+                digest = _upload_one(store, roots, trees, rel, st, bad)
+            except (IntegrityError, OSError):  # rewritten, removed or swapped while read: the next publish has it
+                digest = None
+            if digest is None:
+                skipped += 1
+                continue
+            fresh[rel] = Entry(digest, st.st_size, now)
+    finally:
+        for tree in trees.values():
+            tree.close()
     return fresh, skipped
+
+
+def _upload_one(
+    store: Store, roots: Mapping[str, Path], trees: dict[str, Tree], rel: str, st: os.stat_result, bad: set[str]
+) -> str | None:
+    """Upload `rel` if it is still the file `st` describes; its digest, or None when it is not."""
+    found = index_parts(roots, rel)
+    if found is None:
+        return None
+    name, parts = found
+    if name not in trees:
+        trees[name] = open_tree(str(roots[name]))
+    fd, now_st = open_file(trees[name], parts)
+    try:
+        return _upload(store, fd, st.st_size, bad) if _same(st, now_st) else None
+    finally:
+        os.close(fd)
 
 
 def publish(store: Store, key: str, node: str, roots: Mapping[str, Path], base: Baseline, max_bytes: int) -> Published:
@@ -109,7 +151,7 @@ def publish(store: Store, key: str, node: str, roots: Mapping[str, Path], base: 
     now = time.time()
     out = Published()
     changed, used = changes(roots, base)
-    fresh, out.skipped = upload_changes(store, changed, base, max_bytes, now)
+    fresh, out.skipped = upload_changes(store, roots, changed, base, max_bytes, now)
     out.files, out.bytes = len(fresh), sum(e.size for e in fresh.values())
     index = read_index(store, key)
     for rel in used:

@@ -33,6 +33,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .nofollow import acceptable_root, make_root, open_tree
+from .nofollow import walk as nofollow_walk
+
 # cache name -> the variable that points PyTorch (or Triton) at it
 CACHE_VARS: dict[str, str] = {
     "inductor": "TORCHINDUCTOR_CACHE_DIR",
@@ -100,9 +103,11 @@ def _absolute(path: Path) -> Path:
 
 def make_dirs(roots: Mapping[str, Path]) -> dict[str, Path]:
     """Create the directories private to this user (the caches hold code that will be loaded and run);
-    returns the roots to use. A shared root (in TMPDIR, where anyone may create a directory first) is
-    left out unless the directories the stage would write below TMPDIR are real directories of this
-    user: a file restored there is read by the compiler."""
+    returns the roots to use. A root that exists must be a directory of this user (for root: of any
+    uid, which root then acts as, see `nofollow`): a directory of another user is left out. A shared
+    root (in TMPDIR, where anyone may create a directory first) is left out unless the directories the
+    stage would write below TMPDIR are real directories of this user: a file restored there is read by
+    the compiler."""
     usable: dict[str, Path] = {}
     for name, path in roots.items():
         if name in SHARED_ROOTS:
@@ -115,7 +120,9 @@ def make_dirs(roots: Mapping[str, Path]) -> dict[str, Path]:
             if not _own_dirs(path, levels=2):
                 continue
         else:
-            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            make_root(str(path))
+            if not acceptable_root(str(path)):
+                continue
         usable[name] = path
     return usable
 
@@ -144,36 +151,46 @@ def skipped(rel: str) -> bool:
     return "locks" in parts[:-1] or name.endswith((".lock", ".tmp", ".part")) or name.startswith(".") or ".tmp" in name
 
 
-def walk(roots: Mapping[str, Path]) -> Iterator[tuple[str, Path, os.stat_result]]:
-    """(index path, file path, stat) of every regular file under the roots; links are not followed."""
+def walk_fds(roots: Mapping[str, Path]) -> Iterator[tuple[str, int, str, os.stat_result]]:
+    """(index path, directory descriptor, name, lstat) of every usable file under the roots, reached
+    without following links (`nofollow.walk`); the descriptor is valid only until the next item."""
     for name, root in roots.items():
-        if not root.is_dir():
+        try:
+            tree = open_tree(str(root))
+        except OSError:
             continue
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for fn in filenames:
-                path = Path(dirpath) / fn
-                rel = f"{name}/{path.relative_to(root).as_posix()}"
-                if skipped(rel):
-                    continue
-                try:
-                    st = path.lstat()
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    yield rel, path, st
+        try:
+            for parts, dfd, fn, st in nofollow_walk(tree):
+                rel = "/".join((name, *parts, fn))
+                if not skipped(rel):
+                    yield rel, dfd, fn, st
+        finally:
+            tree.close()
 
 
-def local_path(roots: Mapping[str, Path], rel: str) -> Path | None:
-    """Where an index path lives on this node; None for a path that is not safe to write (untrusted input)."""
+def walk(roots: Mapping[str, Path]) -> Iterator[tuple[str, Path, os.stat_result]]:
+    """(index path, file path, stat) of every usable file under the roots; links are not followed. The
+    path is for messages: files are read through `nofollow.open_file`, never by it."""
+    for rel, _dfd, _fn, st in walk_fds(roots):
+        name, _, inner = rel.partition("/")
+        yield rel, roots[name] / inner, st
+
+
+def index_parts(roots: Mapping[str, Path], rel: str) -> tuple[str, list[str]] | None:
+    """(cache name, path components inside its root) of an index path; None when unsafe (untrusted input)."""
     name, sep, inner = rel.partition("/")
-    root = roots.get(name)
-    if root is None or not sep or "\\" in inner or "\0" in inner:
+    if name not in roots or not sep or "\\" in inner or "\0" in inner:
         return None
     parts = inner.split("/")
     if any(p in ("", ".", "..") for p in parts) or skipped(rel):
         return None
-    return root.joinpath(*parts)
+    return name, parts
+
+
+def local_path(roots: Mapping[str, Path], rel: str) -> Path | None:
+    """Where an index path lives on this node (for messages); None for a path that is not safe to write."""
+    found = index_parts(roots, rel)
+    return None if found is None else roots[found[0]].joinpath(*found[1])
 
 
 @dataclass
@@ -208,12 +225,12 @@ def take_baseline(roots: Mapping[str, Path], digests: dict[str, str], bad: list[
     next node that has to build it.
     """
     base = Baseline(roots={k: str(v) for k, v in roots.items()}, digests=digests, bad=bad)
-    for rel, path, st in walk(roots):
+    for rel, dfd, fn, st in walk_fds(roots):
         if rel not in digests and rel.partition("/")[0] not in SHARED_ROOTS:
             continue
         atime = st.st_mtime_ns - ATIME_BACKDATE_NS
         try:
-            os.utime(path, ns=(atime, st.st_mtime_ns), follow_symlinks=False)
+            os.utime(fn, ns=(atime, st.st_mtime_ns), dir_fd=dfd, follow_symlinks=False)
         except OSError:
             atime = st.st_atime_ns
         base.files[rel] = (st.st_size, st.st_mtime_ns, atime)

@@ -26,7 +26,8 @@ def lease_key(env_key: str) -> str:
 class LeaseKeeper:
     """Renews a single-flight lease in the background while a long setup runs.
 
-    A renewal happens only while the lease is still ours (`Store.renew_lease` compares first): once
+    A renewal happens only while the lease is still ours (`Store.renew_lease` compares and swaps: a
+    local store's rename and link, an S3 store's If-Match on the version this holder wrote): once
     it finds another owner, which took the lease over after ours expired (a stalled node), the keeper
     stops, sets `lost`, and never overwrites the new owner's lease; the release at the end is then
     a no-op. The work goes on (the snapshot it publishes is content-addressed, so a duplicate is
