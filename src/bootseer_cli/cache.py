@@ -22,7 +22,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cachedir import UnsafeCacheDir, open_regular, open_root, open_sub, parent_fd, sha256_fd, unlink_at
+from .cachedir import (
+    UnsafeCacheDir,
+    open_parent,
+    open_regular,
+    open_root,
+    open_sub,
+    parent_fd,
+    sha256_fd,
+    unlink_at,
+)
 from .settings import StoreSettings
 from .store import Store, blob_path
 
@@ -142,6 +151,12 @@ class BlobCache:
             _touch(dest.name, dfd)
         self.evict(keep=digest)
         return dest
+
+    def dir_fd(self, digest: str) -> int:
+        """A descriptor of `digest`'s fan-out directory, made when missing, entered no-follow and
+        checked as the acting uid's (`cachedir`): for a writer that acts by name in it. The caller
+        closes it. UnsafeCacheDir (a StoreError) when a component is a link or someone else's."""
+        return open_parent(self.path(digest), self.root)
 
     def _fanout(self) -> Iterator[tuple[str, int]]:
         """(name, descriptor) of each fan-out directory, entered no-follow; a link or another user's

@@ -110,3 +110,27 @@ print("ok")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_streamed_restore_download_never_writes_through_a_linked_fanout_dir(s3_server: object, tmp_path: Path) -> None:
+    """The env restore's download from a remote store (`delivery.Download`) writes its part file in the
+    fan-out directory too: refused there, and the in-place link of a local store is skipped."""
+    from bootseer_cli.delivery import Blob, Download, Fetched, Verifier, link_into_cache
+
+    store = Store(s3_server.uri(f"t-{os.urandom(6).hex()}"), settle_s=0.2)  # type: ignore[attr-defined]
+    digest = store.put_blob_bytes(os.urandom(5000))
+    cache, elsewhere = _planted(tmp_path, digest)
+    with pytest.raises(StoreError, match="link or not a directory"):
+        Download(store, cache, digest)
+    assert list(elsewhere.iterdir()) == []
+
+    local = Store((tmp_path / "store").as_uri())
+    digest = local.put_blob_bytes(os.urandom(5000))
+    cache, elsewhere = _planted(tmp_path / "b", digest)
+    path = Path(local.path(f"blobs/sha256/{digest[:2]}/{digest}"))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        link_into_cache(cache, Blob(fd, Fetched(path, "store"), Verifier(fd, digest), store_path=path), digest)
+    finally:
+        os.close(fd)
+    assert list(elsewhere.iterdir()) == []
