@@ -225,18 +225,25 @@ class BlobCache:
         entries = sorted(self.entries())
         total = sum(size for _, size, _ in entries)
         freed = 0
-        for _, size, p in entries:
-            if total <= self.max_bytes:
-                break
-            if keep and p.name == keep:
-                continue
-            with contextlib.suppress(FileNotFoundError, NotADirectoryError, UnsafeCacheDir):
-                with parent_fd(p, self.root, create=False) as dfd:
+        fds: dict[str, int] = {}  # each fan-out directory entered once per eviction
+        try:
+            for _, size, p in entries:
+                if total <= self.max_bytes:
+                    break
+                if keep and p.name == keep:
+                    continue
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError, UnsafeCacheDir):
+                    dfd = fds.get(p.parent.name)
+                    if dfd is None:
+                        dfd = fds[p.parent.name] = open_parent(p, self.root, create=False)
                     if not stat.S_ISREG(os.stat(p.name, dir_fd=dfd, follow_symlinks=False).st_mode):
                         continue
                     os.unlink(p.name, dir_fd=dfd)
-                total -= size
-                freed += size
+                    total -= size
+                    freed += size
+        finally:
+            for dfd in fds.values():
+                os.close(dfd)
         return freed
 
 
