@@ -16,36 +16,50 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .digests import sha256_file
+from .cachedir import (
+    UnsafeCacheDir,
+    open_parent,
+    open_regular,
+    open_root,
+    open_sub,
+    parent_fd,
+    sha256_fd,
+    unlink_at,
+)
 from .settings import StoreSettings
 from .store import Store, blob_path
 
 if TYPE_CHECKING:
     pass
 
+FANOUT = "sha256"
 
-def _touch(p: Path) -> None:
-    """Recency with the clock's full resolution (the kernel's file times are coarse, ~4 ms)."""
+
+def _touch(name: str, dfd: int) -> None:
+    """Recency with the clock's full resolution (the kernel's file times are coarse, ~4 ms); the
+    entry `name` in `dfd`, never a link's target."""
     now = time.time()
-    os.utime(p, (now, now))
+    os.utime(name, (now, now), dir_fd=dfd, follow_symlinks=False)
 
 
-def _link_stored(store: Store, src: Path, digest: str, dest: Path) -> bool:
-    """Replace `src` by a hard link to the store's copy of the blob at `dest`; False when not possible."""
+def _link_stored(store: Store, src: Path, digest: str, dfd: int, name: str) -> bool:
+    """Replace `src` by a hard link to the store's copy of the blob at `name` in `dfd`; False when
+    not possible."""
     stored = Path(store.path(blob_path(digest)))
-    tmp = dest.with_name(f".{dest.name}.link-{os.getpid()}-{time.monotonic_ns()}")
+    tmp = f".{name}.link-{os.getpid()}-{time.monotonic_ns()}"
     try:
         if stored.stat().st_size != src.stat().st_size:
             return False
-        os.link(stored, tmp)
-        os.replace(tmp, dest)
+        os.link(stored, tmp, dst_dir_fd=dfd, follow_symlinks=False)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        unlink_at(tmp, dfd)
         return False
     src.unlink(missing_ok=True)
     return True
@@ -60,16 +74,25 @@ class BlobCache:
         return self.root / blob_path(digest).removeprefix("blobs/")
 
     def get(self, digest: str) -> Path | None:
-        """The cached file, verified and its recency refreshed; None on a miss or a corrupt entry."""
+        """The cached file, verified and its recency refreshed; None on a miss or a corrupt entry (or
+        one below a directory that is a link or someone else's: `cachedir`)."""
         p = self.path(digest)
         try:
-            _touch(p)
-            before = p.stat()
-            if sha256_file(p) == digest:
-                return p
-        except FileNotFoundError:
+            with parent_fd(p, self.root, create=False) as dfd:
+                fd = open_regular(p.name, dfd)
+                try:
+                    _touch(p.name, dfd)
+                    ino = os.fstat(fd).st_ino
+                    if sha256_fd(fd) == digest:
+                        return p
+                finally:
+                    os.close(fd)
+                self._drop_at(dfd, p.name, ino, digest)
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        self._drop(p, before.st_ino, digest)
+        except UnsafeCacheDir as e:
+            _warn(str(e))
+            return None
         return None
 
     def peek(self, digest: str) -> Path | None:
@@ -77,28 +100,31 @@ class BlobCache:
         reads (the env restore) and calls `drop` when the digest does not match."""
         p = self.path(digest)
         try:
-            _touch(p)
+            with parent_fd(p, self.root, create=False) as dfd:
+                os.close(open_regular(p.name, dfd))
+                _touch(p.name, dfd)
         except (FileNotFoundError, NotADirectoryError):
+            return None
+        except UnsafeCacheDir as e:
+            _warn(str(e))
             return None
         return p
 
     def drop(self, p: Path, ino: int, digest: str) -> None:
         """Remove an entry that failed its digest (unless a good copy replaced it meanwhile), loudly."""
-        self._drop(p, ino, digest)
+        try:
+            with parent_fd(p, self.root, create=False) as dfd:
+                self._drop_at(dfd, p.name, ino, digest)
+        except (OSError, UnsafeCacheDir):
+            pass
 
     @staticmethod
-    def _drop(p: Path, ino: int, digest: str) -> None:
+    def _drop_at(dfd: int, name: str, ino: int, digest: str) -> None:
         """Remove a corrupt entry, unless a good copy replaced it (another inode) while it was hashed."""
-        import sys
-
         with contextlib.suppress(FileNotFoundError):
-            if p.stat().st_ino == ino:
-                p.unlink()
-        print(
-            f"bootseer: warning: cached blob {digest[:12]} failed its sha256 check; dropped, fetching it again",
-            file=sys.stderr,
-            flush=True,
-        )
+            if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino == ino:
+                os.unlink(name, dir_fd=dfd)
+        _warn(f"cached blob {digest[:12]} failed its sha256 check; dropped, fetching it again")
 
     def fetch(self, store: Store, digest: str, progress: Callable[[int], None] | None = None) -> tuple[Path, int]:
         """The blob from the cache, else from the store (verified). Returns (path, bytes transferred)."""
@@ -106,8 +132,9 @@ class BlobCache:
         if hit is not None:
             return hit, 0
         dest = self.path(digest)
-        n = store.fetch_blob(digest, dest, progress=progress, link=True)  # one copy with a local store
-        _touch(dest)
+        n = store.fetch_blob(digest, dest, progress=progress, link=True, base=self.root)  # one copy, local store
+        with contextlib.suppress(OSError), parent_fd(dest, self.root, create=False) as dfd:
+            _touch(dest.name, dfd)
         self.evict(keep=digest)
         return dest, n
 
@@ -118,23 +145,63 @@ class BlobCache:
         stored copy instead and `src` goes, so the node keeps one copy on disk, not two.
         """
         dest = self.path(digest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if not (store is not None and store.is_local and _link_stored(store, src, digest, dest)):
-            os.replace(src, dest)
-        _touch(dest)
+        with parent_fd(dest, self.root) as dfd:
+            if not (store is not None and store.is_local and _link_stored(store, src, digest, dfd, dest.name)):
+                os.replace(src, dest.name, dst_dir_fd=dfd)
+            _touch(dest.name, dfd)
         self.evict(keep=digest)
         return dest
 
+    def dir_fd(self, digest: str) -> int:
+        """A descriptor of `digest`'s fan-out directory, made when missing, entered no-follow and
+        checked as the acting uid's (`cachedir`): for a writer that acts by name in it. The caller
+        closes it. UnsafeCacheDir (a StoreError) when a component is a link or someone else's."""
+        return open_parent(self.path(digest), self.root)
+
+    def _fanout(self) -> Iterator[tuple[str, int]]:
+        """(name, descriptor) of each fan-out directory, entered no-follow; a link or another user's
+        directory is skipped (once, with a warning), never entered."""
+        try:
+            rfd = open_root(self.root, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            try:
+                top = open_sub(rfd, FANOUT, str(self.root / FANOUT), create=False)
+            except FileNotFoundError:
+                return
+            except UnsafeCacheDir as e:
+                _warn(str(e))
+                return
+            try:
+                for sub in sorted(os.listdir(top)):
+                    try:
+                        fd = open_sub(top, sub, str(self.root / FANOUT / sub), create=False)
+                    except (FileNotFoundError, NotADirectoryError):
+                        continue
+                    except UnsafeCacheDir as e:
+                        _warn(str(e))
+                        continue
+                    try:
+                        yield sub, fd
+                    finally:
+                        os.close(fd)
+            finally:
+                os.close(top)
+        finally:
+            os.close(rfd)
+
     def entries(self) -> list[tuple[float, int, Path]]:
+        """(mtime, size, path) of every cached blob: regular files in real fan-out directories."""
         out = []
-        if not self.root.exists():
-            return out
-        for p in self.root.glob("sha256/*/*"):
-            if p.name.startswith("."):
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                st = p.stat()
-                out.append((st.st_mtime, st.st_size, p))
+        for sub, fd in self._fanout():
+            for name in os.listdir(fd):
+                if name.startswith("."):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        out.append((st.st_mtime, st.st_size, self.root / FANOUT / sub / name))
         return out
 
     def total_bytes(self) -> int:
@@ -143,27 +210,47 @@ class BlobCache:
     def linked(self) -> tuple[int, int]:
         """(count, bytes) of the entries that are hard links shared with the local store: no extra disk."""
         n = size = 0
-        for _, s, p in self.entries():
-            with contextlib.suppress(FileNotFoundError):
-                if p.stat().st_nlink > 1:
-                    n, size = n + 1, size + s
+        for _sub, fd in self._fanout():
+            for name in os.listdir(fd):
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if not name.startswith(".") and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                        n, size = n + 1, size + st.st_size
         return n, size
 
     def evict(self, keep: str | None = None) -> int:
-        """Remove least recently used blobs until the cache fits; returns bytes freed."""
+        """Remove least recently used blobs until the cache fits; returns bytes freed. Each unlink is
+        by name in its fan-out directory, entered no-follow again: a directory swapped for a link
+        since the listing is refused, not followed."""
         entries = sorted(self.entries())
         total = sum(size for _, size, _ in entries)
         freed = 0
-        for _, size, p in entries:
-            if total <= self.max_bytes:
-                break
-            if keep and p.name == keep:
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-                total -= size
-                freed += size
+        fds: dict[str, int] = {}  # each fan-out directory entered once per eviction
+        try:
+            for _, size, p in entries:
+                if total <= self.max_bytes:
+                    break
+                if keep and p.name == keep:
+                    continue
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError, UnsafeCacheDir):
+                    dfd = fds.get(p.parent.name)
+                    if dfd is None:
+                        dfd = fds[p.parent.name] = open_parent(p, self.root, create=False)
+                    if not stat.S_ISREG(os.stat(p.name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                        continue
+                    os.unlink(p.name, dir_fd=dfd)
+                    total -= size
+                    freed += size
+        finally:
+            for dfd in fds.values():
+                os.close(dfd)
         return freed
+
+
+def _warn(msg: str) -> None:
+    import sys
+
+    print(f"bootseer: warning: {msg}", file=sys.stderr, flush=True)
 
 
 def cache_for(settings: StoreSettings, degrade: bool = True) -> BlobCache:

@@ -138,8 +138,10 @@ def _warn(msg: str) -> None:
 
 
 def _read_file(path: Path, spec: dict[str, dict[str, Meta]], settings: dict[str, dict[str, Setting]]) -> None:
+    from .safeopen import read_capped
+
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_capped(path).decode("utf-8")  # regular files only, capped: a config may be a job's
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:

@@ -206,13 +206,21 @@ class Download(Verifier):
 
         self.store = store
         self.dest = cache.path(digest)
-        self.dest.parent.mkdir(parents=True, exist_ok=True)
-        self.part = self.dest.with_name(f".{self.dest.name}.part-{uuid.uuid4().hex[:8]}")
         src = store.open_input(blob_path(digest))  # ranged reads: the size and the metadata at the end
         self.size = int(src.size())
         self.tail: tuple[Callable[[int, int], bytes], int] = (lambda n, off: bytes(src.read_at(n, off)), self.size)
-        self._w = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        super().__init__(os.open(self.part, os.O_RDONLY | os.O_CLOEXEC), digest)
+        # The part file lives in the fan-out directory, entered no-follow: created, renamed and removed
+        # by name in that descriptor (a user's `sha256/86 -> /etc` is refused, never written through).
+        self._dfd = cache.dir_fd(digest)
+        self.part = f".{self.dest.name}.part-{uuid.uuid4().hex[:8]}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            self._w = os.open(self.part, flags, 0o600, dir_fd=self._dfd)
+            rfd = os.open(self.part, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dfd)
+        except BaseException:
+            os.close(self._dfd)
+            raise
+        super().__init__(rfd, digest)
         self.start()  # the fetch itself: it runs from the start, beside everything else
 
     def _run(self) -> None:
@@ -249,12 +257,17 @@ class Download(Verifier):
 
     def keep(self, cache: BlobCache) -> None:
         """The restore used it: rename it into the node cache, where later restores find it."""
-        os.replace(self.part, self.dest)
+        os.replace(self.part, self.dest.name, src_dir_fd=self._dfd, dst_dir_fd=self._dfd)
         cache.evict(keep=self.digest)
 
     def discard(self) -> None:
-        """Remove the partial file of a download not kept (a no-op once kept)."""
-        self.part.unlink(missing_ok=True)
+        """Remove the partial file of a download not kept (a no-op once kept), and let go of its directory."""
+        if self._dfd < 0:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.part, dir_fd=self._dfd)
+        os.close(self._dfd)
+        self._dfd = -1
 
 
 @dataclass
@@ -291,7 +304,7 @@ def open_blob(
     hit = cache.peek(digest) if cached else None
     if hit is not None:
         with contextlib.suppress(FileNotFoundError):
-            fd = os.open(hit, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(hit, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             return Blob(fd, Fetched(hit, "cache"), Verifier(fd, digest))
     if store.is_local and not p2p.enabled:
         path = Path(store.path(blob_path(digest)))
@@ -314,17 +327,22 @@ def link_into_cache(cache: BlobCache, b: Blob, digest: str) -> None:
     if b.store_path is None:
         return
     dest = cache.path(digest)
-    tmp = dest.with_name(f".{dest.name}.link-{uuid.uuid4().hex[:8]}")
+    tmp = f".{dest.name}.link-{uuid.uuid4().hex[:8]}"
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.link(b.store_path, tmp)
-        if os.stat(tmp).st_ino == os.fstat(b.fd).st_ino:
-            os.replace(tmp, dest)
+        dfd = cache.dir_fd(digest)  # no-follow: a linked fan-out directory is refused, not written through
+    except (OSError, BootseerError):
+        return
+    try:
+        os.link(b.store_path, tmp, dst_dir_fd=dfd, follow_symlinks=False)
+        if os.stat(tmp, dir_fd=dfd, follow_symlinks=False).st_ino == os.fstat(b.fd).st_ino:
+            os.replace(tmp, dest.name, src_dir_fd=dfd, dst_dir_fd=dfd)
             cache.evict(keep=digest)
     except OSError:
         pass
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        os.close(dfd)
 
 
 HANDOFF_LINGER_S = 5.0

@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .digests import sha256_file
 from .errors import ConfigError
 from .keys import ImageIdentity, Keys, compute, env_file_names, image_digest_from_ref
+from .safeopen import sha256_regular
 
 if TYPE_CHECKING:
     from .settings import EnvSettings, ImageSettings, Settings
@@ -67,7 +67,7 @@ def digest_files(names: list[str], base_dir: Path) -> dict[str, str]:
     for name in names:
         path = Path(name) if os.path.isabs(name) else base_dir / name
         try:
-            out[name] = sha256_file(path)
+            out[name] = sha256_regular(path)  # /dev/zero or a FIFO is refused at once, not read
         except OSError as e:
             raise ConfigError(f"[env] setup names {name}, which cannot be read: {e.strerror}") from None
     return out

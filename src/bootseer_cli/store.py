@@ -198,62 +198,38 @@ class Store(StoreFS):
             raise IntegrityError(f"blob {digest[:12]} in {self.uri} does not match its digest")
         return data
 
-    def fetch_blob(self, digest: str, dest: Path, progress: Progress | None = None, *, link: bool = False) -> int:
+    def fetch_blob(
+        self,
+        digest: str,
+        dest: Path,
+        progress: Progress | None = None,
+        *,
+        link: bool = False,
+        base: Path | None = None,
+    ) -> int:
         """Download a blob to `dest`, verified; `dest` appears only if the digest matches.
 
         `link=True` (the node cache, which never writes to its files): on a local store `dest` becomes a
         hard link to the stored blob, verified in place, so the default store and the cache share one
         copy on disk; across filesystems (or where links are refused) the blob is copied as usual.
-        """
-        rel = blob_path(digest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if link and self.is_local:
-            n = self._link_blob(digest, dest)
-            if n is not None:
-                if progress:
-                    progress(n)
-                return n
-        tmp = dest.with_name(f".{dest.name}.part-{uuid.uuid4().hex[:8]}")
-        h = hashlib.sha256()
-        n = 0
-        try:
-            with self.fs.open_input_stream(self.path(rel)) as src, open(tmp, "wb") as out:
-                while chunk := src.read(CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
-                    n += len(chunk)
-                    if progress:
-                        progress(len(chunk))
-            if h.hexdigest() != digest:
-                raise IntegrityError(f"blob {digest[:12]} from {self.uri} does not match its digest")
-            os.replace(tmp, dest)
-        except FileNotFoundError:
-            tmp.unlink(missing_ok=True)
-            raise StoreError(f"store {self.uri}: blob {digest[:12]} not found") from None
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise StoreError(f"store {self.uri}: cannot download blob {digest[:12]}: {e}") from None
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return n
 
-    def _link_blob(self, digest: str, dest: Path) -> int | None:
-        """Hard-link the stored blob to `dest` after hashing it; None when a link is not possible here."""
-        tmp = dest.with_name(f".{dest.name}.link-{uuid.uuid4().hex[:8]}")
-        try:
-            os.link(self.path(blob_path(digest)), tmp)
-        except FileNotFoundError:
-            raise StoreError(f"store {self.uri}: blob {digest[:12]} not found") from None
-        except OSError:
-            return None  # another filesystem (EXDEV), links refused (EPERM, EMLINK): copy instead
-        try:
-            if sha256_file(tmp) != digest:
-                raise IntegrityError(f"blob {digest[:12]} in {self.uri} does not match its digest")
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return dest.stat().st_size
+        `base` (the node cache's root): every directory between it and `dest` is entered without
+        following links and must be the acting uid's (`cachedir`), so a user's `sha256/86 -> /etc`
+        never makes a more privileged fetch write there. The temporary file, the rename and the
+        cleanup all act on that one directory descriptor, by name.
+        """
+        from .cachedir import download_into, link_into, parent_fd
+
+        rel = blob_path(digest)
+        with parent_fd(dest, base) as dfd:
+            if link and self.is_local:
+                n = link_into(self.path(rel), dfd, dest.name, digest, self.uri)
+                if n is not None:
+                    if progress:
+                        progress(n)
+                    return n
+            stream = lambda: self.fs.open_input_stream(self.path(rel))  # noqa: E731
+            return download_into(stream, dfd, dest.name, digest, self.uri, progress)
 
     def delete_blob(self, digest: str) -> None:
         self.delete(blob_path(digest))
