@@ -34,9 +34,9 @@ def why_unusable(directory: Path) -> str:
     if directory in _usable:
         return _usable[directory]
     existing = directory
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
     try:
+        while not existing.exists() and existing != existing.parent:  # EACCES on the way up raises
+            existing = existing.parent
         st = os.statvfs(existing)
         if st.f_flag & os.ST_RDONLY:
             why = "read-only"
@@ -46,6 +46,8 @@ def why_unusable(directory: Path) -> str:
             why = "full"
         else:
             why = ""
+    except PermissionError:  # a directory on the way that this user cannot enter
+        why = "not writable"
     except OSError as e:
         why = describe_oserror(e)
     _usable[directory] = why

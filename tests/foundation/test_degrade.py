@@ -240,3 +240,30 @@ def test_keys_in_a_fresh_init_folder_names_the_missing_file(tmp_path: Path) -> N
         timeout=60,
     )
     assert r.returncode == 0 and '"env"' in r.stdout, r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another uid")
+def test_a_cache_dir_under_a_directory_the_user_cannot_enter_is_unusable_not_a_crash(tmp_path: Path) -> None:
+    """An inherited XDG_CACHE_HOME under someone else's 0700 directory: a reason, never a traceback."""
+    from bootseer_cli import nodedirs
+
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    tmp_path.chmod(0o755)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child, as nobody
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            nodedirs._usable.clear()
+            out = "ok:" + nodedirs.why_unusable(closed / "cache" / "bootseer")
+        except BaseException as e:
+            out = f"raised:{type(e).__name__}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        got = f.read()
+    os.waitpid(pid, 0)
+    assert got == "ok:not writable"
