@@ -90,8 +90,9 @@ _node: Node | None = None
 _node_lock = threading.Lock()
 
 
-def start_swarm(p2p: P2PSettings, store: Store, work_root: Path) -> tuple[RemoteSwarm, bytes]:
-    """The helper's session and the swarm secret, or NoSwarm saying why there is none."""
+def start_swarm(p2p: P2PSettings, store: Store, work_root: Path, wait: bool = True) -> tuple[RemoteSwarm, bytes]:
+    """The helper's session and the swarm secret, or NoSwarm saying why there is none. Without
+    `wait`, the helper may still be starting (`_ready` waits for it)."""
     from .remote import RemoteSwarm
     from .secret import swarm_secret
 
@@ -106,7 +107,26 @@ def start_swarm(p2p: P2PSettings, store: Store, work_root: Path) -> tuple[Remote
         swarm = RemoteSwarm(p2p.listen or host, p2p.port, host, work_root, p2p.user)
     except (OSError, RuntimeError, ConfigError) as e:
         raise NoSwarm(str(e)) from None
+    if wait:
+        try:
+            _ = swarm.port
+        except OSError as e:
+            swarm.close()
+            raise NoSwarm(str(e)) from None
     return swarm, secret
+
+
+def _ready(node: Node) -> None:
+    """Wait for the helper started by `get_node`; one that did not start ends this process's swarm."""
+    global _node
+    try:
+        _ = node.swarm.port
+    except OSError as e:
+        with _node_lock:
+            if _node is node:
+                _node = None
+        node.swarm.close()
+        raise NoSwarm(str(e)) from None
 
 
 def get_node(p2p: P2PSettings, store: Store, cache: BlobCache | None = None) -> Node:
@@ -121,7 +141,7 @@ def get_node(p2p: P2PSettings, store: Store, cache: BlobCache | None = None) -> 
 
                 cache = cache_for(StoreSettings())
             _prune_work(cache.root / ".p2p")
-            swarm, secret = start_swarm(p2p, store, cache.root / ".p2p")
+            swarm, secret = start_swarm(p2p, store, cache.root / ".p2p", wait=False)
             _node = Node(swarm, store, p2p, secret)
             atexit.register(shutdown)
         return _node
@@ -168,8 +188,9 @@ def fetch_from_swarm(
 ) -> Result:
     """The verified blob in `cache`, fetched through the swarm (see the module docstring)."""
     node = get_node(p2p, store, cache)  # first: without a secret or a helper, no lease is taken
-    tref = store.read_ref("torrent", digest)
+    tref = store.read_ref("torrent", digest)  # while the helper starts
     if not tref or not tref.get("torrent"):
+        _ready(node)
         made = _torrent_for_unpublished(p2p, store, digest, cache, progress)
         if isinstance(made, Result):
             return made
@@ -177,6 +198,7 @@ def fetch_from_swarm(
     tdigest = str(tref["torrent"])
     torrent = store.get_blob_bytes(tdigest)
     _check_torrent(torrent, digest)
+    _ready(node)
     return _Download(node, p2p, store, digest, cache, tdigest, torrent, progress).run()
 
 

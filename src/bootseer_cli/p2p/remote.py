@@ -153,21 +153,38 @@ class RemoteSwarm:
         finally:
             theirs.close()
         self.chan = Channel(ours)
-        ours.settimeout(START_S)  # the first answer includes libtorrent's import and listen
-        try:
-            self.port = int(
-                self.call({"op": "start", "listen": listen_host, "ports": str(ports), "announce": announce_host})[
-                    "port"
-                ]
-            )
-        except BaseException:
-            self.close()
-            raise
-        ours.settimeout(None)
+        # Asked now, answered on first use: the helper starts (Python, libtorrent, listen) while the
+        # caller reads the blob's torrent from the store.
+        self._port = 0
+        self._starting = True
+        start = {"op": "start", "listen": listen_host, "ports": str(ports), "announce": announce_host, "fds": 0}
+        self.chan.send(start)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def port(self) -> int:
+        with self.lock:
+            self._started()
+        return self._port
+
+    def _started(self) -> None:
+        """Wait (holding the lock) for the answer to the start request, at most START_S."""
+        if not self._starting:
+            return
+        self._starting = False
+        self.chan.sock.settimeout(START_S)
+        try:
+            reply, _, _ = self.chan.recv()
+        except (OSError, WireError) as e:
+            raise self._gone(f"did not start ({e})") from None
+        finally:
+            self.chan.sock.settimeout(None)
+        if not reply.get("ok"):
+            raise self._gone(f"did not start: {str(reply.get('error', ''))[:300]}")
+        self._port = int(reply["port"])
 
     def _gone(self, why: str) -> HelperGone:
         with contextlib.suppress(OSError, ValueError):
@@ -181,6 +198,7 @@ class RemoteSwarm:
     def call(self, header: dict[str, Any], payload: bytes = b"", fds: tuple[int, ...] = ()) -> dict[str, Any]:
         """One request; its answer, or RuntimeError (what libtorrent raised there) or HelperGone."""
         with self.lock:
+            self._started()
             try:
                 self.chan.send({**header, "fds": len(fds)}, payload, fds)
                 reply, _, extra = self.chan.recv()
@@ -191,6 +209,14 @@ class RemoteSwarm:
         if not reply.get("ok"):
             raise RuntimeError(str(reply.get("error", "failed"))[:500])
         return reply
+
+    def send_oneway(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        with self.lock:
+            self._started()
+            try:
+                self.chan.send({**header, "oneway": True, "fds": 0}, payload)
+            except OSError as e:
+                raise self._gone(f"stopped answering ({e})") from None
 
     # ---- session -------------------------------------------------------------------------------
     def add(self, torrent: bytes, digest: str, seed_path: Path | None = None) -> RemoteHandle:
@@ -251,6 +277,7 @@ class RemoteSwarm:
         with contextlib.suppress(RuntimeError, HelperGone):
             self.chan.sock.settimeout(10)
             self.call({"op": "close"})
+        self._starting = False
         with contextlib.suppress(OSError):
             self.chan.close()
         try:
@@ -303,7 +330,9 @@ class RemoteHandle:
         return bool(self.swarm.call({"op": "have", "tid": self.tid, "i": i}).get("have"))
 
     def add_piece(self, i: int, data: bytes, flags: int = 0) -> None:
-        self.swarm.call({"op": "piece", "tid": self.tid, "i": i, "flags": flags}, data)
+        """One way, not waiting for an answer: the store feeder streams pieces, and checks later which
+        stuck (a piece the helper could not take is handed again)."""
+        self.swarm.send_oneway({"op": "piece", "tid": self.tid, "i": i, "flags": flags}, data)
 
     def set_upload_mode(self) -> None:
         self.swarm.call({"op": "upload_mode", "tid": self.tid})

@@ -308,7 +308,7 @@ class StoreFeeder(threading.Thread):
         """Drop the pieces libtorrent now has; hand again, overwriting, any that did not stick (e.g. its
         blocks were mixed with a corrupt peer's and the piece failed its check). One status query per
         round: every call into libtorrent waits for its network thread, which is busy serving peers."""
-        have = self.handle.status(QUERY_PIECES).pieces
+        have = self._have = self.handle.status(QUERY_PIECES).pieces
         for j, t in list(pending.items()):
             if have[j]:
                 del pending[j]
@@ -337,11 +337,14 @@ class StoreFeeder(threading.Thread):
             try:
                 for order in plans:
                     self.claimed += 1
+                    self._have = self.handle.status(QUERY_PIECES).pieces
                     self._next_in_order = dict(itertools.pairwise(order))
                     for i in order:
                         if self.stop.is_set():
                             return
-                        if self.handle.have_piece(i):
+                        # The piece map of the last status query (one query per round, not one per
+                        # piece): a piece that came from a peer since then is at worst read twice.
+                        if self._have[i]:
                             self._ahead.pop(i, None)
                             continue
                         while len(pending) >= self.IN_FLIGHT and not self.stop.is_set():
