@@ -53,7 +53,7 @@ def node_env(src: Path, base: Path, name: str, host_ip: str, store_uri: str, sec
         PYTHONPATH=str(src / "src"),
     )
     if (src / "src" / "bootseer_cli" / "p2p" / "secret.py").exists():  # a checkout with secret swarms
-        env["BOOTSEER_P2P_SECRET_FILE"] = str(secret)
+        env["BOOTSEER_P2P_KEY_FILE"] = str(secret)
     return env
 
 

@@ -45,7 +45,7 @@ def test_peer_killed_mid_transfer(cluster, tmp_path):
         "BOOTSEER_P2P_ENABLED": "1",
         "BOOTSEER_P2P_SEED_S": "0",
         "BOOTSEER_EXEC_SKIP": "image,checkpoint",
-        "BOOTSEER_P2P_SECRET_FILE": str(swarm_secret_file(tmp_path)),  # the job's swarm secret (0600)
+        "BOOTSEER_P2P_KEY_FILE": str(swarm_secret_file(tmp_path)),  # the job's swarm secret (0600)
     }
     builder = cluster.node("n1", store_dir.as_uri(), **p2p)
     with_data_setup(builder)

@@ -34,7 +34,7 @@ def port_range(width: int = 40) -> str:
 
 
 def swarm_secret_file(base: Path) -> Path:
-    """The job's swarm secret (one per test, shared by its nodes), 0600 as `[p2p] secret_file` wants."""
+    """The job's swarm secret (one per test, shared by its nodes), 0600 as `[p2p] key_file` wants."""
     path = base / "swarm.secret"
     if not path.exists():
         base.mkdir(parents=True, exist_ok=True)
@@ -53,7 +53,7 @@ def node_env(base: Path, name: str, store_uri: str, ports: str, host: str = "127
         BOOTSEER_P2P_ENABLED="1",
         BOOTSEER_P2P_HOST=host,
         BOOTSEER_P2P_PORT=ports,
-        BOOTSEER_P2P_SECRET_FILE=str(swarm_secret_file(base)),
+        BOOTSEER_P2P_KEY_FILE=str(swarm_secret_file(base)),
         PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),  # this checkout's package, then tests
     )
     for key, value in p2p.items():

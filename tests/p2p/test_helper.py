@@ -70,7 +70,7 @@ def _seeding(tmp_path: Path, with_torrent: bool) -> Iterator[dict[str, Any]]:
     src = random_file(tmp_path / "blob.bin", 2 * MiB, seed=7)
     digest = publish_file(store, src)[0] if with_torrent else store.put_blob_file(src)
     cache = BlobCache(tmp_path / "cache", 1 << 30)
-    p2p = P2PSettings(enabled=True, host="127.0.0.1", port=port_range(), secret_file=swarm_secret_file(tmp_path))
+    p2p = P2PSettings(enabled=True, host="127.0.0.1", port=port_range(), key_file=swarm_secret_file(tmp_path))
     try:
         got = fetch.fetch_from_swarm(p2p, store, digest, cache)
         node = fetch.get_node(p2p, store)

@@ -40,7 +40,7 @@ def seeding(tmp_path: Path) -> Iterator[dict[str, Any]]:
     src = random_file(tmp_path / "blob.bin", SIZE, seed=5)
     digest, tdigest = publish_file(store, src)
     secret_file = swarm_secret_file(tmp_path)
-    p2p = P2PSettings(enabled=True, host="127.0.0.1", port=port_range(), secret_file=secret_file)
+    p2p = P2PSettings(enabled=True, host="127.0.0.1", port=port_range(), key_file=secret_file)
     try:
         got = fetch.fetch_from_swarm(p2p, store, digest, BlobCache(tmp_path / "cache", 1 << 30))
         assert got.origin
@@ -208,7 +208,7 @@ def test_a_bad_secret_file_is_refused(tmp_path: Path, kind: str) -> None:
         path.write_bytes(b"short")
         path.chmod(0o600)
     t0 = time.monotonic()
-    with pytest.raises(ConfigError, match=r"\[p2p\] secret_file") as e:
+    with pytest.raises(ConfigError, match=r"\[p2p\] key_file") as e:
         read_secret_file(path)
     assert time.monotonic() - t0 < 5  # a FIFO is not waited on
     assert real.read_bytes() not in str(e.value).encode()

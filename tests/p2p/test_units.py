@@ -93,7 +93,7 @@ def test_a_blob_without_torrent_gets_one_from_its_first_fetcher(tmp_path: Path) 
     digest = store.put_blob_bytes(b"a blob published without its torrent" * 1000)
     cache = BlobCache(tmp_path / "cache", 1 << 30)
     try:
-        p2p = _p2p(enabled=True, host="127.0.0.1", port="23000-23040", secret_file=str(swarm_secret_file(tmp_path)))
+        p2p = _p2p(enabled=True, host="127.0.0.1", port="23000-23040", key_file=str(swarm_secret_file(tmp_path)))
         got = fetch_blob(p2p, store, digest, cache=cache)
     finally:
         assert shutdown(0.0)[0]["blobs"][0]["digest"] == digest
@@ -154,7 +154,7 @@ def test_bad_port_in_config_falls_back_to_the_store(tmp_path: Path) -> None:
     digest = store.put_blob_file(src)
     after_publish(_p2p(enabled=True), store, digest, src)
     # The config refuses such a port at load (tests/foundation/test_config.py); the library still degrades.
-    broken = P2PSettings(enabled=True, port="nope", secret_file=swarm_secret_file(tmp_path))
+    broken = P2PSettings(enabled=True, port="nope", key_file=swarm_secret_file(tmp_path))
     got = fetch_blob(broken, store, digest, cache=BlobCache(tmp_path / "c", 1 << 30))
     assert got.source == "store" and got.bytes_from_store == MiB
     assert "port" in got.note
@@ -170,7 +170,7 @@ def test_a_torrent_for_another_blob_is_refused(tmp_path: Path) -> None:
     da, db = store.put_blob_file(a), store.put_blob_file(b)
     ta = after_publish(_p2p(enabled=True), store, da, a)["torrent"]
     store.write_ref("torrent", db, {"torrent": ta})
-    p2p = _p2p(enabled=True, secret_file=str(swarm_secret_file(tmp_path)))
+    p2p = _p2p(enabled=True, key_file=str(swarm_secret_file(tmp_path)))
     got = fetch_blob(p2p, store, db, cache=BlobCache(tmp_path / "c", 1 << 30))
     assert got.source == "store" and "does not describe this blob" in got.note
     assert got.path.read_bytes() == b.read_bytes()

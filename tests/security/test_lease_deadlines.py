@@ -58,7 +58,7 @@ def test_a_far_future_p2p_lease_falls_back_to_the_store_within_the_deadline(s3_s
     fetch = threading.Thread(
         target=lambda: got.append(
             fetch_blob(
-                _p2p(enabled=True, deadline_s=2, secret_file=secret),
+                _p2p(enabled=True, deadline_s=2, key_file=secret),
                 store,
                 digest,
                 cache=BlobCache(tmp_path / "c", 1 << 30),

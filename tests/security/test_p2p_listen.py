@@ -46,7 +46,7 @@ def _node_listeners(p2p: P2PSettings, store: Store) -> tuple[str, set[str]]:
 
 def test_listener_binds_the_announced_address_only(s3_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = Store(s3_server.uri(f"p2p-{os.urandom(4).hex()}"))
-    p2p = P2PSettings(enabled=True, port=port_range(), secret_file=swarm_secret_file(tmp_path))
+    p2p = P2PSettings(enabled=True, port=port_range(), key_file=swarm_secret_file(tmp_path))
     announced, bound = _node_listeners(p2p, store)
     assert announced == local_host(p2p, store) == "127.0.0.1"
     assert bound == {"127.0.0.1"}, f"listener bound to {bound}, not only the announced address"
@@ -54,7 +54,7 @@ def test_listener_binds_the_announced_address_only(s3_server, tmp_path) -> None:
 
 def test_listen_setting_overrides_the_address(s3_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = Store(s3_server.uri(f"p2p-{os.urandom(4).hex()}"))
-    p2p = P2PSettings(enabled=True, port=port_range(), listen="127.0.0.2", secret_file=swarm_secret_file(tmp_path))
+    p2p = P2PSettings(enabled=True, port=port_range(), listen="127.0.0.2", key_file=swarm_secret_file(tmp_path))
     announced, bound = _node_listeners(p2p, store)
     assert announced == "127.0.0.1"
     assert bound == {"127.0.0.2"}

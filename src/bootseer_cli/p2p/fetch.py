@@ -101,7 +101,7 @@ def start_swarm(p2p: P2PSettings, store: Store, work_root: Path, wait: bool = Tr
     except ConfigError as e:
         raise NoSwarm(str(e)) from None
     if secret is None:
-        raise NoSwarm("no swarm secret ([p2p] secret_file, or a [trust] signing_key to derive it from)")
+        raise NoSwarm("no swarm secret ([p2p] key_file, or a [trust] signing_key to derive it from)")
     host = local_host(p2p, store)
     try:
         swarm = RemoteSwarm(p2p.listen or host, p2p.port, host, work_root, p2p.user)

@@ -18,7 +18,7 @@ piece hashes and the whole blob against its sha256, as before.
 
 Where the secret comes from, first found wins (it never goes to argv, an event, a message, the
 store, or the unprivileged helper: the helper gets the swarm torrent, whose salt is per blob):
-1. `[p2p] secret_file`: a per-job secret (e.g. written by the launcher, 0600), read with O_NOFOLLOW
+1. `[p2p] key_file`: a per-job secret (e.g. written by the launcher, 0600), read with O_NOFOLLOW
    and O_NONBLOCK, a regular file of 16 bytes to 4 KiB, not readable by group or others;
 2. the trust domain's signing key: sha256 of its Ed25519 signature over a fixed label and the
    domain (Ed25519 signatures are deterministic, so every holder of the key derives the same
@@ -50,7 +50,7 @@ MIN_BYTES, MAX_BYTES = 16, 4096
 def read_secret_file(path: Path) -> bytes:
     """The secret file's contents, refused when it is a link, not a regular file, too short or too
     long, or readable by others (a secret others can read is not one)."""
-    where = "[p2p] secret_file"
+    where = "[p2p] key_file"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
@@ -73,8 +73,8 @@ def read_secret_file(path: Path) -> bytes:
 
 def swarm_secret(p2p: P2PSettings, store: Store) -> bytes | None:
     """The swarm secret of this job (see the module docstring), or None when there is none."""
-    if p2p.secret_file:
-        return read_secret_file(Path(p2p.secret_file))
+    if p2p.key_file:
+        return read_secret_file(Path(p2p.key_file))
     signer = store.trust.signer
     if signer is None:
         return None
