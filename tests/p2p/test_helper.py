@@ -234,3 +234,29 @@ def test_the_helper_work_dir_is_private(helper: Any) -> None:
     assert stat.S_IMODE(st.st_mode) == 0o700
     if os.geteuid() == 0:
         assert st.st_uid != 0
+
+
+def test_a_helper_that_stops_answering_is_given_up_within_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every wait has a deadline of our own: a stopped (or hostile) helper ends the swarm, not the fetch."""
+    import signal
+    import time
+
+    from bootseer_cli.p2p import remote
+
+    monkeypatch.setattr(remote, "CALL_S", 2.0)
+    swarm = remote.RemoteSwarm("127.0.0.1", port_range(), "127.0.0.1", tmp_path / "cache" / ".p2p", "nobody")
+    try:
+        assert swarm.port > 0
+        os.kill(swarm.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(remote.HelperGone, match="stopped answering"):
+            swarm.counters()
+        assert time.monotonic() - t0 < 2.0 + 3.0
+        os.kill(swarm.pid, signal.SIGCONT)
+        with pytest.raises(remote.HelperGone):  # out of step now: never trusted again
+            swarm.counters()
+    finally:
+        os.kill(swarm.pid, signal.SIGCONT)
+        swarm.close()

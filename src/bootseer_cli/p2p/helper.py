@@ -103,6 +103,9 @@ class Helper:
 
     def op_add(self, h: dict[str, Any], torrent: bytes, fds: list[int]) -> dict[str, Any]:
         assert self.swarm is not None
+        digest = str(h["digest"])
+        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+            raise ValueError("not a sha256 digest")
         tid = self.next_tid
         self.next_tid += 1
         name = f"{'seed' if fds else 'dl'}-{tid}"
@@ -110,7 +113,7 @@ class Helper:
         save = f"{self.work}/{name}"
         if fds:  # seed a verified cache blob: the torrent's one file is the passed descriptor
             self.fds[tid] = fds[0]
-            os.symlink(f"/proc/self/fd/{fds[0]}", f"{save}/{h['digest']}")
+            os.symlink(f"/proc/self/fd/{fds[0]}", f"{save}/{digest}")
         handle = self.swarm.add(torrent, Path(save), seed=bool(fds))
         self.handles[tid], self.dirs[tid] = handle, name
         return {"tid": tid, "info_hash": str(handle.info_hash()), "dir": name}

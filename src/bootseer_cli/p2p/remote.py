@@ -32,6 +32,8 @@ from ..errors import ConfigError
 from .wire import Channel, WireError
 
 START_S = 20.0
+CALL_S = 60.0  # the longest answer: a flush (30 s) on a busy helper
+ANSWER_HEADER = 1 << 20  # the helper's answers are small JSON documents, with no payload
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -152,7 +154,8 @@ class RemoteSwarm:
             raise
         finally:
             theirs.close()
-        self.chan = Channel(ours)
+        self.chan = Channel(ours, max_header=ANSWER_HEADER, max_payload=0)
+        self.broken = ""
         # Asked now, answered on first use: the helper starts (Python, libtorrent, listen) while the
         # caller reads the blob's torrent from the store.
         self._port = 0
@@ -167,7 +170,7 @@ class RemoteSwarm:
     @property
     def port(self) -> int:
         with self.lock:
-            self._started()
+            self._check()
         return self._port
 
     def _started(self) -> None:
@@ -179,9 +182,10 @@ class RemoteSwarm:
         try:
             reply, _, _ = self.chan.recv()
         except (OSError, WireError) as e:
-            raise self._gone(f"did not start ({e})") from None
+            self.broken = f"did not start ({e or type(e).__name__})"
+            raise self._gone(self.broken) from None
         finally:
-            self.chan.sock.settimeout(None)
+            self.chan.sock.settimeout(CALL_S)
         if not reply.get("ok"):
             raise self._gone(f"did not start: {str(reply.get('error', ''))[:300]}")
         self._port = int(reply["port"])
@@ -198,25 +202,33 @@ class RemoteSwarm:
     def call(self, header: dict[str, Any], payload: bytes = b"", fds: tuple[int, ...] = ()) -> dict[str, Any]:
         """One request; its answer, or RuntimeError (what libtorrent raised there) or HelperGone."""
         with self.lock:
-            self._started()
+            self._check()
             try:
                 self.chan.send({**header, "fds": len(fds)}, payload, fds)
                 reply, _, extra = self.chan.recv()
-            except (OSError, WireError) as e:
-                raise self._gone(f"stopped answering ({e})") from None
+            except (OSError, WireError) as e:  # a timeout too: a late answer would pair with the next request
+                self.broken = f"stopped answering ({e or type(e).__name__})"
+                raise self._gone(self.broken) from None
         for fd in extra:  # the helper passes us nothing: close what it sent anyway
             os.close(fd)
         if not reply.get("ok"):
             raise RuntimeError(str(reply.get("error", "failed"))[:500])
         return reply
 
+    def _check(self) -> None:
+        """Holding the lock: the helper has started and the channel is still in step."""
+        if self.broken:
+            raise self._gone(self.broken)
+        self._started()
+
     def send_oneway(self, header: dict[str, Any], payload: bytes = b"") -> None:
         with self.lock:
-            self._started()
+            self._check()
             try:
                 self.chan.send({**header, "oneway": True, "fds": 0}, payload)
             except OSError as e:
-                raise self._gone(f"stopped answering ({e})") from None
+                self.broken = f"stopped reading ({e or type(e).__name__})"
+                raise self._gone(self.broken) from None
 
     # ---- session -------------------------------------------------------------------------------
     def add(self, torrent: bytes, digest: str, seed_path: Path | None = None) -> RemoteHandle:

@@ -29,8 +29,9 @@ class WireError(OSError):
 class Channel:
     """One end of a socketpair, framed (not thread-safe: callers hold their own lock)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, max_header: int = MAX_HEADER, max_payload: int = MAX_PAYLOAD) -> None:
         self.sock = sock
+        self.max_header, self.max_payload = max_header, max_payload
         self.buf = bytearray()
         self.fds: deque[int] = deque()
 
@@ -62,7 +63,7 @@ class Channel:
         """The next frame: header, payload, and the descriptors its header says it carries."""
         self._fill(HEAD.size)
         hlen, plen = HEAD.unpack_from(self.buf)
-        if hlen > MAX_HEADER or plen > MAX_PAYLOAD:
+        if hlen > self.max_header or plen > self.max_payload:
             raise WireError(f"a swarm frame of {hlen}+{plen} bytes is over the limit")
         self._fill(HEAD.size + hlen + plen)
         raw = bytes(self.buf[HEAD.size : HEAD.size + hlen])
