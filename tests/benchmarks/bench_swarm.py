@@ -74,6 +74,12 @@ def run(src: Path, hosts, store_host, store_uri: str, base: Path, digest: str, n
         if p.returncode != 0 or not lines:
             raise RuntimeError(f"node failed ({p.returncode}): {err[-1500:]}")
         docs.append(json.loads(lines[-1]))
+    if os.environ.get("BENCH_VERBOSE"):
+        for d in sorted(docs, key=lambda d: d["done_at"]):
+            print(
+                f"   {d['source']:<5} start+{d['done_at'] - d['seconds'] - t0:5.1f} s, fetch {d['seconds']:5.1f} s, "
+                f"store {d['bytes_from_store'] / 1e6:7.1f} MB, peers {d['bytes_from_peers'] / 1e6:7.1f} MB {d['note']}"
+            )
     peers = sum(1 for d in docs if d["source"] == "peers")
     return {"last_s": max(d["done_at"] for d in docs) - t0, "served": tx_bytes(store_host) - before, "peers": peers}
 
