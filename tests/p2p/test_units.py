@@ -194,3 +194,24 @@ def test_no_swarm_is_a_store_error() -> None:
     from bootseer_cli.p2p.fetch import NoSwarm
 
     assert issubclass(NoSwarm, StoreError) and issubclass(NoSwarm, BootseerError)
+
+
+def test_doctor_says_when_the_swarm_has_no_secret(tmp_path: Path) -> None:
+    """[p2p] enabled without key_file or signing_key: the swarm would be off; doctor says how to fix it."""
+    from bootseer_cli.p2p.upkeep import doctor
+
+    def checks(**p2p: object) -> dict[str, object]:
+        settings = Settings.from_config(load(None, {("p2p", k): v for k, v in p2p.items()}, environ={}))
+        return {c.name: c for c in doctor(settings)}
+
+    none = checks(enabled=True)["p2p secret"]
+    assert none.status == "fail" and "key_file" in none.fix  # type: ignore[attr-defined]
+    good = checks(enabled=True, key_file=str(swarm_secret_file(tmp_path)))["p2p secret"]
+    assert good.status == "ok", good
+    loose = tmp_path / "loose.secret"
+    loose.write_bytes(b"s" * 32)
+    loose.chmod(0o644)
+    bad = checks(enabled=True, key_file=str(loose))["p2p secret"]
+    assert bad.status == "fail" and "readable by others" in bad.detail  # type: ignore[attr-defined]
+    assert "sss" not in bad.detail  # type: ignore[attr-defined]
+    assert "p2p secret" not in checks(enabled=False)
