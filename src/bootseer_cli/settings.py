@@ -222,6 +222,10 @@ class P2PSettings:
     deadline_s: float = number(30.0, "How long a swarm fetch may take before the store serves it.", unit="s")
     host: str | None = text(None, "Address to listen on and announce (unset: the one that routes to the store).")
     listen: str | None = text(None, "Address the listener binds (unset: the announced one).")
+    key_file: Path | None = location(
+        None, "Per-job swarm secret, 0600 (unset: derived from [trust] signing_key; neither: no swarm)."
+    )
+    user: str = text("nobody", "Unprivileged user the swarm's libtorrent helper runs as when bootseer is root.")
 
 
 @dataclass(frozen=True)

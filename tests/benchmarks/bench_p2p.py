@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "src"))
 
-from tests.p2p.nodes import random_file  # noqa: E402
+from tests.p2p.nodes import random_file, swarm_secret_file  # noqa: E402
 from tests.support.netns import Lab, available  # noqa: E402
 from tests.support.s3server import S3_ENV, S3Server  # noqa: E402
 
@@ -53,6 +53,7 @@ def node_env(base: Path, name: str, host_ip: str, store_uri: str, p2p: bool) -> 
         BOOTSEER_P2P_HOST=host_ip,
         BOOTSEER_P2P_PORT="6881-6891",
         BOOTSEER_P2P_DEADLINE_S="30",
+        BOOTSEER_P2P_KEY_FILE=str(swarm_secret_file(base)),  # the job's swarm secret: without it, no swarm
         PYTHONPATH=str(REPO / "src"),
     )
     return env

@@ -11,6 +11,7 @@ import pytest
 
 from bootseer_cli.trust import default_domain
 from tests.e2e.harness import DEPS_COMMAND, env_kind, wait_for
+from tests.p2p.nodes import swarm_secret_file
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,12 @@ def test_peer_killed_mid_transfer(cluster, tmp_path):
     the swarm) is killed mid-transfer. The other finishes (missing pieces from the store); the killed
     node restarts into a whole env."""
     store_dir = tmp_path / "store"
-    p2p = {"BOOTSEER_P2P_ENABLED": "1", "BOOTSEER_P2P_SEED_S": "0", "BOOTSEER_EXEC_SKIP": "image,checkpoint"}
+    p2p = {
+        "BOOTSEER_P2P_ENABLED": "1",
+        "BOOTSEER_P2P_SEED_S": "0",
+        "BOOTSEER_EXEC_SKIP": "image,checkpoint",
+        "BOOTSEER_P2P_KEY_FILE": str(swarm_secret_file(tmp_path)),  # the job's swarm secret (0600)
+    }
     builder = cluster.node("n1", store_dir.as_uri(), **p2p)
     with_data_setup(builder)
     built = builder.start(command=DEPS_COMMAND).wait()

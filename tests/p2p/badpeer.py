@@ -2,7 +2,9 @@
 
 libtorrent checks the file when the torrent is added (all pieces good: it becomes a seed) and later
 serves whatever the file holds, so every piece it uploads after that fails the downloader's hash
-check. Run: python -m tests.p2p.badpeer STORE_URI DIGEST WORKDIR PORTS; prints "ready", serves until killed.
+check. It is a member gone bad, not an outsider: it holds the job's swarm secret (SECRET_FILE), without
+which it could not join the swarm at all (test_secret.py).
+Run: python -m tests.p2p.badpeer STORE_URI DIGEST WORKDIR PORTS SECRET_FILE; prints "ready", serves until killed.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import time
 from pathlib import Path
 
 
-def main(store_uri: str, digest: str, work: Path, ports: str) -> None:
+def main(store_uri: str, digest: str, work: Path, ports: str, secret_file: Path) -> None:
     from bootseer_cli.p2p.discovery import Announcer
+    from bootseer_cli.p2p.secret import read_secret_file, swarm_torrent
     from bootseer_cli.p2p.swarm import Swarm
     from bootseer_cli.store import Store
 
@@ -22,6 +25,7 @@ def main(store_uri: str, digest: str, work: Path, ports: str) -> None:
     work.mkdir(parents=True, exist_ok=True)
     store.fetch_blob(digest, work / digest)
     torrent = store.get_blob_bytes(store.read_ref("torrent", digest)["torrent"])
+    torrent = swarm_torrent(torrent, digest, read_secret_file(secret_file))
     swarm = Swarm("127.0.0.1", ports)
     handle = swarm.add(torrent, work)
     deadline = time.time() + 30
@@ -40,4 +44,4 @@ def main(store_uri: str, digest: str, work: Path, ports: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4])
+    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))

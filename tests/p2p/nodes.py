@@ -33,6 +33,17 @@ def port_range(width: int = 40) -> str:
     return f"{base}-{base + width}"
 
 
+def swarm_secret_file(base: Path) -> Path:
+    """The job's swarm secret (one per test, shared by its nodes), 0600 as `[p2p] key_file` wants."""
+    path = base / "swarm.secret"
+    if not path.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, os.urandom(32).hex().encode())
+        os.close(fd)
+    return path
+
+
 def node_env(base: Path, name: str, store_uri: str, ports: str, host: str = "127.0.0.1", **p2p: Any) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
     env.update(
@@ -42,6 +53,7 @@ def node_env(base: Path, name: str, store_uri: str, ports: str, host: str = "127
         BOOTSEER_P2P_ENABLED="1",
         BOOTSEER_P2P_HOST=host,
         BOOTSEER_P2P_PORT=ports,
+        BOOTSEER_P2P_KEY_FILE=str(swarm_secret_file(base)),
         PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),  # this checkout's package, then tests
     )
     for key, value in p2p.items():

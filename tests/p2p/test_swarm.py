@@ -15,7 +15,7 @@ import pytest
 
 from bootseer_cli.p2p.publish import publish_file
 from bootseer_cli.store import Store
-from tests.p2p.nodes import REPO, STARTED, node_env, port_range, random_file, sha256, start_node
+from tests.p2p.nodes import REPO, STARTED, node_env, port_range, random_file, sha256, start_node, swarm_secret_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -123,8 +123,9 @@ def test_corrupt_peer_rejected_and_blob_finished_from_store(tmp_path: Path, stor
     size = 8 * MiB
     _store, digest, _ = _publish(tmp_path, store_uri, size)
     ports = port_range()
+    secret = str(swarm_secret_file(tmp_path))
     bad = subprocess.Popen(
-        [sys.executable, "-m", "tests.p2p.badpeer", store_uri, digest, str(tmp_path / "bad"), ports],
+        [sys.executable, "-m", "tests.p2p.badpeer", store_uri, digest, str(tmp_path / "bad"), ports, secret],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

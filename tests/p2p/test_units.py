@@ -17,7 +17,7 @@ from bootseer_cli.p2p.discovery import Announcer, local_host, parse_endpoint, sw
 from bootseer_cli.p2p.swarm import make_torrent, parse_ports, piece_size_for
 from bootseer_cli.settings import P2PSettings, Settings
 from bootseer_cli.store import Store
-from tests.p2p.nodes import random_file
+from tests.p2p.nodes import random_file, swarm_secret_file
 
 MiB = 1 << 20
 
@@ -93,7 +93,8 @@ def test_a_blob_without_torrent_gets_one_from_its_first_fetcher(tmp_path: Path) 
     digest = store.put_blob_bytes(b"a blob published without its torrent" * 1000)
     cache = BlobCache(tmp_path / "cache", 1 << 30)
     try:
-        got = fetch_blob(_p2p(enabled=True, host="127.0.0.1", port="23000-23040"), store, digest, cache=cache)
+        p2p = _p2p(enabled=True, host="127.0.0.1", port="23000-23040", key_file=str(swarm_secret_file(tmp_path)))
+        got = fetch_blob(p2p, store, digest, cache=cache)
     finally:
         assert shutdown(0.0)[0]["blobs"][0]["digest"] == digest
     assert got.source == "store" and got.bytes_from_store >= 36000
@@ -153,7 +154,7 @@ def test_bad_port_in_config_falls_back_to_the_store(tmp_path: Path) -> None:
     digest = store.put_blob_file(src)
     after_publish(_p2p(enabled=True), store, digest, src)
     # The config refuses such a port at load (tests/foundation/test_config.py); the library still degrades.
-    broken = P2PSettings(enabled=True, port="nope")
+    broken = P2PSettings(enabled=True, port="nope", key_file=swarm_secret_file(tmp_path))
     got = fetch_blob(broken, store, digest, cache=BlobCache(tmp_path / "c", 1 << 30))
     assert got.source == "store" and got.bytes_from_store == MiB
     assert "port" in got.note
@@ -169,7 +170,8 @@ def test_a_torrent_for_another_blob_is_refused(tmp_path: Path) -> None:
     da, db = store.put_blob_file(a), store.put_blob_file(b)
     ta = after_publish(_p2p(enabled=True), store, da, a)["torrent"]
     store.write_ref("torrent", db, {"torrent": ta})
-    got = fetch_blob(_p2p(enabled=True), store, db, cache=BlobCache(tmp_path / "c", 1 << 30))
+    p2p = _p2p(enabled=True, key_file=str(swarm_secret_file(tmp_path)))
+    got = fetch_blob(p2p, store, db, cache=BlobCache(tmp_path / "c", 1 << 30))
     assert got.source == "store" and "does not describe this blob" in got.note
     assert got.path.read_bytes() == b.read_bytes()
 
@@ -192,3 +194,24 @@ def test_no_swarm_is_a_store_error() -> None:
     from bootseer_cli.p2p.fetch import NoSwarm
 
     assert issubclass(NoSwarm, StoreError) and issubclass(NoSwarm, BootseerError)
+
+
+def test_doctor_says_when_the_swarm_has_no_secret(tmp_path: Path) -> None:
+    """[p2p] enabled without key_file or signing_key: the swarm would be off; doctor says how to fix it."""
+    from bootseer_cli.p2p.upkeep import doctor
+
+    def checks(**p2p: object) -> dict[str, object]:
+        settings = Settings.from_config(load(None, {("p2p", k): v for k, v in p2p.items()}, environ={}))
+        return {c.name: c for c in doctor(settings)}
+
+    none = checks(enabled=True)["p2p secret"]
+    assert none.status == "fail" and "key_file" in none.fix  # type: ignore[attr-defined]
+    good = checks(enabled=True, key_file=str(swarm_secret_file(tmp_path)))["p2p secret"]
+    assert good.status == "ok", good
+    loose = tmp_path / "loose.secret"
+    loose.write_bytes(b"s" * 32)
+    loose.chmod(0o644)
+    bad = checks(enabled=True, key_file=str(loose))["p2p secret"]
+    assert bad.status == "fail" and "readable by others" in bad.detail  # type: ignore[attr-defined]
+    assert "sss" not in bad.detail  # type: ignore[attr-defined]
+    assert "p2p secret" not in checks(enabled=False)

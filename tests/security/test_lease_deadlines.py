@@ -47,15 +47,22 @@ def test_a_far_future_p2p_lease_falls_back_to_the_store_within_the_deadline(s3_s
     """Before: `_wait_for_torrent` waited for as long as the lease document said (forever)."""
     from bootseer_cli.cache import BlobCache
     from bootseer_cli.delivery import fetch_blob
+    from tests.p2p.nodes import swarm_secret_file
 
     store = Store(s3_server.uri(f"t-deadline-{time.time_ns()}"), settle_s=0.3)
     digest = store.put_blob_bytes(b"a blob whose torrent never comes" * 1000)
     store.put_bytes(f"leases/p2p-{digest}", json.dumps({"owner": "forger", **FOREVER}).encode())
+    secret = str(swarm_secret_file(tmp_path))  # the job's swarm secret: without one there is no swarm
     got: list[object] = []
     t0 = time.monotonic()
     fetch = threading.Thread(
         target=lambda: got.append(
-            fetch_blob(_p2p(enabled=True, deadline_s=2), store, digest, cache=BlobCache(tmp_path / "c", 1 << 30))
+            fetch_blob(
+                _p2p(enabled=True, deadline_s=2, key_file=secret),
+                store,
+                digest,
+                cache=BlobCache(tmp_path / "c", 1 << 30),
+            )
         ),
         daemon=True,
     )

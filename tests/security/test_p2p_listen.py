@@ -18,7 +18,7 @@ from bootseer_cli.p2p import fetch as p2p_fetch
 from bootseer_cli.p2p.discovery import local_host
 from bootseer_cli.settings import P2PSettings
 from bootseer_cli.store import Store
-from tests.p2p.nodes import port_range
+from tests.p2p.nodes import port_range, swarm_secret_file
 
 pytestmark = pytest.mark.integration
 
@@ -44,17 +44,17 @@ def _node_listeners(p2p: P2PSettings, store: Store) -> tuple[str, set[str]]:
         p2p_fetch.shutdown(0)
 
 
-def test_listener_binds_the_announced_address_only(s3_server) -> None:  # type: ignore[no-untyped-def]
+def test_listener_binds_the_announced_address_only(s3_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = Store(s3_server.uri(f"p2p-{os.urandom(4).hex()}"))
-    p2p = P2PSettings(enabled=True, port=port_range())
+    p2p = P2PSettings(enabled=True, port=port_range(), key_file=swarm_secret_file(tmp_path))
     announced, bound = _node_listeners(p2p, store)
     assert announced == local_host(p2p, store) == "127.0.0.1"
     assert bound == {"127.0.0.1"}, f"listener bound to {bound}, not only the announced address"
 
 
-def test_listen_setting_overrides_the_address(s3_server) -> None:  # type: ignore[no-untyped-def]
+def test_listen_setting_overrides_the_address(s3_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = Store(s3_server.uri(f"p2p-{os.urandom(4).hex()}"))
-    p2p = P2PSettings(enabled=True, port=port_range(), listen="127.0.0.2")
+    p2p = P2PSettings(enabled=True, port=port_range(), listen="127.0.0.2", key_file=swarm_secret_file(tmp_path))
     announced, bound = _node_listeners(p2p, store)
     assert announced == "127.0.0.1"
     assert bound == {"127.0.0.2"}

@@ -10,34 +10,36 @@
 The session lives for the whole process: a blob keeps being served while the caller restores it, and
 `linger` (at exit, or before `exec` hands seeding to the agent) waits, bounded, for the peers that
 are still downloading from this node.
+
+The session itself is in an unprivileged helper process (remote.py, helper.py), and the swarm joins
+the secret torrent of the blob, not the stored one (secret.py): this process reads the store, feeds
+pieces, and copies a finished download out of the helper's directory while hashing it; the copy it
+made is what goes into the cache, and only when its sha256 is the blob's.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
-import os
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..digests import sha256_file
-from ..errors import IntegrityError, StoreError
+from ..errors import ConfigError, IntegrityError, StoreError
 from .discovery import Announcer, local_host, static_peers, swarm_peers
 
 if TYPE_CHECKING:
-    import libtorrent as lt
-
     from ..cache import BlobCache
     from ..settings import P2PSettings
     from ..store import Lease, Store
-    from .swarm import StoreFeeder, Swarm
+    from .copyout import PrefixCopier
+    from .remote import RemoteHandle, RemoteSwarm
+    from .swarm import StoreFeeder
 
 POLL_S = 0.1
 DISCOVER_S = 2.0
@@ -57,10 +59,9 @@ class NoSwarm(StoreError):
 class Served:
     digest: str
     torrent_digest: str
-    handle: lt.torrent_handle
+    handle: RemoteHandle
     announcer: Announcer
     discoverer: Discoverer
-    work: Path | None  # libtorrent's save path (the cache keeps a hard link); None: seeding the cache file
 
 
 @dataclass
@@ -77,9 +78,10 @@ class Result:
 class Node:
     """This process's place in the job's swarms."""
 
-    swarm: Swarm
+    swarm: RemoteSwarm
     store: Store
     p2p: P2PSettings
+    secret: bytes
     served: dict[str, Served] = field(default_factory=dict)
     fetches: list[dict[str, Any]] = field(default_factory=list)
 
@@ -88,32 +90,72 @@ _node: Node | None = None
 _node_lock = threading.Lock()
 
 
-def get_node(p2p: P2PSettings, store: Store) -> Node:
-    """The process's one libtorrent session, started on first use (closed at exit or by `shutdown`)."""
+def start_swarm(p2p: P2PSettings, store: Store, work_root: Path, wait: bool = True) -> tuple[RemoteSwarm, bytes]:
+    """The helper's session and the swarm secret, or NoSwarm saying why there is none. Without
+    `wait`, the helper may still be starting (`_ready` waits for it)."""
+    from .remote import RemoteSwarm
+    from .secret import swarm_secret
+
+    try:
+        secret = swarm_secret(p2p, store)
+    except ConfigError as e:
+        raise NoSwarm(str(e)) from None
+    if secret is None:
+        raise NoSwarm("no swarm secret ([p2p] key_file, or a [trust] signing_key to derive it from)")
+    host = local_host(p2p, store)
+    try:
+        swarm = RemoteSwarm(p2p.listen or host, p2p.port, host, work_root, p2p.user)
+    except (OSError, RuntimeError, ConfigError) as e:
+        raise NoSwarm(str(e)) from None
+    if wait:
+        try:
+            _ = swarm.port
+        except OSError as e:
+            swarm.close()
+            raise NoSwarm(str(e)) from None
+    return swarm, secret
+
+
+def _ready(node: Node) -> None:
+    """Wait for the helper started by `get_node`; one that did not start ends this process's swarm."""
+    global _node
+    try:
+        _ = node.swarm.port
+    except OSError as e:
+        with _node_lock:
+            if _node is node:
+                _node = None
+        node.swarm.close()
+        raise NoSwarm(str(e)) from None
+
+
+def get_node(p2p: P2PSettings, store: Store, cache: BlobCache | None = None) -> Node:
+    """The process's one libtorrent session, started on first use (closed at exit or by `shutdown`);
+    the helper works under `cache` (default: the node cache of the default store settings)."""
     global _node
     with _node_lock:
         if _node is None:
-            from .swarm import Swarm
+            if cache is None:
+                from ..cache import cache_for
+                from ..settings import StoreSettings
 
-            host = local_host(p2p, store)
-            try:
-                swarm = Swarm(p2p.listen or host, p2p.port, announce_host=host)
-            except OSError as e:
-                raise NoSwarm(str(e)) from None
-            _node = Node(swarm, store, p2p)
+                cache = cache_for(StoreSettings())
+            _prune_work(cache.root / ".p2p")
+            swarm, secret = start_swarm(p2p, store, cache.root / ".p2p", wait=False)
+            _node = Node(swarm, store, p2p, secret)
             atexit.register(shutdown)
         return _node
 
 
-def _hex(h: lt.torrent_handle) -> str:
-    return str(h.info_hash())
+def _hex(h: RemoteHandle) -> str:
+    return h.info_hash()
 
 
 class Discoverer(threading.Thread):
     """Store I/O off the fetch loop (a slow store must not delay stall detection): lists the blob's
     swarm, connects to new peers, refreshes this node's entry, and counts the peers still downloading."""
 
-    def __init__(self, node: Node, digest: str, handle: lt.torrent_handle, ann: Announcer) -> None:
+    def __init__(self, node: Node, digest: str, handle: RemoteHandle, ann: Announcer) -> None:
         super().__init__(name=f"discover-{digest[:8]}", daemon=True)
         self.node, self.digest, self.handle, self.ann = node, digest, handle, ann
         self.stop = threading.Event()
@@ -145,8 +187,10 @@ def fetch_from_swarm(
     p2p: P2PSettings, store: Store, digest: str, cache: BlobCache, progress: Progress | None = None
 ) -> Result:
     """The verified blob in `cache`, fetched through the swarm (see the module docstring)."""
-    tref = store.read_ref("torrent", digest)
+    node = get_node(p2p, store, cache)  # first: without a secret or a helper, no lease is taken
+    tref = store.read_ref("torrent", digest)  # while the helper starts
     if not tref or not tref.get("torrent"):
+        _ready(node)
         made = _torrent_for_unpublished(p2p, store, digest, cache, progress)
         if isinstance(made, Result):
             return made
@@ -154,9 +198,15 @@ def fetch_from_swarm(
     tdigest = str(tref["torrent"])
     torrent = store.get_blob_bytes(tdigest)
     _check_torrent(torrent, digest)
-    node = get_node(p2p, store)
-    _prune_work(cache.root / ".p2p")
+    _ready(node)
     return _Download(node, p2p, store, digest, cache, tdigest, torrent, progress).run()
+
+
+def _joined(node: Node, torrent: bytes, digest: str) -> bytes:
+    """The torrent of the blob's swarm: the stored one salted with the job's secret (secret.py)."""
+    from .secret import swarm_torrent
+
+    return swarm_torrent(torrent, digest, node.secret)
 
 
 class _Download:
@@ -178,15 +228,14 @@ class _Download:
         self.node, self.swarm, self.p2p, self.store = node, node.swarm, p2p, store
         self.digest, self.cache, self.tdigest, self.torrent = digest, cache, tdigest, torrent
         self.progress = progress
-        self.work = cache.root / ".p2p" / f"{digest}-{uuid.uuid4().hex[:8]}"
-        self.handle = self.swarm.add(torrent, self.work)
+        self.handle = self.swarm.add(_joined(node, torrent, digest), digest)
         self.key = _hex(self.handle)
         self.ann = Announcer(store, digest, self.swarm.announce_host, self.swarm.port)
         self.discoverer = Discoverer(node, digest, self.handle, self.ann)
         self.from_store = len(torrent)
         self.feeder: StoreFeeder | None = None
         self.plan: _SegmentClaims | None = None
-        self.hasher: _PrefixHasher | None = None
+        self.hasher: PrefixCopier | None = None  # our copy of the download, hashed as it grows
         self.note = ""
         self.origin = False
 
@@ -206,6 +255,7 @@ class _Download:
     def _start(self) -> None:
         """Join the swarm. With no seed announced yet, take a free store segment: this node is then an
         origin and streams that segment from the store into the swarm."""
+        from .copyout import PrefixCopier
         from .swarm import StoreFeeder
 
         peers = []
@@ -221,7 +271,7 @@ class _Download:
         self.ann.write("downloading")
         self.discoverer.tick()
         self.discoverer.start()
-        self.hasher = _PrefixHasher(self.handle, self.work / self.digest)
+        self.hasher = PrefixCopier(self.swarm, self.handle, self.cache, self.digest)
         self.hasher.start()
         if self.plan is not None and first is not None:
             self.origin = True
@@ -251,8 +301,8 @@ class _Download:
             ever_peer = ever_peer or st.num_peers > 0
             if st.is_seeding or st.num_pieces == self.handle.torrent_file().num_pieces():
                 return
-            if st.errc.value() != 0:
-                raise OSError(f"libtorrent: {st.errc.message()}")
+            if st.error:
+                raise OSError(f"libtorrent: {st.error}")
             if self.feeder is not None and self.feeder.error is not None:
                 raise self.feeder.error
             stalled = time.monotonic() - last_progress > self.p2p.deadline_s
@@ -275,7 +325,7 @@ class _Download:
             self.note = f"swarm stalled for {deadline_s:g} s; missing pieces read from the store"
         if failures:
             # Corrupt peers are still serving: stop asking the swarm, take the rest from the store.
-            self.handle.set_flags(self.swarm.lt.torrent_flags.upload_mode)
+            self.handle.set_upload_mode()
         if self.feeder is not None:
             self.from_store += self.feeder.bytes_read
         self.feeder = StoreFeeder(self.handle, self.store, self.digest, shuffle=True)
@@ -289,14 +339,10 @@ class _Download:
             self.feeder.join(5)
             self.from_store += self.feeder.bytes_read
         from_peers = int(self.handle.status().total_payload_download)
-        src = self.work / self.digest
-        self._verify(src)
-        path = _into_cache(self.cache, src, self.digest)
+        path = self._verified_copy()
         with contextlib.suppress(StoreError, OSError):  # before the leases go: late nodes must see a seed
             self.ann.write("seed")
-        self.node.served[self.digest] = Served(
-            self.digest, self.tdigest, self.handle, self.ann, self.discoverer, self.work
-        )
+        self.node.served[self.digest] = Served(self.digest, self.tdigest, self.handle, self.ann, self.discoverer)
         _keep_torrent(self.cache, self.tdigest, self.torrent)
         failures = self.swarm.hash_failures.get(self.key, 0)
         if failures and not self.note:
@@ -313,13 +359,18 @@ class _Download:
         )
         return Result(path, self.from_store, from_peers, self.note, self.origin, failures)
 
-    def _verify(self, src: Path) -> None:
-        """The whole blob's sha256, mostly computed while it arrived (`_PrefixHasher`)."""
-        if self.hasher is None or self.hasher.finish() != self.digest:
-            # Every piece passed libtorrent's check, so a mismatch is a write not yet visible: flush, re-read.
+    def _verified_copy(self) -> Path:
+        """Our copy of the download, in the cache, its sha256 checked: mostly copied and hashed while it
+        arrived (`PrefixCopier`). What is hashed is what we wrote, so the helper (which can still
+        write its own file) cannot change the blob after the check."""
+        assert self.hasher is not None
+        if self.hasher.finish() != self.digest:
+            # Every piece passed libtorrent's check, so a mismatch is a write not yet visible: flush, copy again.
             self.swarm.flush(self.handle)
-            if sha256_file(src) != self.digest:
+            if self.hasher.redo() != self.digest:
+                self.hasher.discard()
                 raise IntegrityError(f"blob {self.digest[:12]} from the swarm does not match its digest")
+        return self.hasher.adopt()
 
     def _abort(self) -> None:
         """Leave the swarm and drop the partial download (the caller falls back to the store)."""
@@ -327,10 +378,10 @@ class _Download:
             self.feeder.stop.set()
         if self.hasher is not None:
             self.hasher.stop.set()
+            self.hasher.discard()
         self.discoverer.stop.set()
         self.ann.remove()
-        self.swarm.remove(self.handle)
-        shutil.rmtree(self.work, ignore_errors=True)
+        self.swarm.remove(self.handle)  # the helper deletes its partial download
 
 
 def _check_torrent(torrent: bytes, digest: str) -> None:
@@ -347,54 +398,13 @@ def _check_torrent(torrent: bytes, digest: str) -> None:
 
 
 def _prune_work(root: Path, older_s: float = 3600.0) -> None:
-    """Work directories of processes that died mid-fetch (the cache's own entries live elsewhere)."""
+    """Work directories of processes that died mid-fetch (the cache's own entries live elsewhere).
+    shutil.rmtree works through directory descriptors here: a link inside is removed, not followed."""
     with contextlib.suppress(OSError):
         for d in root.iterdir():
             with contextlib.suppress(OSError):
-                if time.time() - d.stat().st_mtime > older_s:
+                if time.time() - d.lstat().st_mtime > older_s:
                     shutil.rmtree(d, ignore_errors=True)
-
-
-class _PrefixHasher(threading.Thread):
-    """sha256 of the blob while it arrives: hashes the contiguous prefix of verified pieces as it
-    grows, so the whole-blob check at the end has little left to read (the store path hashes while
-    it streams; without this the swarm path would pay a full extra pass)."""
-
-    def __init__(self, handle: lt.torrent_handle, path: Path) -> None:
-        super().__init__(name="prefix-hash", daemon=True)
-        self.handle, self.path = handle, path
-        self.h = hashlib.sha256()
-        self.next = 0
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        ti = handle.torrent_file()
-        self.n, self.plen = ti.num_pieces(), ti.piece_length()
-
-    def _advance(self, have: Sequence[bool]) -> None:
-        with self.lock:
-            if self.next >= self.n or not have[self.next]:
-                return
-            with open(self.path, "rb") as f:
-                f.seek(self.next * self.plen)
-                while self.next < self.n and have[self.next] and not self.stop.is_set():
-                    self.h.update(f.read(self.plen))
-                    self.next += 1
-
-    def run(self) -> None:
-        from .swarm import QUERY_PIECES
-
-        while not self.stop.wait(0.1) and self.next < self.n:
-            # The file may not exist yet (OSError), the handle may be gone (libtorrent's RuntimeError):
-            # try again next round; `finish` hashes whatever is left anyway.
-            with contextlib.suppress(OSError, RuntimeError):
-                self._advance(self.handle.status(QUERY_PIECES).pieces)
-
-    def finish(self) -> str:
-        self.stop.set()
-        self.join()
-        self.stop.clear()
-        self._advance([True] * self.n)
-        return self.h.hexdigest()
 
 
 class _KeptLease:
@@ -497,13 +507,13 @@ def _publish_as_first_fetcher(
     finally:
         kept.release()
     torrent = store.get_blob_bytes(tdigest)
-    node = get_node(p2p, store)
-    handle = node.swarm.add(torrent, path.parent, seed=True)
+    node = get_node(p2p, store, cache)
+    handle = node.swarm.add(_joined(node, torrent, digest), digest, seed_path=path)
     ann = Announcer(store, digest, node.swarm.announce_host, node.swarm.port)
     ann.write("seed")
     discoverer = Discoverer(node, digest, handle, ann)
     discoverer.start()
-    node.served[digest] = Served(digest, tdigest, handle, ann, discoverer, None)
+    node.served[digest] = Served(digest, tdigest, handle, ann, discoverer)
     _keep_torrent(cache, tdigest, torrent)
     note = "blob had no torrent: fetched it from the store and published one"
     node.fetches.append({"digest": digest, "origin": True, "bytes_from_store": n, "bytes_from_peers": 0, "note": note})
@@ -525,18 +535,6 @@ def _wait_for_torrent(store: Store, digest: str, deadline_s: float) -> dict[str,
         if missing_since is not None and time.monotonic() - missing_since > 2.0:
             raise NoSwarm("no torrent was published for this blob, and the node making one gave up")
         time.sleep(0.25)
-
-
-def _into_cache(cache: BlobCache, src: Path, digest: str) -> Path:
-    """A hard link of the verified file into the cache: libtorrent keeps seeding from `src`."""
-    dest = cache.path(digest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{digest}.p2p-{uuid.uuid4().hex[:8]}")
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    return cache.adopt(tmp, digest)
 
 
 def _keep_torrent(cache: BlobCache, tdigest: str, torrent: bytes) -> None:
@@ -594,7 +592,4 @@ def shutdown(cap_s: float | None = None) -> list[dict[str, Any]]:
         s.announcer.remove()
         node.swarm.remove(s.handle)
     node.swarm.close()
-    for s in node.served.values():
-        if s.work is not None:
-            shutil.rmtree(s.work, ignore_errors=True)
     return [{"blobs": served, "fetches": node.fetches}] if served else []

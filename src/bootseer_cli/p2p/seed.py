@@ -1,8 +1,9 @@
 """The agent's "seed" task: keep serving the blobs this node fetched while the job's other nodes still need them.
 
 `exec` hands over the blobs its swarm fetched (`delivery.handoff`); the agent starts a fresh
-session on the same port range, adds each blob from the node cache in seed mode (the file was
-verified against its sha256, so libtorrent need not re-hash it before serving), re-announces it
+session on the same port range, in an unprivileged helper (remote.py), and adds each blob from the
+node cache in seed mode as a read-only descriptor (the file was verified against its sha256, so
+libtorrent need not re-hash it before serving) under its secret swarm torrent, re-announces it
 in the store, and serves for `[p2p] seed_s` after the launcher started, or until the agent stops.
 Every few seconds it writes `p2p.json` in the run directory, which `bootseer p2p status` reads.
 """
@@ -18,19 +19,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
-from .discovery import Announcer, local_host, static_peers, swarm_peers
+from .discovery import Announcer, static_peers, swarm_peers
 
 if TYPE_CHECKING:
     from ..agent import Agent
     from ..cache import BlobCache
     from ..settings import P2PSettings
     from ..store import Store
-    from .swarm import Swarm
+    from .remote import RemoteHandle, RemoteSwarm
 
 STATUS_NAME = "p2p.json"
 DISCOVER_EVERY_S = 2.0
 
-Seeding = list[tuple[str, Any, Announcer]]  # (blob digest, libtorrent handle, this node's swarm entry)
+Seeding = list[tuple[str, "RemoteHandle", Announcer]]  # (blob digest, libtorrent handle, this node's swarm entry)
 
 
 def _write_status(run_dir: Path, doc: dict[str, Any]) -> None:
@@ -51,7 +52,7 @@ class SeedTask:
 def run_seed(task: SeedTask, agent: Agent) -> None:
     """The agent task: serve `task.blobs` from the node cache for `[p2p] seed_s`, or until the agent stops."""
     from ..cache import cache_for
-    from .swarm import Swarm
+    from .fetch import NoSwarm, start_swarm
 
     settings = agent.settings
     p2p = settings.p2p
@@ -70,11 +71,18 @@ def run_seed(task: SeedTask, agent: Agent) -> None:
         _write_status(agent.run_dir, status)
         return
     store = agent.store
-    host = local_host(p2p, store)
-    swarm = Swarm(p2p.listen or host, p2p.port, announce_host=host)
+    cache = cache_for(settings.store)
+    try:
+        swarm, secret = start_swarm(p2p, store, cache.root / ".p2p")
+    except NoSwarm as e:
+        agent.log(f"seed: not seeding: {e}")
+        status["state"] = "done"
+        _write_status(agent.run_dir, status)
+        return
     seeding: Seeding = []
     try:
-        _add_blobs(task.blobs, cache_for(settings.store), swarm, store, agent, seeding)
+        _add_blobs(task.blobs, cache, swarm, secret, store, agent, seeding)
+        host = swarm.announce_host
         agent.log(f"seed: serving {len(seeding)} blob(s) on {host}:{swarm.port} for {p2p.seed_s:g} s")
         _serve(seeding, swarm, store, p2p, agent, status)
     finally:
@@ -82,17 +90,25 @@ def run_seed(task: SeedTask, agent: Agent) -> None:
 
 
 def _add_blobs(
-    blobs: list[dict[str, str]], cache: BlobCache, swarm: Swarm, store: Store, agent: Agent, seeding: Seeding
+    blobs: list[dict[str, str]],
+    cache: BlobCache,
+    swarm: RemoteSwarm,
+    secret: bytes,
+    store: Store,
+    agent: Agent,
+    seeding: Seeding,
 ) -> None:
     """Add each handed-over blob in seed mode from the node cache and announce it (into `seeding`, so
     the caller's cleanup sees the blobs added before a failure)."""
+    from .secret import swarm_torrent
+
     for blob in blobs:
         digest, tdigest = blob["digest"], blob["torrent"]
         path, tpath = cache.get(digest), cache.get(tdigest)
         if path is None or tpath is None:
             agent.log(f"seed: blob {digest[:12]} or its torrent left the cache; not seeding it")
             continue
-        handle = swarm.add(tpath.read_bytes(), path.parent, seed=True)
+        handle = swarm.add(swarm_torrent(tpath.read_bytes(), digest, secret), digest, seed_path=path)
         ann = Announcer(store, digest, swarm.announce_host, swarm.port)
         with contextlib.suppress(StoreError, OSError):  # static peers and refreshes still find this node
             ann.write("seed")
@@ -100,7 +116,7 @@ def _add_blobs(
 
 
 def _serve(
-    seeding: Seeding, swarm: Swarm, store: Store, p2p: P2PSettings, agent: Agent, status: dict[str, Any]
+    seeding: Seeding, swarm: RemoteSwarm, store: Store, p2p: P2PSettings, agent: Agent, status: dict[str, Any]
 ) -> None:
     """Serve until `seed_s` after the start or the agent stops; every few seconds connect to the nodes
     still downloading, refresh this node's entries and write the status file."""
@@ -122,7 +138,7 @@ def _serve(
             break
 
 
-def _stop(seeding: Seeding, swarm: Swarm, agent: Agent, status: dict[str, Any]) -> None:
+def _stop(seeding: Seeding, swarm: RemoteSwarm, agent: Agent, status: dict[str, Any]) -> None:
     """Leave every swarm, close the session and write the final status."""
     status.update(state="done", updated=time.time(), blobs=_blob_status(seeding, swarm))
     for _, handle, ann in seeding:
@@ -133,14 +149,13 @@ def _stop(seeding: Seeding, swarm: Swarm, agent: Agent, status: dict[str, Any]) 
     agent.log("seed: stopped")
 
 
-def _blob_status(seeding: Seeding, swarm: Swarm) -> list[dict[str, Any]]:
+def _blob_status(seeding: Seeding, swarm: RemoteSwarm) -> list[dict[str, Any]]:
     out = []
     for digest, handle, ann in seeding:
         try:
             st = handle.status()
             peers = [
-                {"ip": f"{p.ip[0]}:{p.ip[1]}", "seed": bool(p.seed), "uploaded": int(p.total_upload)}
-                for p in handle.get_peer_info()
+                {"ip": f"{p.ip}:{p.port}", "seed": p.seed, "uploaded": p.total_upload} for p in handle.get_peer_info()
             ]
             out.append(
                 {
@@ -148,10 +163,10 @@ def _blob_status(seeding: Seeding, swarm: Swarm) -> list[dict[str, Any]]:
                     "endpoint": f"{ann.host}:{ann.port}",
                     "uploaded": int(st.total_payload_upload),
                     "peers": peers,
-                    "hash_failures": swarm.hash_failures.get(str(handle.info_hash()), 0),
+                    "hash_failures": swarm.hash_failures.get(handle.info_hash(), 0),
                 }
             )
-        except RuntimeError as e:  # libtorrent: a removed handle; report it, don't fail the status
+        except (RuntimeError, OSError) as e:  # a removed handle, a helper gone: report it, don't fail the status
             out.append({"digest": digest, "error": str(e)})
     return out
 

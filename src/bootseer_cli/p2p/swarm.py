@@ -2,9 +2,13 @@
 
 Settings (measured on these machines, see docs/p2p.md): TCP only (uTP was 7x slower on loopback),
 several connections per IP (nodes behind one address, and every test node on 127.0.0.1), no DHT,
-LSD, UPnP or NAT-PMP (nothing is announced outside the job), no encryption (CPU for nothing inside a
-datacenter), every peer unchoked, large send buffers and disk queues, and quick reconnects so a peer
-that restarts its session (exec → agent) is found again within a second or two.
+LSD, UPnP or NAT-PMP (nothing is announced outside the job), protocol encryption forced both ways
+(RC4 keyed by a DH exchange and the secret info-hash, secret.py: a host that knows only the store
+cannot join or read the swarm), every peer unchoked, large send buffers and disk queues, and quick
+reconnects so a peer that restarts its session (exec → agent) is found again within a second or two.
+
+This module imports libtorrent's session, so only the unprivileged helper (helper.py) runs it;
+bootseer itself talks to the helper (remote.py).
 
 Pieces that come from the store (the origin, or a node that falls back) are written with
 `add_piece`, which libtorrent hashes like any downloaded piece and then announces to the peers: the
@@ -95,9 +99,10 @@ def session_settings(listen_host: str, port_lo: int, port_hi: int) -> dict[str, 
         "enable_upnp": False,
         "enable_natpmp": False,
         "dht_bootstrap_nodes": "",
-        "out_enc_policy": int(lt.enc_policy.disabled),
-        "in_enc_policy": int(lt.enc_policy.enabled),
-        "allowed_enc_level": int(lt.enc_level.plaintext),
+        "out_enc_policy": int(lt.enc_policy.forced),
+        "in_enc_policy": int(lt.enc_policy.forced),
+        "allowed_enc_level": int(lt.enc_level.rc4),
+        "prefer_rc4": True,
         "choking_algorithm": int(lt.choking_algorithm_t.fixed_slots_choker),
         "unchoke_slots_limit": -1,
         "send_buffer_watermark": 16 * MiB,
@@ -303,7 +308,7 @@ class StoreFeeder(threading.Thread):
         """Drop the pieces libtorrent now has; hand again, overwriting, any that did not stick (e.g. its
         blocks were mixed with a corrupt peer's and the piece failed its check). One status query per
         round: every call into libtorrent waits for its network thread, which is busy serving peers."""
-        have = self.handle.status(QUERY_PIECES).pieces
+        have = self._have = self.handle.status(QUERY_PIECES).pieces
         for j, t in list(pending.items()):
             if have[j]:
                 del pending[j]
@@ -332,11 +337,14 @@ class StoreFeeder(threading.Thread):
             try:
                 for order in plans:
                     self.claimed += 1
+                    self._have = self.handle.status(QUERY_PIECES).pieces
                     self._next_in_order = dict(itertools.pairwise(order))
                     for i in order:
                         if self.stop.is_set():
                             return
-                        if self.handle.have_piece(i):
+                        # The piece map of the last status query (one query per round, not one per
+                        # piece): a piece that came from a peer since then is at worst read twice.
+                        if self._have[i]:
                             self._ahead.pop(i, None)
                             continue
                         while len(pending) >= self.IN_FLIGHT and not self.stop.is_set():

@@ -30,8 +30,35 @@ def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:
 
 
 def doctor(all_settings: Settings) -> list[Check]:
-    """Is a port of `[p2p] port` free for the swarm?"""
-    return [_check_port(all_settings.p2p)]
+    """Is a port of `[p2p] port` free for the swarm, and can the swarm start here (a secret, a user)?"""
+    checks = [_check_port(all_settings.p2p)]
+    if all_settings.p2p.enabled:
+        checks.append(_check_secret(all_settings))
+    return checks
+
+
+def _check_secret(all_settings: Settings) -> Check:
+    """Without a swarm secret the swarm is off (secret.py); as root, the helper's user must exist."""
+    from ..errors import ConfigError
+    from .remote import helper_ids
+    from .secret import read_secret_file
+
+    p2p = all_settings.p2p
+    try:
+        if p2p.key_file:
+            read_secret_file(p2p.key_file)  # checked, never shown
+        elif not all_settings.trust.signing_key:
+            return Check(
+                "p2p secret",
+                "fail",
+                "no swarm secret: the swarm is off and every node reads the store",
+                "set [p2p] key_file (a 0600 file shared by the job's nodes) or [trust] signing_key",
+            )
+        helper_ids(p2p.user)
+    except ConfigError as e:
+        return Check("p2p secret", "fail", str(e), "fix the [p2p] setting it names")
+    source = "[p2p] key_file" if p2p.key_file else "the domain's signing key"
+    return Check("p2p secret", "ok", f"swarm secret from {source}; libtorrent runs as {p2p.user} under root")
 
 
 def _check_port(settings: P2PSettings) -> Check:

@@ -1,0 +1,107 @@
+"""Copying a blob out of the swarm helper's download into the node cache, hashed as it is written.
+
+The helper (unprivileged) owns its download and can write it at any time, so bootseer never uses
+that file: it reads it through a descriptor opened without following links, writes its own copy in
+the cache and hashes exactly the bytes it wrote. The copy goes into the cache under the blob's
+digest only when that hash is the digest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..cache import BlobCache
+    from .remote import RemoteHandle, RemoteSwarm
+
+
+class PrefixCopier(threading.Thread):
+    """Our copy of the blob while it arrives: reads the contiguous prefix of verified pieces from the
+    helper's download (a descriptor opened without following links), writes it to a temporary file in
+    the cache and hashes what it wrote, so the check at the end has little left to do (the store path
+    hashes while it streams; without this the swarm path would pay a full extra pass)."""
+
+    def __init__(self, swarm: RemoteSwarm, handle: RemoteHandle, cache: BlobCache, digest: str) -> None:
+        super().__init__(name="prefix-copy", daemon=True)
+        self.swarm, self.handle, self.cache, self.digest = swarm, handle, cache, digest
+        ti = handle.torrent_file()
+        self.n, self.plen = ti.num_pieces(), ti.piece_length()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        dest = cache.path(digest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = dest.with_name(f".{digest}.p2p-{uuid.uuid4().hex[:8]}")
+        self.out = open(self.tmp, "xb")  # noqa: SIM115  (closed by adopt/discard)
+        self.src: int | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.h = hashlib.sha256()
+        self.next = 0
+        self.out.seek(0)
+        self.out.truncate()
+
+    def _advance(self, have: Sequence[bool]) -> None:
+        with self.lock:
+            if self.next >= self.n or not have[self.next]:
+                return
+            if self.src is None:
+                self.src = self.swarm.open_download(self.handle)
+            while self.next < self.n and have[self.next] and not self.stop.is_set():
+                chunk = os.pread(self.src, self.plen, self.next * self.plen)
+                self.h.update(chunk)
+                self.out.write(chunk)
+                self.next += 1
+
+    def run(self) -> None:
+        while not self.stop.wait(0.1) and self.next < self.n:
+            # The file may not exist yet (OSError), the helper may fail a request (RuntimeError):
+            # try again next round; `finish` copies whatever is left anyway.
+            with contextlib.suppress(OSError, RuntimeError):
+                self._advance(self.handle.status(pieces=True).pieces)
+
+    def finish(self) -> str:
+        self.stop.set()
+        self.join()
+        self.stop.clear()
+        self._advance([True] * self.n)
+        return self.h.hexdigest()
+
+    def redo(self) -> str:
+        """Copy and hash the whole download again (after a flush), reopened."""
+        with self.lock:
+            if self.src is not None:
+                os.close(self.src)
+                self.src = None
+            self._reset()
+        self._advance([True] * self.n)
+        return self.h.hexdigest()
+
+    def _close(self) -> None:
+        if self.src is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.src)
+            self.src = None
+        self.out.close()
+
+    def adopt(self) -> Path:
+        """Into the cache, by the digest it was checked against."""
+        self.out.flush()
+        self._close()
+        return self.cache.adopt(self.tmp, self.digest)
+
+    def discard(self) -> None:
+        self.stop.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(10)
+        with self.lock:
+            self._close()
+        with contextlib.suppress(OSError):
+            self.tmp.unlink()
