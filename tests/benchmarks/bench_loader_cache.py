@@ -135,7 +135,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
         med = {c: statistics.median(r["times"][c]) for c in CASES}
         gets = "/".join(f"{statistics.median(r['gets'][c]):.0f}" for c in CASES)
         warm_x, replay_x = med["cold"] / med["warm mount"], med["cold"] / med["replay"]
-        share = (replay_x - 1) / (warm_x - 1) if warm_x > 1 else float("nan")
+        share = replay_x / warm_x
         rec = r.get("record") or {}
         what = f"{rec.get('files')} files, {rec.get('bytes', 0) / 1e6:.1f} MB, {rec.get('method')}"
         print(
@@ -146,7 +146,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
             print(f"{'':6}   {case:11} runs: {' '.join(f'{t:.2f}' for t in r['times'][case])}")
         for line in dict.fromkeys(x for x in r["lines"] if x):
             print(f"{'':6}   {line.strip()[:160]}")
-    print("share: (replay speed-up - 1) / (warm speed-up - 1); the issue's ratio of speed-ups is replay x / warm x")
+    print("share: replay speed-up / warm-mount speed-up (issue 28's goal on rclone full: >= 80 %)")
 
 
 def main() -> int:
