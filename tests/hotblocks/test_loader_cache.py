@@ -13,6 +13,7 @@ more requests than a plain start beyond the judgement's few reads.
 from __future__ import annotations
 
 import compileall
+import json
 import os
 import shutil
 import subprocess
@@ -23,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from bootseer_cli.commands.options import load_settings
 from bootseer_cli.hotblocks import loadercache, probe
+from bootseer_cli.store import open_store
 from tests.support.delayproxy import DelayProxy
 from tests.support.rclonemount import RcloneMount, upload
 from tests.support.s3server import delayed
@@ -97,6 +100,13 @@ def _timed(argv: list[str], cwd: Path) -> tuple[float, str]:
     return took, r.stderr
 
 
+def _kept(cfg: Path, tmp_path: Path) -> object:
+    """The loader-cache decision the agent of the last start kept in the store (None until it has)."""
+    shown = json.loads(bootseer("hot", "show", "--json", "-c", str(cfg), cwd=tmp_path).stdout)
+    doc = open_store(load_settings(cfg).store.uri).read_ref(loadercache.KIND, shown["image_key"])
+    return doc and doc.get("record") == shown["record"] and doc.get("mounts")
+
+
 def _record(cfg: Path, tmp_path: Path, program: list[str]) -> None:
     r = bootseer("exec", "-c", str(cfg), "--", *program, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -135,6 +145,7 @@ def test_a_loader_with_its_own_cache_is_replayed_into_and_the_start_gets_most_of
         # warm mount (bench_loader_cache.py); on 2 shared cores a test can only ask for a clear gain.
         assert replay < 0.8 * cold and replay - warm < 0.8 * (cold - warm), figures + "\n" + out
 
+        wait_for(lambda: _kept(cfg, tmp_path), timeout=60, what="the agent keeping the decision")
         m.restart()  # the next start reads the decision from the store: nothing timed again
         _again, out = _timed([sys.executable, "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", *program], tmp_path)
         assert "decided by an earlier start" in out and "replayed" in out, out
@@ -165,6 +176,7 @@ def test_a_loader_without_a_cache_of_its_own_stays_judged_no_replay(
         assert "no replay (pages dropped at open)" in out and "keeps no cache of its own" in out, out
         assert "replayed" not in out
         assert judged <= plain + 3 * loadercache.SAMPLES + 2, (plain, judged)
+        wait_for(lambda: _kept(cfg, tmp_path), timeout=60, what="the agent keeping the decision")
         later, out = requests([sys.executable, "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", *program])
         assert "decided by an earlier start" in out and "no replay (pages dropped at open)" in out, out
         assert later <= plain + 2, (plain, later)

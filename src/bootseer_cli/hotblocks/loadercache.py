@@ -49,6 +49,7 @@ FETCH_MIN_S = 0.002  # ...and took at least this long (a FUSE read from local di
 RECHECK_S = 6 * 3600.0  # a "keeps no cache" decision is judged again after this long
 
 _DECIDED: dict[tuple[str, str], Judgement] = {}  # (mount, record) -> judgement, for this process
+_PENDING: list[Judgement] = []  # timed here, decisive, not yet handed on to be kept (`take_pending`)
 
 
 @dataclass(frozen=True)
@@ -160,17 +161,35 @@ def _read_cached(store: Store, image_key: str, record: str, key: str) -> Judgeme
     return Judgement(key, entry["own_cache"], first, again, cached=True)
 
 
-def _remember(store: Store, image_key: str, record: str, j: Judgement) -> None:
-    """Keep a decisive judgement for the next starts (a store that cannot be written costs a re-judgement)."""
-    try:
-        doc = store.read_ref(KIND, image_key)
-        mounts = dict(doc.get("mounts") or {}) if doc and doc.get("record") == record else {}
-        mounts[j.mount] = {
+def take_pending() -> list[dict[str, object]]:
+    """The decisive judgements this process timed and has not handed on, as documents for `remember`.
+
+    The stage hands them to the agent (the "hot-judge" task), which writes them after the start: a ref
+    write imports pyarrow.fs (0.3-0.75 s), which a start that skips replay must not pay."""
+    out: list[dict[str, object]] = [
+        {
+            "mount": j.mount,
             "own_cache": j.own_cache,
             "first_ms": [round(x, 3) for x in j.first_ms],
             "again_ms": [round(x, 3) for x in j.again_ms],
             "at": time.time(),
         }
+        for j in _PENDING
+    ]
+    _PENDING.clear()
+    return out
+
+
+def remember(store: Store, image_key: str, record: str, judged: list[dict[str, object]]) -> None:
+    """Keep decisive judgements (from `take_pending`) for the next starts; a store that cannot be written
+    costs the next start a judgement, nothing else."""
+    if not judged or not record:
+        return
+    try:
+        doc = store.read_ref(KIND, image_key)
+        mounts = dict(doc.get("mounts") or {}) if doc and doc.get("record") == record else {}
+        for entry in judged:
+            mounts[str(entry["mount"])] = {k: v for k, v in entry.items() if k != "mount"}
         store.write_ref(KIND, image_key, {"record": record, "mounts": mounts})
     except (StoreError, OSError):
         pass
@@ -178,7 +197,8 @@ def _remember(store: Store, image_key: str, record: str, j: Judgement) -> None:
 
 def decide(store: Store, image_key: str, record: str, root: str, samples: list[tuple[str, int, int]]) -> Judgement:
     """Whether the loader under `root` keeps a cache of its own, for this record: from this process's
-    answer, else the store's, else timed now with the samples under `root` (decisive answers are kept)."""
+    answer, else the store's, else timed now with the samples under `root` (decisive answers are kept:
+    see `take_pending`)."""
     key = mount_key(root)
     done = _DECIDED.get((key, record))
     if done is not None:
@@ -189,7 +209,7 @@ def decide(store: Store, image_key: str, record: str, root: str, samples: list[t
         mine = [s for s in samples if os.path.realpath(s[0]).startswith(prefix) or s[0] == root]
         found = judge(key, mine)
         if found.own_cache is not None and record:
-            _remember(store, image_key, record, found)
+            _PENDING.append(found)
     _DECIDED[(key, record)] = found
     return found
 
@@ -197,3 +217,4 @@ def decide(store: Store, image_key: str, record: str, root: str, samples: list[t
 def forget() -> None:
     """Drop this process's answers (tests remount loaders)."""
     _DECIDED.clear()
+    _PENDING.clear()

@@ -229,10 +229,17 @@ def _why_not_replay(ctx: StageContext, rec: Record, blob: str) -> tuple[str, str
 
 
 def _judge_later(ctx: StageContext, image_key: str, blob: str, replayed: bool, started: float) -> None:
-    """Have the agent time this start to ready, for the never-slower verdict (status.py)."""
+    """Have the agent time this start to ready, for the never-slower verdict (status.py), and keep what
+    this start learned about the loaders' own caches (loadercache.py; here when there is no agent)."""
+    from .loadercache import remember, take_pending
+
+    loader = take_pending()
     if ctx.settings.exec.agent and blob:
         ready = ctx.settings.image.ready
-        ctx.add_agent_task(JudgeTask(image_key=image_key, record=blob, replayed=replayed, started=started, ready=ready))
+        task = JudgeTask(image_key=image_key, record=blob, replayed=replayed, started=started, ready=ready)
+        ctx.add_agent_task(replace(task, loader=loader) if loader else task)
+    else:
+        remember(ctx.store, image_key, blob, loader)
 
 
 def _hand_on_remaining(ctx: StageContext, remaining: list[Extent]) -> str:
