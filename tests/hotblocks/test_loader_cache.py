@@ -209,3 +209,21 @@ def test_a_stale_record_is_known_stale_from_its_ref_without_importing_pyarrow(
     imported = [line for line in r.stderr.splitlines() if line.startswith("import time:")]
     assert any("bootseer_cli.hotblocks.record" in line for line in imported)  # the stage ran here
     assert not [line for line in imported if "pyarrow" in line], "pyarrow was imported for a stale record"
+
+
+def test_what_a_ref_names_is_used_only_under_the_configured_roots(tree: Path, tmp_path: Path) -> None:
+    """The ref comes from the store: its samples (read by the judgement) and its deps (stat-ed by the
+    stale check) count only under this node's roots, as `record.confine` does for the record itself."""
+    from bootseer_cli.hotblocks.record import check_ref
+    from bootseer_cli.hotblocks.stage import _ref_samples
+
+    inside, outside = str(tree / "f1.bin"), str(tmp_path / "elsewhere.bin")
+    doc = {
+        "samples": [[inside, 0, 4096], [outside, 0, 4096], [str(tree / ".." / "tree" / "f2.bin"), 0, 1]],
+        "deps": [[inside, 3 << 20, (tree / "f1.bin").stat().st_mtime_ns, 100], [outside, 1, 1, 10**9]],
+    }
+    assert _ref_samples(doc, [str(tree)]) == [(inside, 0, 4096)]
+    st = check_ref(doc, [str(tree)])
+    assert st is not None and st.fresh_files == 1 and not st.stale_files  # the outside file is not counted
+    assert check_ref({"deps": [[inside, "x", 0, 1]]}, [str(tree)]) is None  # malformed: load and check instead
+    assert check_ref({}, [str(tree)]) is None  # a ref from before deps

@@ -20,9 +20,10 @@ and either way a replay there gains nothing this start.
 
 The decision is kept in the store next to the record (`refs/hot-loader/<image_key>.json`, per record
 and per mount: mount point, filesystem type and source), as status.py keeps the never-slower verdict
-(written by the agent: `take_pending`), so a start pays for the reads only once per record. "Keeps a cache" stands until the record changes
-(if the replay then does not pay, the never-slower rule turns it off); "keeps none" is judged again
-after `RECHECK_S`, since a remount with another cache mode looks the same in the mount table.
+(written by the agent: `take_pending`), so a start pays for the reads only once per record. "Keeps a
+cache" stands until the record changes (if the replay then does not pay, the never-slower rule turns
+it off); "keeps none" is judged again after `RECHECK_S`, since a remount with another cache mode looks
+the same in the mount table.
 """
 
 from __future__ import annotations

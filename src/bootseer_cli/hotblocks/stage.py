@@ -66,7 +66,7 @@ def run_stage(ctx: StageContext) -> StageResult:
         ref = ctx.store.read_ref(REF_KIND, image_key)
         if ref is not None and mode == "auto" and _mostly_stale(ctx, ref, roots):
             return _arrange_recording(ctx, image_key, roots, "record mostly stale", True)
-        skipped = _skip_before_load(ctx, image_key, ref)
+        skipped = _skip_before_load(ctx, image_key, ref, roots)
         if skipped is not None:
             return skipped
         found = load(ctx.settings.p2p, ctx.store, ctx.cache, image_key, roots, doc=ref) if ref is not None else None
@@ -143,7 +143,9 @@ def _warn_stale(ctx: StageContext, staleness: Staleness) -> None:
     )
 
 
-def _skip_before_load(ctx: StageContext, image_key: str, doc: dict[str, Any] | None) -> StageResult | None:
+def _skip_before_load(
+    ctx: StageContext, image_key: str, doc: dict[str, Any] | None, roots: list[str]
+) -> StageResult | None:
     """A record of whole files (its tree dropped pages at open) is not even loaded where replay would be
     skipped anyway: its ref says so, and not importing pyarrow keeps such a start at no-bootseer speed.
     Unless the loader keeps a cache of its own (loadercache.py): the replay then fills that cache."""
@@ -158,7 +160,7 @@ def _skip_before_load(ctx: StageContext, image_key: str, doc: dict[str, Any] | N
     if not drops:
         return None
     blob = str(doc.get("blob", ""))
-    line = _not_into_loader(ctx, image_key, blob, drops, _ref_samples(doc))
+    line = _not_into_loader(ctx, image_key, blob, drops, _ref_samples(doc, roots))
     if line is None:
         return None
     ctx.info(f"image: not replaying: {line}")
@@ -166,11 +168,15 @@ def _skip_before_load(ctx: StageContext, image_key: str, doc: dict[str, Any] | N
     return StageResult(outcome="skipped", summary="no replay (pages dropped at open)", cache="hit", reason=line)
 
 
-def _ref_samples(doc: dict[str, Any]) -> list[tuple[str, int, int]]:
-    """The extents a ref names for judging a loader's own cache (none in refs published before them)."""
+def _ref_samples(doc: dict[str, Any], roots: list[str]) -> list[tuple[str, int, int]]:
+    """The extents a ref names for judging a loader's own cache (none in refs published before them),
+    under the configured `roots` only (a ref comes from the store: see `record.confine`)."""
+    from .record import within
+
+    inside = within(roots)
     out: list[tuple[str, int, int]] = []
     for s in doc.get("samples") or []:
-        if isinstance(s, list) and len(s) == 3 and isinstance(s[0], str):
+        if isinstance(s, list) and len(s) == 3 and isinstance(s[0], str) and inside(s[0]):
             try:
                 out.append((s[0], int(s[1]), int(s[2])))
             except (TypeError, ValueError):
