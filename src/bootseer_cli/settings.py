@@ -124,7 +124,9 @@ class ImageSettings:
     roots: tuple[str, ...] | None = strings(None, "Trees whose reads are recorded (unset: the interpreter's).")
     record: str = text("auto", "When to record the hot blocks.", choices=("auto", "always", "never"))
     replay: str = text(
-        "auto", "When to replay ('auto': not where the tree drops pages at open).", choices=("auto", "always", "never")
+        "auto",
+        "When to replay ('auto': not where the tree drops pages at open and its loader keeps no cache).",
+        choices=("auto", "always", "never"),
     )
     ready: str | float = seconds_or(
         "quiet", "When a start is over: a ready() call, quiet reads, or seconds.", choices=("call", "quiet")

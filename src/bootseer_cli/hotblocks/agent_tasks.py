@@ -59,6 +59,7 @@ class JudgeTask:
     replayed: bool
     started: float = 0.0
     ready: str | float = "quiet"
+    loader: list[dict[str, object]] | None = None  # loader-cache judgements to keep (loadercache.remember)
 
 
 def _wait(task: RecordTask | JudgeTask, agent: Agent, sleep: Callable[[float], bool]) -> tuple[str, float, float]:
@@ -166,6 +167,10 @@ def judge_task(task: JudgeTask, agent: Agent) -> None:
     why, at, started = _wait(task, agent, agent.wait)
     seconds = at - started
     replayed = task.replayed
+    if task.loader:
+        from .loadercache import remember
+
+        remember(agent.store, task.image_key, task.record, task.loader)
     side = "with" if replayed else "without"
     verdict = add_sample(agent.store, task.image_key, task.record, side, seconds)
     state = f"replay off: {verdict['why']}" if verdict["off"] else "replay on"

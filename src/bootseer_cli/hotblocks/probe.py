@@ -50,10 +50,11 @@ class Probe:
 _BY_DEV: dict[int, Probe] = {}
 
 
-def fstype_of(path: str) -> str:
-    """The filesystem type of the mount holding `path` (longest mount point prefix in mountinfo)."""
+def mount_of(path: str) -> tuple[str, str, str]:
+    """(mount point, filesystem type, source) of the mount holding `path` (longest mount point prefix
+    in mountinfo); ("", "?", "") when it cannot be read."""
     real = os.path.realpath(path)
-    best, kind = "", "?"
+    best, kind, source = "", "?", ""
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
@@ -64,10 +65,16 @@ def fstype_of(path: str) -> str:
                 mnt = fields[4].replace("\\040", " ")
                 inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
                 if inside and len(mnt) >= len(best):
-                    best, kind = mnt, right.split()[0]
+                    tail = right.split()
+                    best, kind, source = mnt, tail[0], tail[1] if len(tail) > 1 else ""
     except OSError:
         pass
-    return kind
+    return best, kind, source
+
+
+def fstype_of(path: str) -> str:
+    """The filesystem type of the mount holding `path`."""
+    return mount_of(path)[1]
 
 
 def _sample_file(root: str) -> str | None:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .record import Record, Staleness, check
+from .record import Record, Staleness, check, stat_many
 
 # Reads are cut at 1 MiB boundaries of the file: large enough to be cheap per byte, aligned with the
 # chunks lazily loaded images fetch (stargz, SOCI and our test filesystem use 1 MiB or more), and
@@ -84,6 +84,23 @@ def plan(rec: Record) -> tuple[list[Extent], Staleness]:
             off += step
             n -= step
     return work, staleness
+
+
+def sources_of(rec: Record, staleness: Staleness) -> list[str]:
+    """`dir/mod.py` for each fresh `dir/__pycache__/mod.<tag>.pyc` of `rec` that the record does not list.
+
+    Python's import stats the source of every `.pyc` it loads, and on a loader that answers a stat with
+    a request (rclone asks the bucket for each object's mtime) that is one round trip per module: 242
+    HEADs, 1.7 s of a start after a replay against 0.3 s warm. `run` stats these beside the reads."""
+    stale = set(staleness.stale_files)
+    out = []
+    for path in sorted(p for p in rec.files if p not in stale):
+        head, name = os.path.split(path)
+        if name.endswith(".pyc") and os.path.basename(head) == "__pycache__":
+            source = os.path.join(os.path.dirname(head), name.split(".", 1)[0] + ".py")
+            if source not in rec.files:
+                out.append(source)
+    return out
 
 
 class _Throttle:
@@ -308,9 +325,14 @@ def run(
     mbps: float = 0.0,
     deadline: float | None = None,
     stop: Callable[[], bool] | None = None,
+    stats: list[str] | None = None,
 ) -> ReplayResult:
-    """Read `work` file by file on up to `threads` threads; stop at `deadline` (monotonic) or when `stop()`."""
+    """Read `work` file by file on up to `threads` threads; stop at `deadline` (monotonic) or when `stop()`.
+    `stats`: paths to stat on a thread beside the reads (`sources_of`), waited for until `deadline`."""
     t0 = time.monotonic()
+    stat_thread = threading.Thread(target=stat_many, args=(stats,), name="replay-stat", daemon=True) if stats else None
+    if stat_thread is not None:
+        stat_thread.start()
     if not work:
         return ReplayResult()
     pool = _Pool(work, threads, mbps, deadline, stop)
@@ -320,6 +342,8 @@ def run(
         t.start()
     for t in readers:
         t.join()
+    if stat_thread is not None:
+        stat_thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
     result = pool.result
     result.files = len(pool.opened)
     result.streams = pool.gate.steps
@@ -338,7 +362,7 @@ def replay(
     """Check `rec` against the files, then read what is still fresh (see `run`)."""
     t0 = time.monotonic()
     work, staleness = plan(rec)
-    result = run(work, threads=threads, mbps=mbps, deadline=deadline, stop=stop)
+    result = run(work, threads=threads, mbps=mbps, deadline=deadline, stop=stop, stats=sources_of(rec, staleness))
     result.staleness = staleness
     result.seconds = time.monotonic() - t0
     return result

@@ -38,7 +38,8 @@ from .roots import refusal, resolve_roots
 
 if TYPE_CHECKING:
     from .pagecache import FileInfo
-    from .record import Record
+    from .probe import Probe
+    from .record import Record, Staleness
     from .replay import Extent, ReplayResult
 
 # A record whose fresh part is less than half of its bytes describes another image: take it again.
@@ -48,12 +49,13 @@ COVERED_FILE = "hot-covered.json"
 # Without fanotify, the eviction walk before exec stops after this long (issue 16: a first start
 # must cost little); the record then covers the files the walk reached.
 EVICT_BUDGET_S = 3.0
+_SAID: set[tuple[str, str]] = set()  # (mount, record) whose loader's own cache this process announced
 
 
 def run_stage(ctx: StageContext) -> StageResult:
     """Replay the record of this image when there is a usable one, else arrange for a new one."""
     from ..gc import touch_used
-    from .record import load
+    from .record import REF_KIND, load
 
     image = ctx.settings.image
     mode = image.record
@@ -61,10 +63,13 @@ def run_stage(ctx: StageContext) -> StageResult:
     roots = resolve_roots(image)
     why_record, stale = "no record", False
     try:
-        skipped = _skip_before_load(ctx, image_key)
+        ref = ctx.store.read_ref(REF_KIND, image_key)
+        if ref is not None and mode == "auto" and _mostly_stale(ctx, ref, roots):
+            return _arrange_recording(ctx, image_key, roots, "record mostly stale", True)
+        skipped = _skip_before_load(ctx, image_key, ref, roots)
         if skipped is not None:
             return skipped
-        found = load(ctx.settings.p2p, ctx.store, ctx.cache, image_key, roots)
+        found = load(ctx.settings.p2p, ctx.store, ctx.cache, image_key, roots, doc=ref) if ref is not None else None
     except IntegrityError as e:  # a corrupt record is replaced by a new one
         ctx.warn(f"image: the hot-block record is unusable ({e}); taking a new one")
         found, why_record = None, "record unusable"
@@ -87,24 +92,27 @@ def run_stage(ctx: StageContext) -> StageResult:
 
 def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult | None:
     """Replay in the foreground up to the deadline; None when the record is too stale to use."""
-    from .replay import plan, run
+    from .replay import plan, run, sources_of
 
     image = ctx.settings.image
     t0 = time.monotonic()
     started = time.time()
     work, staleness = plan(rec)
     if staleness.stale_share > STALE_RERECORD and image.record != "never":
-        ctx.warn(
-            f"image: the hot-block record is mostly stale ({len(staleness.stale_files)} of {len(rec.files)} files "
-            f"changed, {staleness.stale_share:.0%} of its bytes); taking a new one"
-        )
+        _warn_stale(ctx, staleness)
         return None
     skip = _why_not_replay(ctx, rec, str(doc.get("blob", "")))
     if skip is not None:
         ctx.info(f"image: not replaying: {skip[1]}")
         _judge_later(ctx, rec.image_key, str(doc.get("blob", "")), replayed=False, started=started)
         return StageResult(outcome="skipped", summary=f"no replay ({skip[0]})", cache="hit", reason=skip[1])
-    res = run(work, threads=image.prefetch_threads, mbps=image.prefetch_mbps, deadline=t0 + image.foreground_s)
+    res = run(
+        work,
+        threads=image.prefetch_threads,
+        mbps=image.prefetch_mbps,
+        deadline=t0 + image.foreground_s,
+        stats=sources_of(rec, staleness),
+    )
     res.staleness = staleness
     parts = [f"replayed {fmt_bytes(res.bytes_read)}"]
     if res.remaining:
@@ -115,15 +123,35 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
     return _replayed_result(res, doc, ", ".join(parts))
 
 
-def _skip_before_load(ctx: StageContext, image_key: str) -> StageResult | None:
-    """A record of whole files (its tree dropped pages at open) is not even loaded where replay would be
-    skipped anyway: its ref says so, and not importing pyarrow keeps such a start at no-bootseer speed."""
-    from .record import REF_KIND
+def _mostly_stale(ctx: StageContext, ref: dict[str, Any], roots: list[str]) -> bool:
+    """Whether the ref's own list of sizes and mtimes (`deps`) shows the record mostly stale: then it is
+    taken again without loading it (no Parquet, no pyarrow). False when the ref has no such list."""
+    from .record import check_ref
 
+    staleness = check_ref(ref, roots)
+    if staleness is None or staleness.stale_share <= STALE_RERECORD:
+        return False
+    _warn_stale(ctx, staleness)
+    return True
+
+
+def _warn_stale(ctx: StageContext, staleness: Staleness) -> None:
+    files = staleness.fresh_files + len(staleness.stale_files)
+    ctx.warn(
+        f"image: the hot-block record is mostly stale ({len(staleness.stale_files)} of {files} files "
+        f"changed, {staleness.stale_share:.0%} of its bytes); taking a new one"
+    )
+
+
+def _skip_before_load(
+    ctx: StageContext, image_key: str, doc: dict[str, Any] | None, roots: list[str]
+) -> StageResult | None:
+    """A record of whole files (its tree dropped pages at open) is not even loaded where replay would be
+    skipped anyway: its ref says so, and not importing pyarrow keeps such a start at no-bootseer speed.
+    Unless the loader keeps a cache of its own (loadercache.py): the replay then fills that cache."""
     image = ctx.settings.image
     if image.replay != "auto" or image.record == "always":
         return None
-    doc = ctx.store.read_ref(REF_KIND, image_key)
     if not doc or doc.get("method") != "opened-files":
         return None
     hint = doc.get("probe")
@@ -131,13 +159,49 @@ def _skip_before_load(ctx: StageContext, image_key: str) -> StageResult | None:
     drops = [p for p in probe_roots([str(r) for r in doc.get("roots", [])], hints) if p.drops]
     if not drops:
         return None
-    line = (
-        f"{drops[0].line()}, so a replay would be thrown away when the program opens the file; "
+    blob = str(doc.get("blob", ""))
+    line = _not_into_loader(ctx, image_key, blob, drops, _ref_samples(doc, roots))
+    if line is None:
+        return None
+    ctx.info(f"image: not replaying: {line}")
+    _judge_later(ctx, image_key, blob, replayed=False, started=time.time())
+    return StageResult(outcome="skipped", summary="no replay (pages dropped at open)", cache="hit", reason=line)
+
+
+def _ref_samples(doc: dict[str, Any], roots: list[str]) -> list[tuple[str, int, int]]:
+    """The extents a ref names for judging a loader's own cache (none in refs published before them),
+    under the configured `roots` only (a ref comes from the store: see `record.confine`)."""
+    from .record import within
+
+    inside = within(roots)
+    out: list[tuple[str, int, int]] = []
+    for s in doc.get("samples") or []:
+        if isinstance(s, list) and len(s) == 3 and isinstance(s[0], str) and inside(s[0]):
+            try:
+                out.append((s[0], int(s[1]), int(s[2])))
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
+def _not_into_loader(
+    ctx: StageContext, image_key: str, blob: str, drops: list[Probe], samples: list[tuple[str, int, int]]
+) -> str | None:
+    """None when every root in `drops` has a loader that keeps a cache of its own (a replay fills it: said
+    in one line); else the line that says why a replay would be thrown away."""
+    from .loadercache import decide
+
+    found = [decide(ctx.store, image_key, blob, p.root, samples) for p in drops]
+    if all(j.own_cache for j in found):
+        if (found[0].mount, blob) not in _SAID:  # once, though the stage asks before and after loading
+            _SAID.add((found[0].mount, blob))
+            ctx.info(f"image: {drops[0].line()}, but {found[0].line()}: replaying into it")
+        return None
+    bad = next(j for j in found if not j.own_cache)
+    return (
+        f"{drops[0].line()} and {bad.line()}, so a replay would be thrown away when the program opens the file; "
         f'set [image] replay = "always" if the loader keeps a cache of its own'
     )
-    ctx.info(f"image: not replaying: {line}")
-    _judge_later(ctx, image_key, str(doc.get("blob", "")), replayed=False, started=time.time())
-    return StageResult(outcome="skipped", summary="no replay (pages dropped at open)", cache="hit", reason=line)
 
 
 def _why_not_replay(ctx: StageContext, rec: Record, blob: str) -> tuple[str, str] | None:
@@ -151,10 +215,11 @@ def _why_not_replay(ctx: StageContext, rec: Record, blob: str) -> tuple[str, str
         hints = [(path, off) for path, off, _ in rec.extents[:: max(1, len(rec.extents) // 64)]]
         drops = [p for p in probe_roots(rec.roots, hints) if p.drops]
         if drops:
-            return "pages dropped at open", (
-                f"{drops[0].line()}, so a replay would be thrown away when the program opens the file; "
-                f'set [image] replay = "always" if the loader keeps a cache of its own'
-            )
+            from .loadercache import pick_samples
+
+            line = _not_into_loader(ctx, rec.image_key, blob, drops, pick_samples(rec.extents, None))
+            if line is not None:
+                return "pages dropped at open", line
     try:
         verdict = read_verdict(ctx.store, rec.image_key, blob)
     except (StoreError, OSError):
@@ -170,10 +235,17 @@ def _why_not_replay(ctx: StageContext, rec: Record, blob: str) -> tuple[str, str
 
 
 def _judge_later(ctx: StageContext, image_key: str, blob: str, replayed: bool, started: float) -> None:
-    """Have the agent time this start to ready, for the never-slower verdict (status.py)."""
+    """Have the agent time this start to ready, for the never-slower verdict (status.py), and keep what
+    this start learned about the loaders' own caches (loadercache.py; here when there is no agent)."""
+    from .loadercache import remember, take_pending
+
+    loader = take_pending()
     if ctx.settings.exec.agent and blob:
         ready = ctx.settings.image.ready
-        ctx.add_agent_task(JudgeTask(image_key=image_key, record=blob, replayed=replayed, started=started, ready=ready))
+        task = JudgeTask(image_key=image_key, record=blob, replayed=replayed, started=started, ready=ready)
+        ctx.add_agent_task(replace(task, loader=loader) if loader else task)
+    else:
+        remember(ctx.store, image_key, blob, loader)
 
 
 def _hand_on_remaining(ctx: StageContext, remaining: list[Extent]) -> str:

@@ -1,0 +1,193 @@
+"""Benchmark (issue 28, item 5): replay into a loader's own disk cache, side by side with the same loader
+keeping nothing. For `rclone mount --vfs-cache-mode full` and `off` of one bucket, in one run:
+
+  cold         a fresh mount (its disk cache empty), page cache dropped, the program alone
+  warm mount   the program again right after, on the same mount (what the loader's cache gives)
+  replay       a fresh mount, page cache dropped, `bootseer exec` with the record (taken once per mode
+               by a recording start): the stage judges the loader by a timed re-read and replays or not
+
+and the ratios: speed-up of the warm mount and of the replay over cold, and the replay's share of the
+warm mount's speed-up (issue 28's goal: >= 80 % on rclone full; never slower on rclone off).
+
+Payloads: `--payload synth` (default; a package of `--modules` modules of `--module-kb` kB, precompiled
+as unchecked-hash .pyc, `import synth`) or `--payload venv` (the site-packages of bench_hotblocks.py's
+venv, `--program "import torch"`). The bucket is served by `rclone serve s3` from the directory (no
+upload) behind the delaying proxy (`--delay-ms` per request); the network is capped by rclone's own
+`--bwlimit` (default 50M, i.e. 400 mbit) or, with `--rate-mbit`, by tbf in a network namespace.
+
+    python tests/benchmarks/bench_loader_cache.py [--payload synth|venv] [--rounds 3] [--delay-ms 4]
+        [--bwlimit 50M] [--rate-mbit 0] [--program "import torch"] [--packages torch==2.13.0 ...]
+
+Needs root (drop_caches, FUSE, fanotify). Cleans up its mounts, server, proxy and namespace however it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_hotblocks as bh
+from tests.support.delayproxy import DelayProxy
+from tests.support.rclonemount import RcloneMount
+
+WORK = bh.WORK / "loader-cache"
+MODES = ("full", "off")
+CASES = ("cold", "warm mount", "replay")
+
+
+class CappedRclone(RcloneMount):
+    """`rclone mount` with `--bwlimit` (empty: none)."""
+
+    bwlimit = ""
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), *(["--bwlimit", self.bwlimit] if self.bwlimit else [])]
+
+
+def make_synth(base: Path, modules: int, module_kb: int) -> Path:
+    """`base/synth-tree/synth`: `modules` modules importing a shared one, all imported by the package."""
+    tree = base / "synth-tree"
+    marker = tree / f".built-{modules}-{module_kb}"
+    if marker.exists():
+        return tree
+    shutil.rmtree(tree, ignore_errors=True)
+    pkg = tree / "synth"
+    pkg.mkdir(parents=True)
+    (pkg / "common.py").write_text("SEEN = []\n")
+    for i in range(modules):
+        body = f"from . import common\nDATA = {os.urandom(module_kb * 1000)!r}\ncommon.SEEN.append({i})\n"
+        (pkg / f"m{i:04d}.py").write_text(body)
+    names = ", ".join(f"m{i:04d}" for i in range(modules))
+    (pkg / "__init__.py").write_text(f"from . import common\nfrom . import {names}\n")
+    compileall.compile_dir(
+        str(pkg), quiet=1, invalidation_mode=compileall.py_compile.PycInvalidationMode.UNCHECKED_HASH
+    )
+    marker.write_text("")
+    return tree
+
+
+def measure_mode(mode: str, tree: Path, proxy: DelayProxy, server: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The recording start, then `rounds` of cold / warm mount / replay on one mount mode."""
+    home = WORK / f"home-{mode}"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
+    env["XDG_CACHE_HOME"] = str(home)
+    mount = CappedRclone(proxy.endpoint, tree.name, WORK / f"mnt-{mode}", mode, WORK)
+    mount.bwlimit = args.bwlimit
+    prog = [sys.executable, "-c", f"import sys; sys.path[:0] = [{str(mount.mountpoint)!r}]; {args.program}"]
+    common = {"prefetch_threads": args.threads, "ready": "quiet", "foreground_s": 600.0}
+    cfg_rec = bh.write_cfg(WORK / f"{mode}-rec.toml", [mount.mountpoint], **common)
+    cfg = bh.write_cfg(WORK / f"{mode}.toml", [mount.mountpoint], record="never", **common)
+    ld = bh.Loader(f"rclone-{mode}", mount, mount.mountpoint, proxy=proxy, server=server)
+    out: dict[str, Any] = {"times": {c: [] for c in CASES}, "gets": {c: [] for c in CASES}, "lines": []}
+    try:
+        mount.start()
+        bh.measure(ld, "record", [*bh.BS, "exec", "-c", str(cfg_rec), "--", *prog], env, home)
+        show = json.loads(bh.sh([*bh.BS, "hot", "show", "--json", "-c", str(cfg)], env=env, cwd=WORK).stdout)
+        out["record"] = show
+        for rnd in range(args.rounds):
+            for case in CASES if rnd % 2 == 0 else (CASES[2], CASES[0], CASES[1]):
+                if case == "warm mount":
+                    continue  # measured right after its cold run, below
+                cmd = prog if case == "cold" else [*bh.BS, "exec", "-c", str(cfg), "--", *prog]
+                ld.cold()
+                before = proxy.requests
+                dt, err = bh.timed(cmd, env, bh.RUN_TIMEOUT_S, ld.stop)
+                out["times"][case].append(dt)
+                out["gets"][case].append(proxy.requests - before)
+                if case == "replay":
+                    out["lines"].append(next((x for x in err.splitlines() if "image " in x and "|" in x), ""))
+                    out["lines"].append(next((x for x in err.splitlines() if "cache of its own" in x), ""))
+                else:  # the warm mount: the same program again, nothing restarted or dropped
+                    before = proxy.requests
+                    dt, _ = bh.timed(prog, env, bh.RUN_TIMEOUT_S, ld.stop)
+                    out["times"]["warm mount"].append(dt)
+                    out["gets"]["warm mount"].append(proxy.requests - before)
+                bh.wait_agents(home)
+            print(f"rclone {mode}: round {rnd + 1}/{args.rounds} done", flush=True)
+    finally:
+        mount.stop()
+    return out
+
+
+def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    print()
+    print(f"program: {args.program!r} ({args.payload}); rclone mount, --buffer-size 0, 1M chunks")
+    cap = f"rclone --bwlimit {args.bwlimit}" if args.bwlimit else "no rclone --bwlimit"
+    cap += f", S3 server egress tbf {args.rate_mbit:g} mbit" if args.rate_mbit else ""
+    print(f"network: {cap}; {args.delay_ms:g} ms per request (delaying proxy); {args.rounds} rounds, median")
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end")
+    print()
+    head = f"{'mode':6} {'cold s':>8} {'warm s':>8} {'replay s':>9} {'warm x':>7} {'replay x':>9} {'share':>6}"
+    print(f"{head} {'GETs cold/warm/replay':>22}  record")
+    for mode, r in results.items():
+        med = {c: statistics.median(r["times"][c]) for c in CASES}
+        gets = "/".join(f"{statistics.median(r['gets'][c]):.0f}" for c in CASES)
+        warm_x, replay_x = med["cold"] / med["warm mount"], med["cold"] / med["replay"]
+        share = replay_x / warm_x
+        rec = r.get("record") or {}
+        what = f"{rec.get('files')} files, {rec.get('bytes', 0) / 1e6:.1f} MB, {rec.get('method')}"
+        print(
+            f"{mode:6} {med['cold']:8.2f} {med['warm mount']:8.2f} {med['replay']:9.2f} {warm_x:6.2f}x "
+            f"{replay_x:8.2f}x {share:6.0%} {gets:>22}  {what}"
+        )
+        for case in CASES:
+            print(f"{'':6}   {case:11} runs: {' '.join(f'{t:.2f}' for t in r['times'][case])}")
+        for line in dict.fromkeys(x for x in r["lines"] if x):
+            print(f"{'':6}   {line.strip()[:160]}")
+    print("share: replay speed-up / warm-mount speed-up (issue 28's goal on rclone full: >= 80 %)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="replay into a loader's own cache: rclone full and off side by side")
+    ap.add_argument("--payload", choices=("synth", "venv"), default="synth")
+    ap.add_argument("--modules", type=int, default=400)
+    ap.add_argument("--module-kb", type=int, default=24)
+    ap.add_argument("--program", default=None, help="default: 'import synth' (synth) or 'import torch' (venv)")
+    ap.add_argument("--packages", nargs="+", default=bh.PACKAGES)
+    ap.add_argument("--delay-ms", type=float, default=4.0)
+    ap.add_argument("--bwlimit", default="50M", help="rclone --bwlimit (bytes/s; 50M is 400 mbit); '' for none")
+    ap.add_argument("--rate-mbit", type=float, default=0.0, help="also cap the S3 server's egress (tbf, netns)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=64)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("needs root (drop_caches, FUSE, fanotify)")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(1))
+    WORK.mkdir(parents=True, exist_ok=True)
+    if args.payload == "synth":
+        args.program = args.program or "import synth"
+        tree = make_synth(WORK, args.modules, args.module_kb)
+    else:
+        args.program = args.program or "import torch"
+        name = "venv" if args.packages == bh.PACKAGES else "venv-" + "-".join(p.split("=")[0] for p in args.packages)
+        tree = bh.ensure_venv(bh.WORK / name, args.packages, args.program)
+    stack: list[Any] = []
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        server = bh.capped_server(WORK / "s3", str(tree.parent), args.rate_mbit, stack)
+        proxy = DelayProxy((server.host, server.port), delay_ms=args.delay_ms).start()
+        stack.append(proxy)
+        for mode in MODES:
+            results[mode] = measure_mode(mode, tree, proxy, server, args)
+    finally:
+        for thing in reversed(stack):
+            thing.stop()
+    report(results, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
