@@ -148,6 +148,8 @@ def test_a_bump_builds_a_layer_that_a_fresh_node_restores_exactly(tmp_path: Path
     assert job.runs() == 2, "the fresh node ran the setup"
     assert tree_state(job.venv) == built, "the restored chain differs from the builder's tree"
     assert not (job.site / "bslayer" / "old.py").exists(), "the layer's deletion was not applied"
+    cached = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "n2-cache").rglob("sha256/*/*")}
+    assert cached[base["blob"]] >= cached[layer["blob"]], "the node cache would evict the parent first"
     again = job.exec("n2")
     assert "env present" in again.stderr, again.stderr
 

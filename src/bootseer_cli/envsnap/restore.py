@@ -108,6 +108,10 @@ def _restore_chain(
             raise IntegrityError(f"layer {link.blob[:12]}: its parent env is not in the tree")
         keys = (env_key, *extra_keys) if i == len(chain) - 1 else (link.key,)
         done.append(_restore(p2p, store, cache, keys[0], roots, link.ref, link.blob, progress, keys[1:], over))
+    # the node cache evicts the least recently touched blob first: touch the child first and the base
+    # last, so a child goes before the parent that it and its siblings build on
+    for link in reversed(chain[:-1] if len(chain) > 1 else []):
+        cache.peek(link.blob)
     last = done[-1]
     return replace(
         last,

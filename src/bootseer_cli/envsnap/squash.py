@@ -111,9 +111,12 @@ def squash(
         publish(settings.p2p, store, cache, cap, task.env_key, task.roots, extra=extra)
     finally:
         cap.blob.unlink(missing_ok=True)
-    doc = read_carried(task.roots)
-    if doc is not None and doc.get("blob") == task.layer:  # the stamp now names the full blob (same tree)
-        write_stamp(task.roots, [task.env_key], cap.digest, cap.entries, cap.deletion_paths)
+    from .lock import tree_lock
+
+    with contextlib.nullcontext() if held else tree_lock(task.roots, say, say):
+        doc = read_carried(task.roots)
+        if doc is not None and doc.get("blob") == task.layer:  # the stamp now names the full blob (same tree)
+            write_stamp(task.roots, [task.env_key], cap.digest, cap.entries, cap.deletion_paths)
     say(f"env: squashed the chain of {task.env_key[:12]} into one snapshot {cap.digest[:12]}")
     return cap.digest
 
