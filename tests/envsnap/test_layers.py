@@ -395,3 +395,30 @@ def test_the_carried_paths_of_a_layer_merge_over_its_parent() -> None:
     m = merged_carried(parent, layer, ["/v/a", "/v/other_image_file"])
     assert [r[0] for r in m.rows] == ["/v/b.py", "/v/c.py"] and m.rows[0][2] == 2
     assert m.deletions == ["/v/image_file", "/v/other_image_file"]
+
+
+def test_a_parent_whose_ref_does_not_verify_is_no_parent(tmp_path: Path, index: pkgindex.PackageIndex) -> None:
+    from bootseer_cli.trust import keygen
+
+    keygen(str(tmp_path / "a.key"), str(tmp_path / "a.pub"), "team-a")
+    job = Job(tmp_path, index)
+    toml = tmp_path / "bootseer.toml"
+    toml.write_text(
+        toml.read_text().replace("[store]\n", '[store]\ndomain = "team-a"\n')
+        + f'[trust]\nsigning_key = "{tmp_path / "a.key"}"\nverify_keys = ["{tmp_path / "a.pub"}"]\n'
+    )
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    job.exec("n1")
+    (path,) = list(job.store.rglob("refs/env/*.json"))
+    signed = json.loads(path.read_text())
+    assert "sig" in json.dumps(signed), "premise: the ref is signed"
+    job.reqs("bslayer==1.1", "six==1.17.0")
+    job.fresh_node()
+    # the parent's ref altered after signing (its inputs made to match better): it verifies no more
+    text = path.read_text().replace('"req bslayer==1.0"', '"req bslayer==1.1"')
+    assert text != path.read_text()
+    path.write_text(text)
+    r = job.exec("n2")
+    assert "setup over" not in r.stderr and "published" in r.stderr, r.stderr
+    assert r.stdout.strip() == "1.1"
+    assert job.ref()["depth"] == 0
