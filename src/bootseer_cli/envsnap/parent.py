@@ -26,7 +26,7 @@ from ..units import fmt_age
 
 if TYPE_CHECKING:
     from ..keys import Keys
-    from ..settings import EnvSettings
+    from ..settings import EnvSettings, Settings
     from ..store import Store
 
 MAX_INPUTS = 4000  # lines recorded in a ref (a lock file of a big env has a few hundred)
@@ -129,7 +129,7 @@ def choose(store: Store, keys: Keys, roots: list[str], inputs: list[str], max_la
     return Choice(best.key, best.ref, best.shared, best.of, best.last_used, best.depth, len(found))
 
 
-def explain(settings: Any, keys: Keys, store: Store) -> list[str]:
+def explain(settings: Settings, keys: Keys, store: Store) -> list[str]:
     """For `bootseer keys`: the chain of the snapshot published for this env key, or, when none is,
     the parent a build would set up over now and why (or why none)."""
     from .catalog import FORMAT, REF_KIND

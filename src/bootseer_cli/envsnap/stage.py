@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .lease import LeaseKeeper
     from .manifest import Manifest
     from .restore import Restored
+    from .setup import SetupRun
 
 POLL_S = 1.0
 
@@ -218,7 +219,9 @@ def _build(
         return _capture_and_publish(ctx, store, b)
 
 
-def _setup_over(ctx: StageContext, store: Store, roots: list[str], ran: dict[str, bool]) -> tuple[Any, Any] | None:
+def _setup_over(
+    ctx: StageContext, store: Store, roots: list[str], ran: dict[str, bool]
+) -> tuple[SetupRun, Over] | None:
     """The setup over the nearest published snapshot (layers.py), or None: set up from the image."""
     from .layers import setup_over
 
