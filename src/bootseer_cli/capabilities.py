@@ -112,7 +112,10 @@ CAPABILITIES: list[Capability] = [
         "env (snapshot)",
         f"{_S}:EnvSettings",
         stage=StageEntry("bootseer_cli.envsnap.stage:run_stage", f"{_S}:EnvSettings.wanted", order=0),
-        agent_tasks=(_task("env-publish", "envsnap.agent_tasks", "publish_task", "PublishTask"),),
+        agent_tasks=(
+            _task("env-publish", "envsnap.agent_tasks", "publish_task", "PublishTask"),
+            _task("env-squash", "envsnap.squash", "squash_task", "SquashTask"),
+        ),
         gc_keep="bootseer_cli.envsnap.upkeep:gc_keep",
         prefetch="bootseer_cli.envsnap.upkeep:prefetch",
     ),

@@ -164,6 +164,10 @@ class EnvSettings:
     lease_ttl_s: float = number(
         60.0, "The builder's lease: another node builds this long after the builder died.", unit="s"
     )
+    layers: bool = flag(
+        True, "On a miss, set up over the nearest published snapshot and publish only the difference (a layer)."
+    )
+    max_layers: int = integer(8, "Layers a chain may grow to before the agent squashes it.", minimum=1)
     base_dir: Path = field(default_factory=Path.cwd)  # the config file's folder: relative paths resolve here
 
     def wanted(self) -> bool:

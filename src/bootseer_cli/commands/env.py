@@ -131,7 +131,7 @@ def _show_text(doc: dict[str, Any], ref: dict[str, Any], files: bool) -> None:
         if k in doc:
             typer.echo(f"{k:10} {_show_value(k, doc[k])}")
     for k, v in sorted(ref.items()):
-        if k not in doc or k in SHOWN_FIELDS:
+        if k not in doc or k in SHOWN_FIELDS or k in ("chain", "inputs"):
             continue
         typer.echo(f"{k:10} {_show_value(k, v)}")
     if files:
@@ -159,12 +159,19 @@ def env_show(
     full = catalog.match_key(st, key)
     ref = catalog.read(st, full)
     doc: dict[str, Any] = {"env_key": full, **ref}
+    if isinstance(ref.get("chain"), list):
+        from ..envsnap.chain import layer_sizes
+
+        doc["layers"] = layer_sizes(full, ref)
     if files:
         doc.update(_entries_doc(settings, st, ref))
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
     _show_text(doc, ref, files)
+    for row in doc.get("layers") or []:
+        own, total = fmt_bytes(float(row["size"])), fmt_bytes(float(row["cumulative"]))
+        typer.echo(f"layer {row['layer']:<3} {row['key'][:16]}  own {own:>9}  cumulative {total:>9}")
 
 
 @env_app.command("rm")

@@ -130,6 +130,19 @@ def keys(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = Fa
         raise ConfigError(f"{e}; create it, or change [env] setup in the config (the env key hashes it)") from None
     compiled = _compile_key(settings, k) if settings.compile.enabled else None
     typer.echo(_keys_json(k, compiled) if as_json else _keys_text(k, compiled))
+    if not as_json and settings.env.setup:
+        typer.echo("\n".join(_env_chain(settings, k)))
+
+
+def _env_chain(settings: Settings, k: Keys) -> list[str]:
+    """The env snapshot's chain of layers, or the parent a build would choose and why (store best effort)."""
+    from ..envsnap.parent import explain
+    from ..store import open_store_for
+
+    try:
+        return explain(settings, k, open_store_for(settings))
+    except Exception as e:  # the keys never depend on the store: say why the chain is not shown
+        return [f"env snapshot: store not read ({type(e).__name__}: {e})"[:300]]
 
 
 def _compile_key(settings: Settings, k: Keys) -> Key | str:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BootseerError
 
 if TYPE_CHECKING:
+    from ..keys import Keys
     from ..settings import Settings
     from ..store import Store
     from .format import ArchiveEntry
@@ -121,15 +122,26 @@ def snapshot_here(settings: Settings, warn: Say) -> Published:
             "snapshot would hold only what the setup added to it; run the setup in a fresh venv of the image "
             "(`bootseer baseline` there first), or let `bootseer exec` run it"
         )
-    now = keys_for(settings).env.digest
+    keys_now = keys_for(settings)
+    now = keys_now.env.digest
     key = str(extra.get("env_key") or now)
     st = open_store_for(settings)
     cache = cache_for(settings.store)
     t0 = time.monotonic()
     cap = capture(settings.store, roots, base, key, cache, warn, since=path.stat().st_mtime)
-    publish(settings.p2p, st, cache, cap, key, roots)
+    publish(settings.p2p, st, cache, cap, key, roots, extra=_parent_fields(settings, keys_now, roots))
     write_stamp(roots, [key, now], cap.digest, cap.entries, cap.deletion_paths)
     return Published(key, cap.digest, cap.size, cap.files, cap.deletions, time.monotonic() - t0)
+
+
+def _parent_fields(settings: Settings, keys: Keys, roots: list[str]) -> dict[str, Any]:
+    """What lets a later build set up over this snapshot (layers.py): image, machine, setup inputs."""
+    from .layers import ref_fields
+
+    try:
+        return ref_fields(settings, keys, roots, None)
+    except (OSError, ValueError):  # the inputs could not be read: a snapshot no build layers over
+        return {}
 
 
 def restore_here(settings: Settings, say: Say, warn: Say) -> RestoreHere:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BootseerError
@@ -41,6 +41,7 @@ class PublishTask:
     lease_owner: str
     lease_expires: float
     lease_ttl_s: float
+    ref_extra: dict[str, Any] = field(default_factory=dict)  # parent, chain, depth, inputs (publish.py)
 
 
 def _lease_of(task: PublishTask, agent: Agent) -> Lease:
@@ -72,7 +73,8 @@ def publish_task(task: PublishTask, agent: Agent) -> None:
         settings = agent.settings
         agent.log(f"env-publish: uploading env {key[:12]} ({fmt_bytes(up.size)}), lease renewed every {ttl / 3:.1f} s")
         with LeaseKeeper(lease, ttl, on_renew=touch):  # released on the way out, after the ref
-            publish(settings.p2p, agent.store, cache_for(settings.store), up, key, [str(r) for r in task.roots])
+            roots = [str(r) for r in task.roots]
+            publish(settings.p2p, agent.store, cache_for(settings.store), up, key, roots, extra=task.ref_extra)
     except (BootseerError, OSError) as e:  # the lease is released: the next node builds and publishes
         agent.log(f"env-publish: env {key[:12]} not published: {e}")
         record_event(agent.run, "env-publish", t0, time.time(), "failed", bytes=up.size, reason=str(e))

@@ -49,10 +49,13 @@ def read(store: Store, env_key: str) -> dict[str, Any]:
 
 def remove(store: Store, env_key: str) -> bool:
     """Remove the ref of `env_key`, then its blob unless another ref names it. True if the blob went."""
+    from ..upkeep import digests_in
+
     ref = read(store, env_key)
     store.delete_ref(REF_KIND, env_key)
     blob = ref.get("blob")
-    still = any(read(store, k).get("blob") == blob for k in store.list_refs(REF_KIND))
+    # a layer's ref names its whole chain: a parent's blob stays while a child names it
+    still = any(blob in set(digests_in(read(store, k))) for k in store.list_refs(REF_KIND))
     if isinstance(blob, str) and not still:
         store.delete_blob(blob)
         return True

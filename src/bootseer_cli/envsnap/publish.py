@@ -90,11 +90,14 @@ def publish(
     env_key: str,
     roots: list[str],
     progress: bool | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     """Upload the blob, adopt it into the node cache, then write the ref (last). Returns the cached path.
 
     Called by `exec` before the launcher starts (`[exec] agent = false`, the `snapshot` verb), or by
-    the agent's "env-publish" task (envsnap/agent_tasks.py) with the capture's `Upload`."""
+    the agent's "env-publish" task (envsnap/agent_tasks.py) with the capture's `Upload`. `extra`: the
+    fields that let a later build pick this snapshot as a parent (`image`, `machine`, `inputs`) and, for
+    a layer, its `parent`, `chain` and `depth` (layers.py)."""
     from .. import delivery
     from ..progress import byte_bar
 
@@ -103,7 +106,7 @@ def publish(
     with byte_bar(cap.size, "upload", enabled=progress) as advance:
         store.put_blob_file(cap.blob, cap.digest, progress=advance)
     path = cache.adopt(cap.blob, cap.digest, store)  # a local store: one copy, linked
-    extra = delivery.after_publish(p2p, store, cap.digest, path) or {}
+    torrent = delivery.after_publish(p2p, store, cap.digest, path) or {}
     doc = {
         "blob": cap.digest,
         "size": cap.size,
@@ -115,7 +118,8 @@ def publish(
         "creator": socket.gethostname(),
         "roots": roots,
         "format": FORMAT,
-        **extra,
+        **(extra or {}),
+        **torrent,
     }
     store.write_ref(REF_KIND, env_key, doc)
     return path

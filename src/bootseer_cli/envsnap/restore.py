@@ -41,6 +41,8 @@ class Restored:
     seconds_fetch: float
     seconds_extract: float
     fetch_note: str = ""  # why the swarm was not used, when it was enabled
+    layers: int = 0  # links of a chain this restore applied beyond the first (0: a full snapshot)
+    present: int = 0  # links of its chain the tree already carried (a parent env in place)
 
 
 def restore(
@@ -68,11 +70,60 @@ def restore(
     if not isinstance(digest, str) or ref.get("format") != FORMAT:
         raise IntegrityError(f"ref env/{env_key[:16]} is malformed or of an unknown format")
     try:
-        return _restore(p2p, store, cache, env_key, roots, ref, digest, progress, extra_keys)
+        return _restore_chain(p2p, store, cache, env_key, roots, ref, progress, extra_keys)
     except BootseerError:
         raise
     except Exception as e:  # whatever a malformed ref or blob provokes: the snapshot is unusable
         raise IntegrityError(f"snapshot {digest[:12]} is unusable: {type(e).__name__}: {e}"[:400]) from None
+
+
+def _restore_chain(
+    p2p: P2PSettings,
+    store: Store,
+    cache: BlobCache,
+    env_key: str,
+    roots: list[str],
+    ref: dict[str, Any],
+    progress: bool | None,
+    extra_keys: tuple[str, ...],
+) -> Restored:
+    """Apply the links of `ref` (chain.py) that the tree does not carry yet, base first, each one all
+    or nothing under its own journal and bounds, stamped as it lands (the stamp of link i says the tree
+    carries env i, which it does): a restore killed between two links resumes at the next, one killed
+    inside a link has that link undone by the next start's `journal.recover`, and the chain's prefix in
+    place is used as it is. A layer is applied over its parent without the switch's removals (the
+    parent's files are the layer's base); the stamp lists what the whole chain put into the tree."""
+    from .chain import links, present_prefix
+    from .stamp import read_carried
+
+    chain = links(env_key, ref, FORMAT)
+    start = present_prefix(roots, chain)
+    if start == len(chain):  # the tree carries this very env (a caller that did not check): restore it all again
+        start = 0
+    done: list[Restored] = []
+    for i in range(start, len(chain)):
+        link = chain[i]
+        over = read_carried(roots) if i > 0 else None
+        if i > 0 and (over is None or over.get("blob") != chain[i - 1].blob):
+            raise IntegrityError(f"layer {link.blob[:12]}: its parent env is not in the tree")
+        keys = (env_key, *extra_keys) if i == len(chain) - 1 else (link.key,)
+        done.append(_restore(p2p, store, cache, keys[0], roots, link.ref, link.blob, progress, keys[1:], over))
+    # the node cache evicts the least recently touched blob first: touch the child first and the base
+    # last, so a child goes before the parent that it and its siblings build on
+    for link in reversed(chain[:-1] if len(chain) > 1 else []):
+        cache.peek(link.blob)
+    last = done[-1]
+    return replace(
+        last,
+        files=sum(r.files for r in done),
+        raw_bytes=sum(r.raw_bytes for r in done),
+        bytes_from_store=sum(r.bytes_from_store for r in done),
+        bytes_from_peers=sum(r.bytes_from_peers for r in done),
+        seconds_fetch=sum(r.seconds_fetch for r in done),
+        seconds_extract=sum(r.seconds_extract for r in done),
+        layers=len(chain) - 1,
+        present=start,
+    )
 
 
 def entries_hint(ref: dict[str, Any]) -> int:
@@ -95,15 +146,20 @@ def _restore(
     digest: str,
     progress: bool | None,
     extra_keys: tuple[str, ...],
+    over: dict[str, Any] | None = None,
 ) -> Restored:
     """Open the blob (cache, local store in place, or a fetch), extract it while it is hashed; a
-    digest mismatch found at the end undoes the tree, drops a bad cached copy and tries the store."""
+    digest mismatch found at the end undoes the tree, drops a bad cached copy and tries the store.
+
+    `over`: the carried doc of the parent env this layer applies over (no switch, a merged stamp)."""
+    from .stamp import merged_carried
+
     size = ref.get("size") if isinstance(ref.get("size"), int) else None
     for attempt in range(2):
         t0 = time.monotonic()
         b = open_blob(p2p, store, cache, digest, size, progress, cached=attempt == 0)
         try:
-            restored, meta = _restore_from(b, roots, ref, digest, progress, t0)
+            restored, meta = _restore_from(b, roots, ref, digest, progress, t0, switching=over is None)
             link_into_cache(cache, b, digest)
             if isinstance(b.verifier, Download):
                 b.verifier.keep(cache)
@@ -122,13 +178,14 @@ def _restore(
             raise DigestMismatch(f"blob {digest[:12]} does not match its digest ({e})") from None
         finally:
             b.close()
-        write_stamp(roots, [env_key, *extra_keys], digest, meta.entries, meta.deletions)
+        merged = merged_carried(over, meta.entries, meta.deletions) if over is not None else None
+        write_stamp(roots, [env_key, *extra_keys], digest, meta.entries, meta.deletions, carried=merged)
         return restored
     raise DigestMismatch(f"blob {digest[:12]} does not match its digest")
 
 
 def _restore_from(
-    b: Blob, roots: list[str], ref: dict[str, Any], digest: str, progress: bool | None, t0: float
+    b: Blob, roots: list[str], ref: dict[str, Any], digest: str, progress: bool | None, t0: float, switching: bool
 ) -> tuple[Restored, Meta]:
     """Read the metadata (bounded, checked for safety by the plan) and extract from the open blob."""
     from ..progress import byte_bar
@@ -142,7 +199,7 @@ def _restore_from(
             f"the snapshot was captured for roots {', '.join(meta.roots)}, which this node's roots "
             f"({', '.join(roots)}) do not contain; nothing restored"
         )
-    switch = switch_deletions(roots, meta, digest)
+    switch = switch_deletions(roots, meta, digest) if switching else []
     remove_stamp(roots)
     planned = replace(meta, deletions=(*meta.deletions, *switch)) if switch else meta
     raw = ref.get("bytes")

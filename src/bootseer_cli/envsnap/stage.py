@@ -20,6 +20,7 @@ interrupted restore of this tree was put back (journal.py).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError, StageFatal
@@ -29,9 +30,11 @@ from ..units import fmt_bytes
 if TYPE_CHECKING:
     from ..store import Lease, Store
     from .capture import Captured
+    from .layers import Over
     from .lease import LeaseKeeper
     from .manifest import Manifest
     from .restore import Restored
+    from .setup import SetupRun
 
 POLL_S = 1.0
 
@@ -43,6 +46,8 @@ def _lease_ttl(ctx: StageContext) -> float:
 
 def _restored_result(r: Restored, note: str = "") -> StageResult:
     summary = f"restored {r.files} files ({fmt_bytes(r.raw_bytes)} unpacked) from {r.source}"
+    if r.layers:
+        summary += f" (layer {r.layers}, {r.present} link(s) already in the tree)"
     summary += f", {note}" if note else ""
     return StageResult(
         outcome="restored",
@@ -52,7 +57,12 @@ def _restored_result(r: Restored, note: str = "") -> StageResult:
         bytes_from_store=r.bytes_from_store,
         bytes_from_peers=r.bytes_from_peers,
         reason=r.fetch_note,
-        extra={"files": r.files, "fetch_s": round(r.seconds_fetch, 3), "extract_s": round(r.seconds_extract, 3)},
+        extra={
+            "files": r.files,
+            "fetch_s": round(r.seconds_fetch, 3),
+            "extract_s": round(r.seconds_extract, 3),
+            "layers": r.layers,
+        },
     )
 
 
@@ -197,54 +207,96 @@ def _build(
             result = _try_restore(ctx, store, key, roots, ref)
             if result is not None:
                 return result
-        run = fresh_setup(
-            ctx.settings.env, ctx.settings.store, roots, ctx.info, on_start=lambda: ran.update(setup=True)
-        )
+        built = _setup_over(ctx, store, roots, ran) if ctx.settings.env.layers else None
+        run, over = built if built is not None else (None, None)
+        if run is None:
+            run = fresh_setup(
+                ctx.settings.env, ctx.settings.store, roots, ctx.info, on_start=lambda: ran.update(setup=True)
+            )
+        b = Built(key, roots, run.baseline, run.started, run.seconds, note, over)
         if ctx.settings.exec.agent:
-            return _capture_and_hand_over(ctx, keeper, key, roots, run.baseline, run.started, run.seconds, note)
-        return _capture_and_publish(ctx, store, key, roots, run.baseline, run.started, run.seconds, note)
+            return _capture_and_hand_over(ctx, keeper, b)
+        return _capture_and_publish(ctx, store, b)
 
 
-def _capture(
-    ctx: StageContext, key: str, roots: list[str], baseline: Manifest, started: float, setup_s: float
-) -> Captured | StageResult:
+def _setup_over(
+    ctx: StageContext, store: Store, roots: list[str], ran: dict[str, bool]
+) -> tuple[SetupRun, Over] | None:
+    """The setup over the nearest published snapshot (layers.py), or None: set up from the image."""
+    from .layers import setup_over
+
+    return setup_over(
+        ctx.settings, store, ctx.cache, ctx.keys, roots, ctx.info, ctx.warn, on_start=lambda: ran.update(setup=True)
+    )
+
+
+@dataclass(frozen=True)
+class Built:
+    """What the lease holder's setup left for the capture: the baseline, the timing, the parent (a layer)."""
+
+    key: str
+    roots: list[str]
+    baseline: Manifest
+    started: float
+    setup_s: float
+    note: str
+    over: Over | None
+
+    def stamp(self, ctx: StageContext, cap: Captured, keys: list[str] | None = None) -> None:
+        """Stamp the tree with the capture (merged over the parent's paths for a layer)."""
+        from .stamp import write_stamp
+
+        merged = self.over.merged(cap.entries, cap.deletion_paths) if self.over is not None else None
+        write_stamp(self.roots, keys or [self.key], cap.digest, cap.entries, cap.deletion_paths, carried=merged)
+
+    def ref_extra(self, ctx: StageContext) -> dict[str, Any]:
+        from .layers import ref_fields
+
+        try:
+            return ref_fields(ctx.settings, ctx.keys, self.roots, self.over)
+        except Exception as e:  # the inputs could not be read: a snapshot no later build compares with
+            ctx.warn(f"env: setup inputs not recorded ({e})")
+            return {}
+
+    def what(self, setup_s: float) -> str:
+        """`setup 12.0 s` or `setup over 3f2a… (layer 2) 3.1 s` for the summary line."""
+        if self.over is None:
+            return f"setup {setup_s:.1f} s"
+        return f"setup over {self.over.choice.key[:12]} (layer {self.over.depth}) {setup_s:.1f} s"
+
+
+def _capture(ctx: StageContext, b: Built) -> Captured | StageResult:
     """The capture after the lease holder's setup; when it fails, the tree stamped and the result."""
     from .capture import capture
 
     try:
-        return capture(ctx.settings.store, roots, baseline, key, ctx.cache, ctx.warn, since=started - 1, info=ctx.info)
+        return capture(
+            ctx.settings.store, b.roots, b.baseline, b.key, ctx.cache, ctx.warn, since=b.started - 1, info=ctx.info
+        )
     except StageFatal:
         raise
     except BootseerError as e:
         ctx.warn(f"env: setup done, but not captured: {e}")
-        _stamp_after_setup(ctx, roots, key, baseline)
-        return StageResult("setup", summary=f"setup {setup_s:.1f} s (not captured)", cache="miss", reason=str(e))
+        _stamp_after_setup(ctx, b.roots, b.key, b.baseline, b.over)
+        summary = f"{b.what(b.setup_s)} (not captured)"
+        return StageResult("setup", summary=summary, cache="miss", reason=str(e))
 
 
-def _capture_and_hand_over(
-    ctx: StageContext,
-    keeper: LeaseKeeper,
-    key: str,
-    roots: list[str],
-    baseline: Manifest,
-    started: float,
-    setup_s: float,
-    note: str,
-) -> StageResult:
+def _capture_and_hand_over(ctx: StageContext, keeper: LeaseKeeper, b: Built) -> StageResult:
     """Capture, stamp, and leave the upload to the agent ("env-publish"), which takes the lease on.
 
     The capture is moved out of the evictable cache until the agent has uploaded it. The keeper goes
     on renewing until just before the agent starts (`before_agent`), so the lease never lapses between
     the two holders; the other nodes keep waiting on it until the agent writes the ref and releases it."""
     from . import publish as snap
-    from .stamp import write_stamp
 
+    key, roots, note, setup_s = b.key, b.roots, b.note, b.setup_s
     snap.sweep_pending(ctx.cache, _lease_ttl(ctx))
-    cap = _capture(ctx, key, roots, baseline, started, setup_s)
+    cap = _capture(ctx, b)
     if isinstance(cap, StageResult):
         return cap
     cap = snap.pin_pending(ctx.cache, cap)
-    write_stamp(roots, _keys_now(ctx, key), cap.digest, cap.entries, cap.deletion_paths)
+    b.stamp(ctx, cap, _keys_now(ctx, key))
     from dataclasses import replace
 
     from .agent_tasks import PublishTask
@@ -258,6 +310,7 @@ def _capture_and_hand_over(
         lease_owner=lease.owner,
         lease_expires=lease.expires,
         lease_ttl_s=keeper.ttl_s,
+        ref_extra=b.ref_extra(ctx),
     )
 
     def stop_renewing() -> None:
@@ -269,7 +322,8 @@ def _capture_and_hand_over(
     keeper.hand_over()
     ctx.before_agent.append(stop_renewing)
     ctx.add_agent_task(task)
-    summary = f"setup {setup_s:.1f} s, captured {cap.files} files ({fmt_bytes(cap.size)} compressed)"
+    _squash_when_due(ctx, b, cap, agent=True)
+    summary = f"{b.what(setup_s)}, captured {cap.files} files ({fmt_bytes(cap.size)} compressed)"
     summary += "; the agent uploads it"
     return StageResult(
         outcome="built",
@@ -281,32 +335,24 @@ def _capture_and_hand_over(
     )
 
 
-def _capture_and_publish(
-    ctx: StageContext,
-    store: Store,
-    key: str,
-    roots: list[str],
-    baseline: Manifest,
-    started: float,
-    setup_s: float,
-    note: str,
-) -> StageResult:
+def _capture_and_publish(ctx: StageContext, store: Store, b: Built) -> StageResult:
     """After the lease holder's setup: capture and publish, stamping the tree whatever happens."""
     from .publish import publish
-    from .stamp import write_stamp
 
-    cap = _capture(ctx, key, roots, baseline, started, setup_s)
+    key, roots, note, setup_s = b.key, b.roots, b.note, b.setup_s
+    cap = _capture(ctx, b)
     if isinstance(cap, StageResult):
         return cap
     try:
-        publish(ctx.settings.p2p, store, ctx.cache, cap, key, roots)
+        publish(ctx.settings.p2p, store, ctx.cache, cap, key, roots, extra=b.ref_extra(ctx))
     except BootseerError as e:
         ctx.warn(f"env: setup done and captured, but not published: {e}")
         cap.blob.unlink(missing_ok=True)
-        write_stamp(roots, [key], cap.digest, cap.entries, cap.deletion_paths)
-        return StageResult("setup", summary=f"setup {setup_s:.1f} s (not published)", cache="miss", reason=str(e))
-    write_stamp(roots, _keys_now(ctx, key), cap.digest, cap.entries, cap.deletion_paths)
-    summary = f"setup {setup_s:.1f} s, published {cap.files} files ({fmt_bytes(cap.size)} compressed)"
+        b.stamp(ctx, cap)
+        return StageResult("setup", summary=f"{b.what(setup_s)} (not published)", cache="miss", reason=str(e))
+    b.stamp(ctx, cap, _keys_now(ctx, key))
+    _squash_when_due(ctx, b, cap, agent=False)
+    summary = f"{b.what(setup_s)}, published {cap.files} files ({fmt_bytes(cap.size)} compressed)"
     return StageResult(
         outcome="built",
         summary=summary + (f", {note}" if note else ""),
@@ -329,15 +375,37 @@ def _keys_now(ctx: StageContext, key: str) -> list[str]:
         return [key]
 
 
-def _stamp_after_setup(ctx: StageContext, roots: list[str], key: str, baseline: Manifest) -> None:
-    """Stamp a tree set up without a snapshot (what changed since the baseline is the env)."""
+def _stamp_after_setup(
+    ctx: StageContext, roots: list[str], key: str, baseline: Manifest, over: Over | None = None
+) -> None:
+    """Stamp a tree set up without a snapshot (what changed since the baseline is the env, over the
+    parent's paths when the setup ran over a parent)."""
     from .manifest import diff, scan
     from .setup import excluded_paths
     from .stamp import entries_of, write_stamp
 
     after = scan(roots, excluded_paths(ctx.settings.store))
     d = diff(baseline, after)
-    write_stamp(roots, [key], None, entries_of(after, d.changed, baseline), d.deleted)
+    entries = entries_of(after, d.changed, baseline)
+    merged = over.merged(entries, d.deleted) if over is not None else None
+    write_stamp(roots, [key], None, entries, d.deleted, carried=merged)
+
+
+def _squash_when_due(ctx: StageContext, b: Built, cap: Captured, agent: bool) -> None:
+    """A layer at `[env] max_layers`: squash the chain into one full snapshot under the same key, by
+    the agent after the upload ("env-squash"), or here after the publish when there is no agent."""
+    if b.over is None or b.over.depth < ctx.settings.env.max_layers:
+        return
+    from .squash import SquashTask, squash
+
+    task = SquashTask(env_key=b.key, roots=list(b.roots), layer=cap.digest, ref_extra=b.ref_extra(ctx))
+    if agent:
+        ctx.add_agent_task(task)
+        return
+    try:
+        squash(ctx.settings, ctx.store, ctx.cache, task, ctx.info, held=True)
+    except (BootseerError, OSError) as e:
+        ctx.warn(f"env: chain of {b.key[:12]} not squashed: {e}")
 
 
 def _local_setup(ctx: StageContext, roots: list[str], key: str, reason: str) -> StageResult:

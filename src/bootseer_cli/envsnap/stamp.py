@@ -235,20 +235,52 @@ def _replace_json(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def merged_carried(prev: dict[str, Any], entries: Sequence[ArchiveEntry], deletions: Sequence[str]) -> Carried:
+    """What a tree carries once a layer (`entries`, `deletions`) is applied over the env `prev` (a
+    carried doc): the parent's rows minus what the layer deleted or rewrote, plus the layer's rows; and
+    the deletions of image files (the parent's, and the layer's that were not the parent's own paths)."""
+
+    def gone(p: str) -> bool:
+        return p in dels or any(p.startswith(d + "/") for d in dels_dirs)
+
+    dels = set(deletions)
+    dels_dirs = [d for d in deletions if d]
+    new = {e.path for e in entries}
+    prev_rows = [r for r in prev.get("entries") or [] if r[0] not in new and not gone(r[0])]
+    prev_paths = {r[0] for r in prev.get("entries") or []}
+    image_dels = [d for d in deletions if d not in prev_paths]
+    old_dels = [d for d in prev.get("deletions") or [] if isinstance(d, str) and d not in new]
+    return Carried(prev_rows + carried_rows(entries), list(dict.fromkeys([*old_dels, *image_dels])))
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A carried doc's rows and deletions, computed (a chain of layers) rather than read off one archive."""
+
+    rows: list[list[Any]]
+    deletions: list[str]
+
+
 def write_stamp(
     roots: list[str],
     keys: list[str],
     digest: str | None,
     entries: Sequence[ArchiveEntry],
     deletions: Sequence[str] | None = None,
+    carried: Carried | None = None,
 ) -> None:
-    """Say, last of all, that this tree carries the env for `keys` (and what the env put in it)."""
+    """Say, last of all, that this tree carries the env for `keys` (and what the env put in it).
+
+    `carried` replaces what `entries`/`deletions` say the env put there (a layer over its parent)."""
     cpath = carried_path(roots)
+    rows = carried.rows if carried is not None else carried_rows(entries)
+    dels = carried.deletions if carried is not None else list(deletions or [])
     if cpath.parent.is_dir():
-        doc = {"blob": digest, "entries": carried_rows(entries), "deletions": list(deletions or [])}
+        doc = {"blob": digest, "entries": rows, "deletions": dels}
         _replace_json(cpath, doc)
     sentinels: dict[str, list[int]] = {}
-    for p in _sentinels(entries):
+    files = [ArchiveEntry(r[0], FILE, 0, 0, 0, "") for r in rows if r[1] == FILE] if carried is not None else entries
+    for p in _sentinels(files):
         with contextlib.suppress(OSError):
             st = os.lstat(p)
             sentinels[p] = [st.st_size, st.st_mtime_ns]
@@ -260,6 +292,22 @@ def write_stamp(
 
 def remove_stamp(roots: list[str]) -> None:
     stamp_path(roots).unlink(missing_ok=True)
+
+
+def stamped_blob(roots: list[str], env_key: str) -> str | None:
+    """The blob of the env `env_key` when this tree carries it intact (stamp and paths file agree), else None."""
+    ok, _ = stamp_state(roots, env_key)
+    if not ok:
+        return None
+    doc = read_carried(roots)
+    try:
+        stamp = json.loads(stamp_path(roots).read_text())
+    except (OSError, ValueError):
+        return None
+    blob = stamp.get("blob") if isinstance(stamp, dict) else None
+    if not isinstance(blob, str) or doc is None or doc.get("blob") != blob:
+        return None
+    return blob
 
 
 def stamp_state(roots: list[str], env_key: str) -> tuple[bool, str]:

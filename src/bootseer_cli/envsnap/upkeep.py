@@ -15,11 +15,29 @@ if TYPE_CHECKING:
 
 
 def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:
+    """Env refs unused for keep_days go; every blob a kept ref names stays, and a layer's ref names
+    its whole chain (`chain`, `parent`: chain.py), so every link of a live chain stays with it even when
+    the parent's own ref goes. A layer blob no ref names any more is an orphan, which gc removes."""
     aged_refs(store, "env", policy, scan)
 
 
 def prefetch(settings: Settings, store: Store, cache: BlobCache, keys: Keys) -> list[Item]:
-    """The blob `refs/env/<key>` names, into the node cache."""
+    """The blobs `refs/env/<key>` names (a layer's: its whole chain), into the node cache."""
+    from ..errors import BootseerError
+    from ..upkeep import fetch_into_cache
+    from .catalog import FORMAT
+    from .chain import links
+
     if not settings.env.setup:
         return []
-    return [prefetch_ref(settings, store, cache, "env", keys.env.digest)]
+    item = prefetch_ref(settings, store, cache, "env", keys.env.digest)
+    if item.status == "absent":
+        return [item]
+    try:
+        ref = store.read_ref("env", keys.env.digest) or {}
+        below = [link.blob for link in links(keys.env.digest, ref, FORMAT)[:-1]]
+        if below:
+            fetch_into_cache(settings.p2p, store, cache, below, item)
+    except (BootseerError, OSError) as e:
+        item.status, item.detail = "failed", str(e)
+    return [item]

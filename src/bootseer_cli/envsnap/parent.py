@@ -1,0 +1,158 @@
+"""Choosing the parent of a layer: the nearest published snapshot to set up over on an env-key miss.
+
+The rule (also in docs/envsnap.md, and what `bootseer keys` explains):
+
+1. a candidate is a trusted env ref (its signature verified for its domain) of the same image key,
+   the same roots and the same machine type, with a different env key, whose setup inputs were
+   recorded when it was published, and whose chain is shorter than `[env] max_layers`;
+2. every requirement name the candidate's files list is still named by this setup (a package the new
+   setup no longer asks for would otherwise stay in the tree);
+3. of those, the one sharing the most setup inputs wins: the setup commands, and the lines of the
+   requirement/constraint files they name (`keys.env_file_names`); ties go to the one used last
+   (its ref's `used`, else `created`), then to the shorter chain.
+
+Setup inputs are recorded as strings (`cmd <command>`, `req <line>`), comments and blank lines
+dropped, so a one-line bump of one pin shares every other line with its parent.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..keys import env_file_names
+from ..units import fmt_age
+
+if TYPE_CHECKING:
+    from ..keys import Keys
+    from ..settings import EnvSettings, Settings
+    from ..store import Store
+
+MAX_INPUTS = 4000  # lines recorded in a ref (a lock file of a big env has a few hundred)
+MAX_CANDIDATES = 500  # refs read when looking for a parent: bounds a miss's extra work on a big store
+_NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def setup_inputs(env: EnvSettings) -> list[str]:
+    """The setup's inputs as comparable strings: each command, each requirement line of the files it names."""
+    out = [f"cmd {c.strip()}" for c in env.setup]
+    for name in env_file_names(env):
+        try:
+            text = env.resolve_path(name).read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if line and not line.startswith("#"):
+                out.append(f"req {line}")
+    return sorted(set(out))[:MAX_INPUTS]
+
+
+def requirement_names(inputs: list[str]) -> set[str]:
+    """The project names the requirement lines name (options such as `-r`, `--index-url` skipped)."""
+    names = set()
+    for s in inputs:
+        if s.startswith("req ") and not s[4:].startswith("-"):
+            m = _NAME.match(s[4:])
+            if m:
+                names.add(re.sub(r"[-_.]+", "-", m.group(1)).lower())
+    return names
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The parent chosen, and why (for the summary line, the ref and `bootseer keys`)."""
+
+    key: str
+    ref: dict[str, Any]
+    shared: int
+    of: int  # this setup's inputs
+    last_used: float
+    depth: int  # the parent's own depth (0: a full snapshot)
+    candidates: int
+
+    def why(self) -> str:
+        return (
+            f"shares {self.shared} of {self.of} setup inputs (the most of {self.candidates} candidate(s)), "
+            f"used {fmt_age(self.last_used)} ago, chain depth {self.depth}"
+        )
+
+
+def _int(v: object) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _num(v: object) -> float:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
+
+def choose(store: Store, keys: Keys, roots: list[str], inputs: list[str], max_layers: int, fmt: int) -> Choice | None:
+    """The parent for the env `keys.env` under `roots`, by the rule above; None when no snapshot fits.
+
+    A ref that does not verify, or cannot be read, is no candidate (a layer over an untrusted parent
+    would be a miss anyway)."""
+    from .catalog import REF_KIND
+
+    mine = set(inputs)
+    names = requirement_names(inputs)
+    doc = keys.env.doc
+    found: list[Choice] = []
+    for k in store.list_refs(REF_KIND)[:MAX_CANDIDATES]:
+        if k == keys.env.digest:
+            continue
+        try:
+            ref = store.read_ref(REF_KIND, k)
+        except Exception:  # untrusted, torn, unreachable: not a parent
+            continue
+        if not isinstance(ref, dict) or ref.get("format") != fmt or not isinstance(ref.get("blob"), str):
+            continue
+        if ref.get("image") != doc.get("image") or ref.get("machine") != doc.get("machine"):
+            continue
+        theirs = ref.get("inputs")
+        if ref.get("roots") != roots or not isinstance(theirs, list):
+            continue
+        depth = _int(ref.get("depth"))
+        if depth + 1 > max_layers:
+            continue  # its squash is due: a child would exceed the bound
+        theirs_s = {str(x) for x in theirs}
+        if not requirement_names(sorted(theirs_s)) <= names:
+            continue
+        shared = len(mine & theirs_s)
+        if shared == 0:
+            continue
+        last = max(_num(ref.get("used")), _num(ref.get("created")))
+        found.append(Choice(k, ref, shared, len(mine), last, depth, 0))
+    if not found:
+        return None
+    best = max(found, key=lambda c: (c.shared, c.last_used, -c.depth))
+    return Choice(best.key, best.ref, best.shared, best.of, best.last_used, best.depth, len(found))
+
+
+def explain(settings: Settings, keys: Keys, store: Store) -> list[str]:
+    """For `bootseer keys`: the chain of the snapshot published for this env key, or, when none is,
+    the parent a build would set up over now and why (or why none)."""
+    from .catalog import FORMAT, REF_KIND
+
+    roots = settings.env.resolve_roots()
+    ref = store.read_ref(REF_KIND, keys.env.digest)
+    if ref is not None:
+        chain = ref.get("chain") if isinstance(ref.get("chain"), list) else []
+        if not chain:
+            return [f"env snapshot: published, a full snapshot (blob {str(ref.get('blob'))[:12]})"]
+        lines = [f"env snapshot: published, layer {len(chain)} of a chain (base first):"]
+        lines += [f"  {c.get('key')}  blob {str(c.get('blob'))[:12]}" for c in chain if isinstance(c, dict)]
+        lines.append(f"  {keys.env.digest}  blob {str(ref.get('blob'))[:12]}  (this env)")
+        why = (ref.get("parent") or {}).get("why") if isinstance(ref.get("parent"), dict) else None
+        return lines + ([f"parent chosen because it {why}"] if why else [])
+    if not settings.env.layers:
+        return ["env snapshot: none published; [env] layers = false: a build sets up from the image"]
+    c = choose(store, keys, roots, setup_inputs(settings.env), settings.env.max_layers, FORMAT)
+    if c is None:
+        return [
+            "env snapshot: none published, no parent fits (same image, roots, machine): a build starts from the image"
+        ]
+    return [
+        f"env snapshot: none published; a build sets up over {c.key} (layer {c.depth + 1})",
+        f"parent chosen because it {c.why()}",
+    ]

@@ -1,0 +1,424 @@
+"""Layered snapshots with real pip installs from a loopback index: a bump builds over the published
+parent and publishes only the difference; fresh nodes restore the chain to the builder's very tree.
+
+The index holds real small wheels (six, idna, iniconfig, packaging) and a test project, `bslayer`, in
+versions 1.0 and 1.1 built here as real wheels: 1.0 has a module `old.py` that 1.1 dropped (the
+deletion a layer must carry), both have `core.py` with their version."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.envsnap.conftest import run_cli, tree_state
+from tests.envsnap.test_cycle import PY, make_venv
+from tests.support import pkgindex
+
+pytestmark = pytest.mark.integration
+
+
+def write_wheel(dest: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """A real py3-none-any wheel of `files` (path -> text), with METADATA, WHEEL and RECORD."""
+    dist = f"{name}-{version}"
+    out = dest / f"{dist}-py3-none-any.whl"
+    body = {p: t.encode() for p, t in files.items()}
+    body[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    body[f"{dist}.dist-info/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    rows = []
+    for p, data in body.items():
+        h = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append(f"{p},sha256={h},{len(data)}")
+    rows.append(f"{dist}.dist-info/RECORD,,")
+    body[f"{dist}.dist-info/RECORD"] = ("\n".join(rows) + "\n").encode()
+    with zipfile.ZipFile(out, "w") as z:
+        for p, data in body.items():
+            z.writestr(p, data)
+    return out
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pkgindex.PackageIndex]:
+    root = tmp_path_factory.mktemp("layers-index")
+    pkgindex.wheelhouse(root, pkgindex.SMALL_WHEELS)
+    for v in ("1.0", "1.1", "1.2", "1.3"):
+        files = {"bslayer/__init__.py": f"VERSION = {v!r}\n", "bslayer/core.py": f"X = {v!r}\n"}
+        if v == "1.0":
+            files["bslayer/old.py"] = "OLD = True\n"
+        write_wheel(root, "bslayer", v, files)
+    with pkgindex.PackageIndex(root) as idx:
+        yield idx
+
+
+class Job:
+    """A project dir with a bootseer.toml whose setup is `pip install -r reqs.txt` into one venv."""
+
+    def __init__(self, tmp: Path, index: pkgindex.PackageIndex, extra: str = "") -> None:
+        self.tmp = tmp
+        self.venv = tmp / "venv"
+        self.store = tmp / "store"
+        self.marker = tmp / "setup-runs"
+        self.env = index.pip_env()
+        make_venv(self.venv)
+        install = f"{sys.executable} -m pip --python {self.venv}/bin/python install -r reqs.txt"
+        (tmp / "bootseer.toml").write_text(
+            f'[store]\nuri = "{self.store.as_uri()}"\n[exec]\nagent = false\n'
+            f'[env]\nroots = ["{self.venv}"]\nwait_s = 30\n{extra}'
+            f'setup = ["echo run >> {self.marker}", "{install}"]\n'
+        )
+
+    @property
+    def site(self) -> Path:
+        return self.venv / "lib" / PY / "site-packages"
+
+    def reqs(self, *lines: str) -> None:
+        (self.tmp / "reqs.txt").write_text("\n".join(lines) + "\n")
+
+    def exec(self, node: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        check = "import bslayer, six; print(bslayer.VERSION)"
+        argv = ["exec", "--", str(self.venv / "bin" / "python"), "-c", check]
+        r = run_cli(argv, self.tmp, self.tmp / f"{node}-cache", {**self.env, **(env or {})})
+        assert r.returncode == 0, r.stderr
+        return r
+
+    def runs(self) -> int:
+        return self.marker.read_text().count("run") if self.marker.exists() else 0
+
+    def fresh_node(self) -> None:
+        shutil.rmtree(self.venv)
+        make_venv(self.venv)
+
+    def built(self) -> dict[str, tuple]:
+        """The tree as another node receives it (modes without group/other write, see test_cycle)."""
+        return {p: (v[0], v[1] & 0o755, *v[2:]) if v[0] != "l" else v for p, v in tree_state(self.venv).items()}
+
+    def ref(self, key: str | None = None) -> dict:
+        refs = sorted((self.store).rglob("refs/env/*.json"), key=lambda p: p.stat().st_mtime)
+        p = refs[-1] if key is None else next(r for r in refs if r.stem == key)
+        doc = json.loads(p.read_text())
+        return {"env_key": p.stem, **doc.get("doc", doc)}
+
+    def blob_path(self, digest: str) -> Path:
+        return next(self.store.rglob(f"blobs/sha256/*/{digest}"))
+
+
+def test_a_bump_builds_a_layer_that_a_fresh_node_restores_exactly(tmp_path: Path, index: pkgindex.PackageIndex) -> None:
+    job = Job(tmp_path, index)
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    first = job.exec("n1")
+    assert first.stdout.strip() == "1.0" and "published" in first.stderr
+    base = job.ref()
+    assert base["depth"] == 0 and "chain" not in base and "req bslayer==1.0" in base["inputs"]
+
+    job.reqs("bslayer==1.1", "six==1.17.0", "idna==3.20")  # a patch bump and one new package
+    second = job.exec("n1")
+    assert second.stdout.strip() == "1.1"
+    assert f"setup over {base['env_key'][:12]} (layer 1)" in second.stderr, second.stderr
+    layer = job.ref()
+    assert layer["depth"] == 1 and [c["key"] for c in layer["chain"]] == [base["env_key"]]
+    assert layer["chain"][0]["blob"] == base["blob"] and layer["parent"]["key"] == base["env_key"]
+    shown = run_cli(["env", "show", layer["env_key"][:16], "--files", "--json"], tmp_path, tmp_path / "n1-cache")
+    assert shown.returncode == 0, shown.stderr
+    listed = json.loads(shown.stdout)
+    paths = [e[0] for e in listed["entries"]]
+    assert not any("/six" in p for p in paths), "the layer holds only the difference"
+    assert any("/idna/" in p for p in paths) and any(p.endswith("bslayer/core.py") for p in paths)
+    assert any("bslayer-1.0.dist-info" in p or p.endswith("old.py") for p in listed["deletion_paths"]), listed
+    assert [r["key"] for r in listed["layers"]] == [base["env_key"], layer["env_key"]]
+    assert listed["layers"][1]["cumulative"] == base["size"] + layer["size"]
+    text = run_cli(["env", "show", layer["env_key"][:16]], tmp_path, tmp_path / "n1-cache").stdout
+    assert "layer 1" in text and "cumulative" in text, text
+    assert not (job.site / "bslayer" / "old.py").exists()
+    built = job.built()
+    assert job.runs() == 2
+
+    job.fresh_node()  # the same image, an empty cache
+    third = job.exec("n2")
+    assert third.stdout.strip() == "1.1" and "restored" in third.stderr and "(layer 1" in third.stderr, third.stderr
+    assert job.runs() == 2, "the fresh node ran the setup"
+    assert tree_state(job.venv) == built, "the restored chain differs from the builder's tree"
+    assert not (job.site / "bslayer" / "old.py").exists(), "the layer's deletion was not applied"
+    cached = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "n2-cache").rglob("sha256/*/*")}
+    assert cached[base["blob"]] >= cached[layer["blob"]], "the node cache would evict the parent first"
+    again = job.exec("n2")
+    assert "env present" in again.stderr, again.stderr
+
+    # a node that carries the parent env restores only the layer
+    job.fresh_node()
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    assert "restored" in job.exec("n3").stderr
+    job.reqs("bslayer==1.1", "six==1.17.0", "idna==3.20")
+    fourth = job.exec("n3")
+    assert "1 link(s) already in the tree" in fourth.stderr, fourth.stderr
+    assert tree_state(job.venv) == built
+
+    keys = run_cli(["keys"], tmp_path, tmp_path / "n3-cache", job.env)
+    assert keys.returncode == 0 and base["env_key"] in keys.stdout and "layer 1" in keys.stdout, keys.stdout
+
+
+def test_layers_false_builds_from_the_image(tmp_path: Path, index: pkgindex.PackageIndex) -> None:
+    job = Job(tmp_path, index, extra="layers = false\n")
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    job.exec("n1")
+    job.reqs("bslayer==1.1", "six==1.17.0")
+    r = job.exec("n1")
+    assert "setup over" not in r.stderr and "published" in r.stderr, r.stderr
+    ref = job.ref()
+    assert ref["depth"] == 0 and "chain" not in ref
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_a_missing_or_corrupt_parent_blob_is_a_miss_and_the_setup_runs(
+    tmp_path: Path, index: pkgindex.PackageIndex, damage: str
+) -> None:
+    job = Job(tmp_path, index)
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    job.exec("n1")
+    base = job.ref()
+    job.reqs("bslayer==1.1", "six==1.17.0")
+    job.exec("n1")
+    layer = job.ref()
+    assert layer["depth"] == 1
+    built = job.built()
+    blob = job.blob_path(base["blob"])
+    if damage == "missing":
+        blob.unlink()
+    else:
+        data = bytearray(blob.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        blob.chmod(0o644)
+        blob.write_bytes(bytes(data))
+
+    job.fresh_node()  # restoring the chain fails on its first link: the setup runs instead
+    r = job.exec("n2")
+    assert r.stdout.strip() == "1.1" and "running the setup instead" in r.stderr, r.stderr
+    assert job.runs() == 3
+    assert tree_state(job.venv).keys() == built.keys()
+
+    # a bump over the damaged parent, on a node without it, sets up from the image
+    job.fresh_node()
+    job.reqs("bslayer==1.0", "six==1.17.0", "idna==3.20")
+    r = job.exec("n3")
+    if damage == "missing":
+        assert "could not be restored" in r.stderr or "setup over" not in r.stderr, r.stderr
+    assert r.stdout.strip() == "1.0"
+
+
+def test_a_killed_layered_restore_is_recovered_by_the_next_start(tmp_path: Path, index: pkgindex.PackageIndex) -> None:
+    job = Job(tmp_path, index)
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    job.exec("n1")
+    job.reqs("bslayer==1.1", "six==1.17.0", "idna==3.20")
+    job.exec("n1")
+    built = job.built()
+
+    job.fresh_node()
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    job.exec("n2")  # this node carries the parent: the restore below applies only the layer
+    job.reqs("bslayer==1.1", "six==1.17.0", "idna==3.20")
+    env = pkgindex.clean_env()
+    env = {k: v for k, v in env.items() if not k.startswith("BOOTSEER_")}
+    env.update({"XDG_CACHE_HOME": str(tmp_path / "n2-cache"), "BOOTSEER_TEST_RESTORE_FAULT": "member:3"})
+    killed = subprocess.run(
+        [sys.executable, "-m", "bootseer_cli", "restore"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert (job.venv / ".bootseer-env.journal").exists()
+
+    r = job.exec("n2")
+    assert r.stdout.strip() == "1.1" and "restored" in r.stderr, r.stderr
+    assert job.runs() == 2
+    assert tree_state(job.venv) == built
+    assert not [n for n in os.listdir(job.venv) if n.startswith(".bootseer-undo-") or n.endswith(".journal")]
+
+
+def test_max_layers_squashes_and_gc_keeps_chains(tmp_path: Path, index: pkgindex.PackageIndex) -> None:
+    from bootseer_cli import gc as gclib
+    from bootseer_cli.store import Store
+    from bootseer_cli.upkeep import Policy
+
+    job = Job(tmp_path, index, extra="max_layers = 2\n")
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    job.exec("n1")
+    v0 = job.ref()
+    job.reqs("bslayer==1.1", "six==1.17.0")
+    job.exec("n1")
+    v1 = job.ref()
+    assert v1["depth"] == 1
+    job.reqs("bslayer==1.2", "six==1.17.0")
+    r = job.exec("n1")
+    assert "(layer 2)" in r.stderr and "squashed" in r.stderr, r.stderr
+    v2 = job.ref()
+    assert v2["depth"] == 0 and "chain" not in v2 and v2["squashed"], v2
+    built = job.built()
+    # the next bump builds over the squashed snapshot: a chain of one again, within max_layers
+    job.reqs("bslayer==1.3", "six==1.17.0")
+    r = job.exec("n1")
+    v3 = job.ref()
+    assert f"setup over {v2['env_key'][:12]} (layer 1)" in r.stderr, r.stderr
+    assert [c["blob"] for c in v3["chain"]] == [v2["blob"]]
+
+    job.fresh_node()
+    job.reqs("bslayer==1.2", "six==1.17.0")
+    r = job.exec("n2")
+    assert "restored" in r.stderr and "(layer" not in r.stderr, r.stderr
+    assert tree_state(job.venv) == built
+
+    # gc: drop v0's ref; v1 (a live layer) still names v0's blob, so it stays. The squashed layer's blob
+    # is named by no ref: an orphan, removed.
+    store = Store(job.store.as_uri())
+    store.delete_ref("env", v0["env_key"])
+    assert list(job.store.rglob(f"blobs/sha256/*/{v2['squashed']}*")), "premise: the squashed layer's blob"
+    plan = gclib.plan(store, Policy(keep_days=30, grace_s=0))
+    gclib.apply(store, plan)
+    assert job.blob_path(v0["blob"]).exists(), "gc removed a live chain's link"
+    assert job.blob_path(v1["blob"]).exists()
+    assert not list(job.store.rglob(f"blobs/sha256/*/{v2['squashed']}*")), "gc kept an orphan layer"
+
+
+def test_two_jobs_over_one_parent_each_restore_their_own_child(tmp_path: Path, index: pkgindex.PackageIndex) -> None:
+    job = Job(tmp_path, index)
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    job.exec("n1")
+    base = job.ref()
+    job.reqs("bslayer==1.0", "six==1.17.0", "iniconfig==2.3.0")
+    job.exec("n1")
+    a = job.ref()
+    built_a = job.built()
+    job.reqs("bslayer==1.0", "six==1.17.0", "packaging==26.3")
+    r = job.exec("n1")
+    b = job.ref()
+    built_b = job.built()
+    assert a["parent"]["key"] == base["env_key"], a
+    assert b["parent"]["key"] == base["env_key"], (b, r.stderr)
+    assert not (job.site / "iniconfig").exists(), "job B's tree holds job A's package"
+
+    job.fresh_node()
+    job.reqs("bslayer==1.0", "six==1.17.0", "iniconfig==2.3.0")
+    job.exec("n2")
+    assert tree_state(job.venv) == built_a
+    job.fresh_node()
+    job.reqs("bslayer==1.0", "six==1.17.0", "packaging==26.3")
+    job.exec("n3")
+    assert tree_state(job.venv) == built_b
+
+
+def test_the_agent_squashes_in_the_background(tmp_path: Path, index: pkgindex.PackageIndex) -> None:
+    """With the agent (the default), the layer at max_layers is uploaded and then squashed after exec."""
+    import time
+
+    job = Job(tmp_path, index, extra="max_layers = 1\n")
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    job.exec("n1")
+    job.reqs("bslayer==1.1", "six==1.17.0")
+    env = {k: v for k, v in pkgindex.clean_env(job.env).items() if not k.startswith("BOOTSEER_")}
+    env.update({"XDG_CACHE_HOME": str(tmp_path / "n1-cache"), "BOOTSEER_EXEC_AGENT": "1"})
+    argv = [sys.executable, "-m", "bootseer_cli", "exec", "--", str(job.venv / "bin" / "python"), "-c", "pass"]
+    r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and "(layer 1)" in r.stderr and "the agent uploads it" in r.stderr, r.stderr
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        refs = list(job.store.rglob("refs/env/*.json"))
+        docs = [json.loads(p.read_text()) for p in refs]
+        if any(d.get("doc", d).get("squashed") for d in docs):
+            break
+        time.sleep(0.5)
+    else:
+        logs = "\n".join(p.read_text() for p in (tmp_path / "n1-cache").rglob("agent.log"))
+        pytest.fail(f"the agent did not squash within 120 s:\n{logs[-3000:]}")
+    squashed = next(d.get("doc", d) for d in docs if d.get("doc", d).get("squashed"))
+    assert squashed["depth"] == 0 and "chain" not in squashed
+    built = job.built()
+    job.fresh_node()
+    again = job.exec("n2")
+    assert "restored" in again.stderr and "(layer" not in again.stderr, again.stderr
+    assert tree_state(job.venv) == built
+
+
+def test_the_parent_rule(tmp_path: Path) -> None:
+    """Same image, roots and machine; names kept; the most shared inputs, ties by last use; chains bounded."""
+    from bootseer_cli.envsnap.parent import choose
+    from bootseer_cli.keys import Key, Keys
+    from bootseer_cli.store import Store
+
+    store = Store((tmp_path / "store").as_uri())
+    roots = ["/opt/venv"]
+    keys = Keys(Key({}, "0" * 64), Key({"image": "i1", "machine": "x86_64"}, "f" * 64), "test")
+    mine = ["cmd pip install -r r.txt", "req a==1", "req b==2", "req c==3"]
+
+    def ref(key: str, inputs: list[str], **kw: object) -> None:
+        doc = {"blob": "e" * 64, "format": 1, "image": "i1", "machine": "x86_64", "roots": roots}
+        store.write_ref("env", key * 64, {**doc, "inputs": inputs, "created": 100.0, "depth": 0, **kw})
+
+    ref("1", ["cmd pip install -r r.txt", "req a==1"])  # shares 2
+    ref("2", ["cmd pip install -r r.txt", "req a==1", "req b==1"], created=50.0)  # shares 2, older
+    ref("3", ["cmd pip install -r r.txt", "req a==1", "req b==2", "req z==1"])  # shares 3, but names z
+    ref("4", mine[:3], image="i2")  # another image
+    ref("5", mine[:3], roots=["/other"])
+    ref("6", mine[:3], machine="aarch64")
+    ref("7", mine[:3], depth=8)  # its squash is due
+    c = choose(store, keys, roots, mine, 8, 1)
+    assert c is not None and c.key == "1" * 64 and c.shared == 2 and c.candidates == 2
+    ref("2", ["cmd pip install -r r.txt", "req a==1", "req b==1"], used=200.0)  # now used last
+    assert choose(store, keys, roots, mine, 8, 1).key == "2" * 64
+    ref("8", mine[:3])  # shares 3
+    assert choose(store, keys, roots, mine, 8, 1).key == "8" * 64
+    assert choose(store, keys, ["/elsewhere"], mine, 8, 1) is None
+
+
+def test_the_carried_paths_of_a_layer_merge_over_its_parent() -> None:
+    from bootseer_cli.envsnap.format import ArchiveEntry
+    from bootseer_cli.envsnap.stamp import merged_carried
+
+    parent = {
+        "blob": "p",
+        "entries": [["/v/a", "d", 0, 0, ""], ["/v/a/x.py", "f", 3, 1, ""], ["/v/b.py", "f", 1, 1, ""]],
+        "deletions": ["/v/image_file"],
+    }
+    layer = [ArchiveEntry("/v/b.py", "f", 0o644, 2, 5), ArchiveEntry("/v/c.py", "f", 0o644, 4, 5)]
+    m = merged_carried(parent, layer, ["/v/a", "/v/other_image_file"])
+    assert [r[0] for r in m.rows] == ["/v/b.py", "/v/c.py"] and m.rows[0][2] == 2
+    assert m.deletions == ["/v/image_file", "/v/other_image_file"]
+
+
+def test_a_parent_whose_ref_does_not_verify_is_no_parent(tmp_path: Path, index: pkgindex.PackageIndex) -> None:
+    from bootseer_cli.trust import keygen
+
+    keygen(str(tmp_path / "a.key"), str(tmp_path / "a.pub"), "team-a")
+    job = Job(tmp_path, index)
+    toml = tmp_path / "bootseer.toml"
+    toml.write_text(
+        toml.read_text().replace("[store]\n", '[store]\ndomain = "team-a"\n')
+        + f'[trust]\nsigning_key = "{tmp_path / "a.key"}"\nverify_keys = ["{tmp_path / "a.pub"}"]\n'
+    )
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    job.exec("n1")
+    (path,) = list(job.store.rglob("refs/env/*.json"))
+    signed = json.loads(path.read_text())
+    assert "sig" in json.dumps(signed), "premise: the ref is signed"
+    job.reqs("bslayer==1.1", "six==1.17.0")
+    job.fresh_node()
+    # the parent's ref altered after signing (its inputs made to match better): it verifies no more
+    text = path.read_text().replace('"req bslayer==1.0"', '"req bslayer==1.1"')
+    assert text != path.read_text()
+    path.write_text(text)
+    r = job.exec("n2")
+    assert "setup over" not in r.stderr and "published" in r.stderr, r.stderr
+    assert r.stdout.strip() == "1.1"
+    assert job.ref()["depth"] == 0
