@@ -40,7 +40,8 @@ def test_cold_start_then_restart(cluster, s3_server):
     assert sorted(env_kind(r) for r in cold) == ["built", "restored"]
     assert sum(ran_setup(r) for r in cold) == 1
     freeze = n1.pip_freeze()
-    assert "bsexample-fnv==0.1.0" in freeze and OLD_TABULATE in freeze
+    assert "bsexample-fnv @ file://<work>/fnv" in freeze and OLD_TABULATE in freeze
+    assert [r.versions()["fnv"] for r in cold] == ["0.1.0", "0.1.0"]
     assert n2.pip_freeze() == freeze
     assert open_store(store_uri).list_refs("hot"), "no hot-block record was published"
 
