@@ -34,6 +34,12 @@ to the time it had:
 
     python tests/benchmarks/bench_envsnap.py --extract /work/main/src src [--files 20000 | --tree DIR] [--reps 5]
 
+and the restore and capture against the fastest honest tar (tar's own archive and our blob, an
+empty target, the page cache dropped before every timed step, rotating interleaved rounds: see
+`bench_envsnap_tar.py`, which also says why the table below once had tar 3–4× slower than tar):
+
+    python tests/benchmarks/bench_envsnap.py --vs-tar [--reps 5] [--packages torch==2.13.0] [--against OLD_SRC]
+
 Everything it creates lives under the target's parent directory and is removed at the end.
 """
 
@@ -54,6 +60,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.benchmarks.bench_envsnap_tar import drop_caches  # noqa: E402
 from tests.support import pkgindex  # noqa: E402
 
 REALISTIC = ["numpy", "pandas", "pyarrow", "scipy"]
@@ -225,6 +232,7 @@ class Case:
             shutil.rmtree(self.cache_dir, ignore_errors=True)
             run(argv, env)
             self.fresh_target()
+        drop_caches()  # every method starts with the same (empty) page cache: see bench_envsnap_tar.py
         c0 = _children_cpu()
         t = time.perf_counter()
         r = run(argv, env, cwd=self.work)
@@ -239,6 +247,7 @@ class Case:
 
     def measure_capture(self, argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
         self.installed_tree(env)
+        drop_caches()
         c0 = _children_cpu()
         t = time.perf_counter()
         r = run(argv, env, cwd=self.work)
@@ -289,7 +298,15 @@ def main() -> None:
     ap.add_argument("--extract", nargs="+", metavar="SRC", help="time extract() of each source tree, interleaved")
     ap.add_argument("--files", type=int, default=20000, help="--extract: synthetic files in the tree")
     ap.add_argument("--tree", type=Path, default=None, help="--extract: copy this tree instead")
+    ap.add_argument("--vs-tar", action="store_true", help="restore and capture against tar, page cache dropped")
+    ap.add_argument("--packages", default=TORCH[0], help="--vs-tar: what pip installs into the tree")
+    ap.add_argument("--against", default="", help="--vs-tar: also another checkout's src, same rounds")
     args = ap.parse_args()
+    if args.vs_tar:
+        from tests.benchmarks.bench_envsnap_tar import vs_tar
+
+        vs_tar(args.target, max(args.reps, 5), args.packages.split(","), args.json, args.against)
+        return
     if args.extract:
         from tests.benchmarks.bench_extract import extract_bench
 

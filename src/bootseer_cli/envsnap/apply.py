@@ -334,20 +334,30 @@ def _bins(frames: tuple[Frame, ...], workers: int, arriving: bool = False) -> li
 
 def _fork_workers(st: State, fd: int, bins: list[list[Frame]]) -> tuple[list[int], list[int]]:
     """One forked child per bin; returns their pids and the read ends of their report pipes."""
+    import gc
+
     pids: list[int] = []
     pipes: list[int] = []
-    for frames in bins:
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            try:
-                os.close(r)
-                _child(st, fd, frames, w)
-            finally:
-                os._exit(0)
-        os.close(w)
-        pids.append(pid)
-        pipes.append(r)
+    # The plan (tens of thousands of entries) is shared with the children copy-on-write; a collection
+    # in a child would touch every object and copy every page: frozen objects are never scanned, and
+    # the short-lived children do not collect at all.
+    gc.freeze()
+    try:
+        for frames in bins:
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child
+                try:
+                    gc.disable()
+                    os.close(r)
+                    _child(st, fd, frames, w)
+                finally:
+                    os._exit(0)
+            os.close(w)
+            pids.append(pid)
+            pipes.append(r)
+    finally:
+        gc.unfreeze()
     return pids, pipes
 
 

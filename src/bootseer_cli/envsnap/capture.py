@@ -287,17 +287,24 @@ def _write_segments(
     # the small files in `workers` segments, one thread each; the large ones last, in one more worker
     # whose zstd uses every core (a 434 MB libtorch_cpu.so on one thread would outlast all the rest)
     plan = [(seg, 1) for seg in _segments(after, small, workers)] + ([(big, os.cpu_count() or 1)] if big else [])
+    import gc
+
     kids: list[tuple[int, int, Path]] = []
     try:
-        for k, (seg, threads) in enumerate(plan):
-            part = tmp.with_name(f"{tmp.name}.part{k}")
-            r, wfd = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - runs in the child
-                os.close(r)
-                _segment_child(part, seg, after, links, threads, wfd)
-            os.close(wfd)
-            kids.append((pid, r, part))
+        gc.freeze()  # the manifest stays shared copy-on-write: no child's collection walks (copies) it
+        try:
+            for k, (seg, threads) in enumerate(plan):
+                part = tmp.with_name(f"{tmp.name}.part{k}")
+                r, wfd = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover - runs in the child
+                    gc.disable()
+                    os.close(r)
+                    _segment_child(part, seg, after, links, threads, wfd)
+                os.close(wfd)
+                kids.append((pid, r, part))
+        finally:
+            gc.unfreeze()
         for pid, r, part in kids:
             with os.fdopen(r, "rb") as f:
                 doc = json.loads(f.read() or b'{"error": "a capture worker died"}')
@@ -317,7 +324,7 @@ def _segment_child(  # pragma: no cover - runs in a forked child
 ) -> None:
     """Write one segment and report it (or the error) as JSON on `wfd`; never returns."""
     try:
-        sw = ArchiveWriter(part, threads=threads)
+        sw = ArchiveWriter(part, threads=threads, segment=True)
         for p in seg:
             sw.add(p, after[p], link_to=links.get(p))
         payload = json.dumps(sw.end_segment())

@@ -130,16 +130,17 @@ class _Sink:
     Writing and hashing run on one thread of their own, in order (both release the GIL), so the
     thread that reads the files and builds the tar stream never waits for them."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, digest: bool = True) -> None:
         self.f = open(path, "wb")  # noqa: SIM115 - closed in ArchiveWriter.finish/abort
-        self.h = hashlib.sha256()
+        self.h = hashlib.sha256() if digest else None
         self.offset = 0
         self._io = ThreadPoolExecutor(1, thread_name_prefix="bootseer-sink")
         self._last: Future[None] | None = None
 
     def _put(self, data: bytes) -> None:
         self.f.write(data)
-        self.h.update(data)
+        if self.h is not None:
+            self.h.update(data)
 
     def write(self, data: bytes | memoryview) -> int:
         if self._last is not None and self._last.done():
@@ -158,7 +159,7 @@ class _Sink:
         self.flush()
         self._io.shutdown()
         self.f.close()
-        return self.h.hexdigest()
+        return self.h.hexdigest() if self.h is not None else ""
 
     def abort(self) -> None:
         self._io.shutdown(cancel_futures=True)
@@ -258,7 +259,10 @@ class ArchiveWriter:
         threads: int | None = None,
         progress: Progress | None = None,
         file_digests: bool = False,
+        segment: bool = False,
     ) -> None:
+        """`segment`: this writer makes one part of a blob another writer assembles (`end_segment`,
+        `append_segment`): its bytes are hashed once, by the assembling writer, not here too."""
         import zstandard
 
         # Per-file sha256 in the metadata: off by default. No reader checks them (the blob's own
@@ -271,7 +275,7 @@ class ArchiveWriter:
         self.path = path
         self.level = level
         self.threads = max(1, threads or os.cpu_count() or 1)
-        self._sink = _Sink(path)
+        self._sink = _Sink(path, digest=not segment)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bootseer-zstd")
         self._pending: deque[tuple[Future[tuple[bytes, list[str]]], int, list[int]]] = deque()
         self._buf = bytearray()

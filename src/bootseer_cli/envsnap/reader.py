@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from zlib import adler32
 
 from ..errors import IntegrityError
 from .format import (
@@ -151,7 +152,10 @@ def _octal(raw: bytes | memoryview) -> int:
     if b and b[0] & 0x80:  # GNU base-256 for large numbers
         return int.from_bytes(b[1:], "big")
     b = b.rstrip(b"\0 ").strip()
-    return int(b, 8) if b else 0
+    try:
+        return int(b, 8) if b else 0
+    except ValueError:
+        raise IntegrityError("snapshot has a tar header with a malformed number") from None
 
 
 def _cstr(raw: bytes | memoryview) -> str:
@@ -160,16 +164,31 @@ def _cstr(raw: bytes | memoryview) -> str:
     return (b if i < 0 else b[:i]).decode("utf-8", "surrogateescape")
 
 
-def _header_block(r: Reader) -> bytes | None:
-    """The next 512-byte header, checksum verified; None for an end-of-archive (zero) block."""
-    hdr = bytes(r.read(BLOCK))
+_ZERO_BLOCK = bytes(BLOCK)
+
+
+def _header_block(r: Reader) -> bytes | memoryview | None:
+    """The next 512-byte header, checksum verified; None for an end-of-archive (zero) block.
+
+    Read without a copy where the reader hands out views (a decompressed frame in memory)."""
+    hdr = r.read(BLOCK)
     if len(hdr) < BLOCK:
         raise IntegrityError("snapshot ends inside a tar header")
-    if hdr == b"\0" * BLOCK:
+    if hdr == _ZERO_BLOCK:
         return None
-    if _octal(hdr[148:156]) != sum(hdr[:148]) + 256 + sum(hdr[156:]):
+    if _octal(hdr[148:156]) != _checksum(hdr):
         raise IntegrityError("snapshot has a tar header with a bad checksum")
     return hdr
+
+
+def _checksum(hdr: bytes | memoryview) -> int:
+    """The tar header checksum: the sum of its 512 bytes, its own 8-byte field counted as spaces.
+
+    In C: Adler-32's low half is 1 + the byte sum mod 65521, exact for 256 bytes (at most 65,280),
+    so two halves give the exact sum. Python's `sum` over the block cost ~10 µs a header, ~0.3 s of
+    CPU across a 20k-file restore."""
+    total = (adler32(hdr[:256]) & 0xFFFF) + (adler32(hdr[256:]) & 0xFFFF) - 2
+    return total - sum(hdr[148:156]) + 8 * 32
 
 
 # A GNU long name or long link holds one path (PATH_MAX is 4096): a record claiming more is corrupt.
