@@ -37,7 +37,7 @@ def cas_s3(tmp_path_factory: pytest.TempPathFactory, s3_env: dict[str, str]) -> 
     """moto's S3 server on loopback (it honours If-None-Match and If-Match on PUT); its endpoint."""
     binary = shutil.which("moto_server")
     if binary is None:
-        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+        pytest.skip("moto_server is not on PATH (.ci/run installs it in its own venv: pip install 'moto[server]')")
     port = free_port()
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")  # noqa: SIM115 - lives with the process
     # A bare environment: with the client's AWS_* variables (or this checkout on PYTHONPATH) in its
