@@ -118,6 +118,14 @@ for k in $(env | sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\)=.*/\1/p' | sort -u); do
     esac
     v=
     eval "v=\${$k}" # k is a plain name (checked above): no user text is evaluated
+    case "$v" in
+        *://*:*@* | *[?\&]secret_key=* | *[?\&]access_key=* | *[?\&]session_token=*)
+            # a secret in a value would reach the user's process (and env's argv): never handed over
+            log "$k carries credentials: not given to the job user's prefetch (name a read-only file in BOOTSEER_READ_CREDENTIALS)"
+            [ "$k" = BOOTSEER_STORE ] && exit 0 # without the site's store, nothing is prefetched
+            continue
+            ;;
+    esac
     set -- "$@" "$k=$v"
 done
 read_credentials="${BOOTSEER_READ_CREDENTIALS:-/etc/bootseer/read-credentials}"

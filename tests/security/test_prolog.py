@@ -141,3 +141,20 @@ def test_env_files_naming_dev_zero_do_not_hold_the_prolog(user: PlainUser, world
     assert r.returncode == 0, r.stderr
     assert took < 60, f"the prolog took {took:.0f} s: {r.stderr[-1000:]}"
     assert "prefetch ended with status" in r.stderr and "not a regular file" in r.stderr
+
+
+def test_a_site_store_uri_with_credentials_is_never_handed_to_the_user(user: PlainUser, world: Path) -> None:
+    """A secret inside the site's store URI would reach the user's process and `env`'s argv: nothing runs."""
+    bin_dir, out = _probe(world)
+    site = _site(
+        world,
+        "BOOTSEER_STORE=s3://AKIAWRITE:write-secret@b/p?endpoint_override=10.0.0.1:9000\n"
+        "BOOTSEER_EXEC_AGENT=s3://b/p?secret_key=other-secret\n"
+        f"BOOTSEER_NODE_CACHE={world / 'nc'}\n",
+    )
+    job = _job(world, user, "")
+    r = _prolog(user, site, job, f"{bin_dir}:/usr/bin:/bin")
+    assert r.returncode == 0, r.stderr
+    assert not (out / "env").exists(), "the prefetch ran with the site's secret"
+    assert "BOOTSEER_STORE carries credentials" in r.stderr
+    assert "write-secret" not in r.stderr and "other-secret" not in r.stderr
