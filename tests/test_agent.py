@@ -175,6 +175,7 @@ def _samples() -> list[object]:
     """One spec of every task kind, as a stage would hand it over."""
     from bootseer_cli.compilecache.tasks import PublishTask as CompilePublish
     from bootseer_cli.envsnap.agent_tasks import PublishTask as EnvPublish
+    from bootseer_cli.envsnap.squash import SquashTask
     from bootseer_cli.hotblocks.agent_tasks import JudgeTask, PrefetchTask, RecordTask
     from bootseer_cli.p2p.seed import SeedTask
     from bootseer_cli.stripe.agent_tasks import UnmountTask
@@ -193,6 +194,7 @@ def _samples() -> list[object]:
             lease_expires=5.0,
             lease_ttl_s=60.0,
         ),
+        SquashTask(env_key="e", roots=["/venv"], layer="b" * 64, ref_extra={"inputs": ["pip install x==1"]}),
         UnmountTask(mountpoint="/mnt/ckpt", pid=42),
         CompilePublish(key="c", baseline="/run/baseline.json", max_bytes=10, ready="quiet", started=2.0),
         SeedTask(blobs=[{"digest": "d", "torrent": "t"}], fetches=[{"digest": "d", "origin": True}]),
@@ -222,8 +224,9 @@ def test_every_task_kind_goes_through_agent_json_and_back() -> None:
     for decl in table.values():
         cls = resolve(decl.spec)
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, decl.spec  # type: ignore[attr-defined]
-    # Only the env upload is waited for after the launcher ends.
-    assert [decl.kind for decl in table.values() if getattr(resolve(decl.spec), "finish", False)] == ["env-publish"]
+    # Only the env upload and the squash of a long chain are waited for after the launcher ends.
+    finishing = [decl.kind for decl in table.values() if getattr(resolve(decl.spec), "finish", False)]
+    assert finishing == ["env-publish", "env-squash"]
 
 
 def test_a_spec_class_outside_the_table_is_refused(tmp_path: Path) -> None:

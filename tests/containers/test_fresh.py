@@ -23,7 +23,18 @@ from tests.support import images, pkgindex
 
 pytestmark = pytest.mark.integration
 
-RUNTIME = ("typer", "pyarrow", "zstandard", "platformdirs", "tqdm", "docker", "libtorrent", "mfusepy", "cryptography")
+RUNTIME = (
+    "typer",
+    "pyarrow",
+    "zstandard",
+    "platformdirs",
+    "tqdm",
+    "docker",
+    "libtorrent",
+    "mfusepy",
+    "cryptography",
+    "obstore",
+)
 
 
 def _wheelhouse(dest: Path) -> None:
