@@ -5,7 +5,8 @@ requirements) may be chosen by someone other than the process that reads it: a j
 Slurm prolog's prefetch. `[env] files = ["/dev/zero"]` once kept that prefetch hashing until its
 timeout, and a FIFO would block its `open` for ever. So such a file is opened `O_NONBLOCK` (a FIFO
 or a device opens at once), `fstat`ed, and refused unless it is a regular file; a config is also
-capped in size (it is parsed in memory).
+capped in size (it is parsed in memory). Key and secret files are read the same way, and also never
+through a link (`follow=False`), and a secret only when no one else may read it (`private=True`).
 """
 
 from __future__ import annotations
@@ -19,27 +20,35 @@ CONFIG_MAX_BYTES = 1 << 20  # a bootseer.toml is a few kB; this bounds what a pa
 FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def open_regular(path: str | os.PathLike[str]) -> int:
-    """A descriptor of `path` if it is a regular file; OSError (with a readable strerror) otherwise."""
-    fd = os.open(path, FLAGS)
+def open_regular(path: str | os.PathLike[str], *, follow: bool = True, private: bool = False) -> int:
+    """A descriptor of `path` if it is a regular file; OSError (with a readable strerror) otherwise.
+
+    `follow=False` refuses a link at the last component (ELOOP); `private=True` refuses a file whose
+    mode lets its group or others read or write it (a secret others can read is not one)."""
+    fd = os.open(path, FLAGS | (0 if follow else os.O_NOFOLLOW))
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file (a device, FIFO or socket is never read)")
+        if private and st.st_mode & 0o077:
+            raise OSError(errno.EACCES, "readable by others (chmod 600 it)")
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def read_capped(path: str | os.PathLike[str], cap: int = CONFIG_MAX_BYTES) -> bytes:
+def read_capped(
+    path: str | os.PathLike[str], cap: int = CONFIG_MAX_BYTES, *, follow: bool = True, private: bool = False
+) -> bytes:
     """The bytes of regular file `path`, refused (OSError EFBIG) when it holds more than `cap`."""
-    fd = open_regular(path)
+    fd = open_regular(path, follow=follow, private=private)
     try:
         chunks, n = [], 0
         while chunk := os.read(fd, 1 << 16):
             n += len(chunk)
             if n > cap:
-                raise OSError(errno.EFBIG, f"larger than {cap} bytes")
+                raise OSError(errno.EFBIG, f"more than {cap} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
     finally:

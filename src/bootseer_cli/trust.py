@@ -23,16 +23,17 @@ O_NONBLOCK`, must be regular files and are size-capped: root may be asked to rea
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
-import stat
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import ConfigError
+from .safeopen import read_capped
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -82,18 +83,10 @@ def _plain(name: str) -> str:
 def read_key_file(path: str) -> bytes:
     """A key file's bytes, read without following a link, without blocking on a FIFO, size-capped."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_capped(path, KEY_FILE_MAX, follow=False)
     except OSError as e:
-        raise ConfigError(f"key file {path}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"key file {path}: not a regular file")
-        if st.st_size > KEY_FILE_MAX:
-            raise ConfigError(f"key file {path}: {st.st_size} bytes, more than a key file holds")
-        return os.read(fd, KEY_FILE_MAX + 1)
-    finally:
-        os.close(fd)
+        why = f"{e.strerror}, more than a key file holds" if e.errno == errno.EFBIG else e.strerror
+        raise ConfigError(f"key file {path}: {why}") from None
 
 
 def key_id(public_raw: bytes) -> str:
