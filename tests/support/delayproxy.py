@@ -34,6 +34,7 @@ class DelayProxy:
         self.listener.listen(256)
         self.port = self.listener.getsockname()[1]
         self.requests = 0
+        self.lines: list[str] = []  # the request line of each chunk that starts one (what was asked, for messages)
         self.bytes_down = 0  # response bytes relayed (approximate under concurrency: for benchmarks)
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -71,6 +72,8 @@ class DelayProxy:
             while data := src.recv(1 << 16):
                 if delayed:
                     self.requests += 1
+                    if data[:4] in (b"GET ", b"PUT ", b"HEAD", b"POST", b"DELE"):
+                        self.lines.append(data.split(b"\r\n", 1)[0][:160].decode("latin-1"))
                     time.sleep(self.delay_s)
                 else:
                     self.bytes_down += len(data)  # one pump thread per connection: += races only across them
