@@ -474,6 +474,37 @@ def test_a_store_that_does_not_answer_gives_up_the_parent_search_at_its_deadline
     assert len(warned) == 1 and "parent_search_s = 1.5 s" in warned[0], warned
 
 
+def test_a_base_env_prewarmed_from_ci_is_the_parent_of_a_team_file_that_includes_it(tmp_path: Path) -> None:
+    """CI prewarms `pip install -r base.txt`; a team's `requirements.txt` says `-r base.txt` plus its own
+    lines. The included base's lines count as the team's inputs (shared, their names kept), so the
+    prewarmed base is the parent; without following the include the base names packages the team's
+    file seemed not to name, and no parent fitted."""
+    from bootseer_cli.config import load
+    from bootseer_cli.envsnap.parent import choose, setup_inputs
+    from bootseer_cli.settings import Settings
+    from bootseer_cli.store import Store
+
+    def env(d: Path, setup: str, **files: str) -> Settings:
+        d.mkdir()
+        for name, text in files.items():
+            (d / name.replace("_", ".")).write_text(text)
+        (d / "bootseer.toml").write_text(f'[env]\nroots = ["/opt/venv"]\nsetup = ["{setup}"]\n')
+        return Settings.from_config(load(d / "bootseer.toml", environ={}))
+
+    base = "torch==2.13.0\nnumpy==2.4.6  # pinned by CI\n"
+    ci = env(tmp_path / "ci", "pip install -r base.txt", base_txt=base)
+    team = env(
+        tmp_path / "team", "pip install -r requirements.txt", base_txt=base,
+        requirements_txt="-r base.txt\nsix==1.17.0\n",
+    )  # fmt: skip
+    assert {"req torch==2.13.0", "req numpy==2.4.6", "req -r base.txt"} <= set(setup_inputs(team.env))
+    store = Store((tmp_path / "store").as_uri())
+    doc = {"blob": "e" * 64, "format": 1, "image": "i1", "machine": "x86_64", "roots": ["/opt/venv"], "depth": 0}
+    store.write_ref("env", "b" * 64, {**doc, "inputs": setup_inputs(ci.env), "created": 100.0})
+    c = choose(store, rule_keys(), ["/opt/venv"], setup_inputs(team.env), 8, 1)
+    assert c is not None and c.key == "b" * 64 and c.shared == 2
+
+
 def test_the_carried_paths_of_a_layer_merge_over_its_parent() -> None:
     from bootseer_cli.envsnap.format import ArchiveEntry
     from bootseer_cli.envsnap.stamp import merged_carried

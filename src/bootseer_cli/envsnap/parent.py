@@ -17,11 +17,13 @@ dropped, so a one-line bump of one pin shares every other line with its parent.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..keys import env_file_names
@@ -40,18 +42,43 @@ _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
 def setup_inputs(env: EnvSettings) -> list[str]:
-    """The setup's inputs as comparable strings: each command, each requirement line of the files it names."""
+    """The setup's inputs as comparable strings: each command, each requirement line of the files it
+    names, and of the files those include (`-r base.txt`, as a team's file includes the base that CI
+    prewarmed: the base's lines are then shared, and its names kept, so the base can be the parent)."""
     out = [f"cmd {c.strip()}" for c in env.setup]
+    seen: set[Path] = set()
     for name in env_file_names(env):
-        try:
-            text = env.resolve_path(name).read_text(errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
-            line = line.split(" #", 1)[0].strip()
-            if line and not line.startswith("#"):
-                out.append(f"req {line}")
+        out += [f"req {line}" for line in _requirement_lines(env.resolve_path(name), seen, 0)]
     return sorted(set(out))[:MAX_INPUTS]
+
+
+_INCLUDE = re.compile(r"^(?:-r|--requirement)(?:\s*=\s*|\s+|(?=[^-\s]))(\S+)$")
+MAX_INCLUDE_DEPTH = 4
+MAX_FILE_BYTES = 1 << 20
+
+
+def _requirement_lines(path: Path, seen: set[Path], depth: int) -> list[str]:
+    """The lines of the requirement file `path` (comments and blank lines dropped), then those of the
+    files it includes by `-r`, relative to its folder, each file once, `MAX_INCLUDE_DEPTH` deep."""
+    key = Path(os.path.normpath(path))
+    if key in seen:
+        return []
+    seen.add(key)
+    try:
+        with open(key, "rb") as f:
+            text = f.read(MAX_FILE_BYTES).decode(errors="replace")
+    except OSError:
+        return []
+    out: list[str] = []
+    for line in text.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        out.append(line)
+        m = _INCLUDE.match(line)
+        if m and depth < MAX_INCLUDE_DEPTH and "://" not in m.group(1):
+            out += _requirement_lines(key.parent / m.group(1), seen, depth + 1)
+    return out
 
 
 def requirement_names(inputs: list[str]) -> set[str]:
