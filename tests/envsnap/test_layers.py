@@ -478,7 +478,8 @@ def test_a_base_env_prewarmed_from_ci_is_the_parent_of_a_team_file_that_includes
     """CI prewarms `pip install -r base.txt`; a team's `requirements.txt` says `-r base.txt` plus its own
     lines. The included base's lines count as the team's inputs (shared, their names kept), so the
     prewarmed base is the parent; without following the include the base names packages the team's
-    file seemed not to name, and no parent fitted."""
+    file seemed not to name, and no parent fitted. A binary file in `[env] files` (a wheel) is one
+    input, its digest, not lines whose junk "names" no other setup shares."""
     from bootseer_cli.config import load
     from bootseer_cli.envsnap.parent import choose, setup_inputs
     from bootseer_cli.settings import Settings
@@ -488,7 +489,8 @@ def test_a_base_env_prewarmed_from_ci_is_the_parent_of_a_team_file_that_includes
         d.mkdir()
         for name, text in files.items():
             (d / name.replace("_", ".")).write_text(text)
-        (d / "bootseer.toml").write_text(f'[env]\nroots = ["/opt/venv"]\nsetup = ["{setup}"]\n')
+        (d / "tool.whl").write_bytes(b"PK\x03\x04\0\nnot-a-requirement==1\n" * 50)  # binary: one input
+        (d / "bootseer.toml").write_text(f'[env]\nroots = ["/opt/venv"]\nsetup = ["{setup}"]\nfiles = ["tool.whl"]\n')
         return Settings.from_config(load(d / "bootseer.toml", environ={}))
 
     base = "torch==2.13.0\nnumpy==2.4.6  # pinned by CI\n"
@@ -497,12 +499,14 @@ def test_a_base_env_prewarmed_from_ci_is_the_parent_of_a_team_file_that_includes
         tmp_path / "team", "pip install -r requirements.txt", base_txt=base,
         requirements_txt="-r base.txt\nsix==1.17.0\n",
     )  # fmt: skip
-    assert {"req torch==2.13.0", "req numpy==2.4.6", "req -r base.txt"} <= set(setup_inputs(team.env))
+    mine = setup_inputs(team.env)
+    assert {"req torch==2.13.0", "req numpy==2.4.6", "req -r base.txt"} <= set(mine)
+    assert [i.split(":")[0] for i in mine if "tool.whl" in i or "not-a-req" in i] == ["file tool.whl sha256"]
     store = Store((tmp_path / "store").as_uri())
     doc = {"blob": "e" * 64, "format": 1, "image": "i1", "machine": "x86_64", "roots": ["/opt/venv"], "depth": 0}
     store.write_ref("env", "b" * 64, {**doc, "inputs": setup_inputs(ci.env), "created": 100.0})
     c = choose(store, rule_keys(), ["/opt/venv"], setup_inputs(team.env), 8, 1)
-    assert c is not None and c.key == "b" * 64 and c.shared == 2
+    assert c is not None and c.key == "b" * 64 and c.shared == 3  # the base's two lines and tool.whl
 
 
 def test_the_carried_paths_of_a_layer_merge_over_its_parent() -> None:

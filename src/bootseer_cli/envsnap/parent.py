@@ -44,11 +44,12 @@ _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
 def setup_inputs(env: EnvSettings) -> list[str]:
     """The setup's inputs as comparable strings: each command, each requirement line of the files it
     names, and of the files those include (`-r base.txt`, as a team's file includes the base that CI
-    prewarmed: the base's lines are then shared, and its names kept, so the base can be the parent)."""
+    prewarmed: the base's lines are then shared, and its names kept, so the base can be the parent).
+    A file that is not text (a wheel named in `[env] files`) counts as one input, its digest."""
     out = [f"cmd {c.strip()}" for c in env.setup]
     seen: set[Path] = set()
     for name in env_file_names(env):
-        out += [f"req {line}" for line in _requirement_lines(env.resolve_path(name), seen, 0)]
+        out += _file_inputs(env.resolve_path(name), name, seen, 0)
     return sorted(set(out))[:MAX_INPUTS]
 
 
@@ -57,16 +58,28 @@ MAX_INCLUDE_DEPTH = 4
 MAX_FILE_BYTES = 1 << 20
 
 
-def _requirement_lines(path: Path, seen: set[Path], depth: int) -> list[str]:
-    """The lines of the requirement file `path` (comments and blank lines dropped), then those of the
-    files it includes by `-r`, relative to its folder, each file once, `MAX_INCLUDE_DEPTH` deep."""
+def _file_inputs(path: Path, name: str, seen: set[Path], depth: int) -> list[str]:
+    """`req <line>` for each line of the requirement file `path` (comments and blank lines dropped),
+    then those of the files it includes by `-r`, relative to its folder, each file once,
+    `MAX_INCLUDE_DEPTH` deep; `file <name> sha256:<hex>` alone for a file that is not text."""
+    import hashlib
+
     key = Path(os.path.normpath(path))
     if key in seen:
         return []
     seen.add(key)
     try:
         with open(key, "rb") as f:
-            text = f.read(MAX_FILE_BYTES).decode(errors="replace")
+            data = f.read(MAX_FILE_BYTES + 1)
+            try:
+                if b"\0" in data or len(data) > MAX_FILE_BYTES:
+                    raise ValueError("not a requirement file")
+                text = data.decode()
+            except ValueError:  # binary, not UTF-8, or too big to be a requirement file: its digest alone
+                h = hashlib.sha256(data)
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+                return [f"file {name} sha256:{h.hexdigest()}"]
     except OSError:
         return []
     out: list[str] = []
@@ -74,10 +87,10 @@ def _requirement_lines(path: Path, seen: set[Path], depth: int) -> list[str]:
         line = line.split(" #", 1)[0].strip()
         if not line or line.startswith("#"):
             continue
-        out.append(line)
+        out.append(f"req {line}")
         m = _INCLUDE.match(line)
         if m and depth < MAX_INCLUDE_DEPTH and "://" not in m.group(1):
-            out += _requirement_lines(key.parent / m.group(1), seen, depth + 1)
+            out += _file_inputs(key.parent / m.group(1), m.group(1), seen, depth + 1)
     return out
 
 
