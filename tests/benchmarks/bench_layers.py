@@ -104,8 +104,7 @@ class Bench:
 
     def start(self, node: str, profile: Path | None = None) -> tuple[float, str]:
         """`bootseer exec` of an import check (under cProfile into `profile`); its wall time and stderr."""
-        check = "import numpy, pandas, scipy, bsdemo_cext, bslayer" + (", torch" if self.torch else "")
-        argv = [sys.executable, "-m", "bootseer_cli", "exec", "--", str(self.venv / "bin" / "python"), "-c", check]
+        argv = [sys.executable, "-m", "bootseer_cli", "exec", "--", *self.check()]
         if profile:  # exec ends in execve: the stats are written just before it
             argv[1:3] = ["-c", PROFILED.format(path=str(profile))]
         t0 = time.monotonic()
@@ -115,12 +114,18 @@ class Bench:
             raise SystemExit(f"exec failed: {r.stderr[-3000:]}")
         return took, r.stderr
 
+    def check(self) -> list[str]:
+        """The program every start runs: the imports that prove the env works."""
+        mods = "import numpy, pandas, scipy, bsdemo_cext, bslayer" + (", torch" if self.torch else "")
+        return [str(self.venv / "bin" / "python"), "-c", mods]
+
     def without_bootseer(self, node: str) -> float:
         """`pip install -r` into a fresh venv on `node`, whose pip cache is warm from its own earlier
-        setups (the built sdist's wheel included): the fastest honest start without bootseer."""
+        setups (the built sdist's wheel included), then the program: the same start without bootseer."""
         self.fresh_venv()
         t0 = time.monotonic()
         subprocess.run([*self.pip, "-q", "-r", "reqs.txt"], cwd=self.work, env=self.env(node), check=True)
+        subprocess.run(self.check(), cwd=self.work, env=self.env(node), check=True)
         return time.monotonic() - t0
 
     def ref(self, store: str) -> dict:
