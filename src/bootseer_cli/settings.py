@@ -168,6 +168,11 @@ class EnvSettings:
         True, "On a miss, set up over the nearest published snapshot and publish only the difference (a layer)."
     )
     max_layers: int = integer(8, "Layers a chain may grow to before the agent squashes it.", minimum=1)
+    parent_search_s: float = number(
+        15.0,
+        "How long a miss may read the store's env refs for a parent; past it, the setup runs from the image.",
+        unit="s",
+    )
     base_dir: Path = field(default_factory=Path.cwd)  # the config file's folder: relative paths resolve here
 
     def wanted(self) -> bool:

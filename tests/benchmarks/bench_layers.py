@@ -21,6 +21,9 @@ Every start is `bootseer exec` with `[exec] agent = false` (the upload is inside
 conservative figure). Everything lives under --work and is removed at the end.
 
     python tests/benchmarks/bench_layers.py [--torch] [--work /tmp/bootseer-bench-layers]
+
+`--profile FILE` measures nothing side by side: it builds the parent and runs the layered first start
+after the change under cProfile (FILE: its stats), then prints where bootseer's own seconds went.
 """
 
 from __future__ import annotations
@@ -45,6 +48,17 @@ from tests.support import pkgindex  # noqa: E402
 
 BASE = ["numpy", "pandas==3.1.0", "scipy", "bsdemo-cext", "bslayer==1.0"]
 REPS = 3  # the restore comparisons: medians of interleaved runs
+PROFILED = """
+import cProfile, os, sys
+pr, real = cProfile.Profile(), os.execve
+def execve(*a):
+    pr.disable(); pr.dump_stats({path!r}); real(*a)
+os.execve = execve
+sys.argv[0] = "bootseer"
+from bootseer_cli.entry import main
+pr.enable()
+main()
+"""
 CHANGED = ["numpy", "pandas==3.1.1", "scipy", "bsdemo-cext", "bslayer==1.0", "six==1.17.0"]
 
 
@@ -88,10 +102,11 @@ class Bench:
         e["XDG_CACHE_HOME"] = str(self.work / f"{node}-cache")
         return e
 
-    def start(self, node: str) -> tuple[float, str]:
-        """`bootseer exec` of an import check; its wall time and stderr."""
-        check = "import numpy, pandas, scipy, bsdemo_cext, bslayer" + (", torch" if self.torch else "")
-        argv = [sys.executable, "-m", "bootseer_cli", "exec", "--", str(self.venv / "bin" / "python"), "-c", check]
+    def start(self, node: str, profile: Path | None = None) -> tuple[float, str]:
+        """`bootseer exec` of an import check (under cProfile into `profile`); its wall time and stderr."""
+        argv = [sys.executable, "-m", "bootseer_cli", "exec", "--", *self.check()]
+        if profile:  # exec ends in execve: the stats are written just before it
+            argv[1:3] = ["-c", PROFILED.format(path=str(profile))]
         t0 = time.monotonic()
         r = subprocess.run(argv, cwd=self.work, env=self.env(node), capture_output=True, text=True)
         took = time.monotonic() - t0
@@ -99,10 +114,18 @@ class Bench:
             raise SystemExit(f"exec failed: {r.stderr[-3000:]}")
         return took, r.stderr
 
-    def without_bootseer(self) -> float:
+    def check(self) -> list[str]:
+        """The program every start runs: the imports that prove the env works."""
+        mods = "import numpy, pandas, scipy, bsdemo_cext, bslayer" + (", torch" if self.torch else "")
+        return [str(self.venv / "bin" / "python"), "-c", mods]
+
+    def without_bootseer(self, node: str) -> float:
+        """`pip install -r` into a fresh venv on `node`, whose pip cache is warm from its own earlier
+        setups (the built sdist's wheel included), then the program: the same start without bootseer."""
         self.fresh_venv()
         t0 = time.monotonic()
-        subprocess.run([*self.pip, "-q", "-r", "reqs.txt"], cwd=self.work, env=self.env("none"), check=True)
+        subprocess.run([*self.pip, "-q", "-r", "reqs.txt"], cwd=self.work, env=self.env(node), check=True)
+        subprocess.run(self.check(), cwd=self.work, env=self.env(node), check=True)
         return time.monotonic() - t0
 
     def ref(self, store: str) -> dict:
@@ -132,6 +155,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--torch", action="store_true", help="CPU torch in the env too (its wheel from this machine)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bootseer-bench-layers"))
+    ap.add_argument("--profile", type=Path, help="only profile the layered first start after the change")
     args = ap.parse_args()
     for k in [k for k in os.environ if k.startswith("PIP_")] + ["PYTHONDONTWRITEBYTECODE"]:
         os.environ.pop(k, None)
@@ -143,7 +167,10 @@ def main() -> None:
     out: dict[str, float] = {}
     try:
         with pkgindex.PackageIndex(work / "wheels") as index:
-            run(Bench(work, index, args.torch), out)
+            if args.profile:
+                profile(Bench(work, index, args.torch), args.profile.resolve(), out)
+            else:
+                run(Bench(work, index, args.torch), out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({k: round(v, 3) for k, v in out.items()}, indent=2))
@@ -153,6 +180,22 @@ def setup_seconds(stderr: str) -> float:
     """The setup's own seconds, from the env stage's summary (`setup 12.3 s` / `setup over … (layer 1) 3.1 s`)."""
     m = re.search(r"setup(?: over \S+ \(layer \d+\))? ([0-9.]+) s", stderr)
     return float(m.group(1)) if m else -1.0
+
+
+def profile(b: Bench, path: Path, out: dict[str, float]) -> None:
+    """The parent built, then the layered first start after the change under cProfile."""
+    import pstats
+
+    b.fresh_venv()
+    b.config("store")
+    b.reqs(BASE)
+    out["base_build_s"], _ = b.start("A")
+    b.reqs(CHANGED)
+    out["change_layers_profiled_s"], err = b.start("A", profile=path)
+    assert "setup over" in err, err
+    out["change_layers_setup_only_s"] = setup_seconds(err)
+    print(err.splitlines()[-1], file=sys.stderr)
+    pstats.Stats(str(path), stream=sys.stderr).sort_stats("cumulative").print_stats(45)
 
 
 def run(b: Bench, out: dict[str, float]) -> None:
@@ -168,6 +211,7 @@ def run(b: Bench, out: dict[str, float]) -> None:
     b.reqs(CHANGED)
     out["change_layers_s"], err = b.start("A")
     assert "setup over" in err, err
+    print("the layered first start's log:\n" + err, file=sys.stderr)
     out["change_layers_setup_only_s"] = setup_seconds(err)
     layer = b.ref("store")
     b.fresh_venv()
@@ -179,7 +223,7 @@ def run(b: Bench, out: dict[str, float]) -> None:
     assert "setup over" not in err
     out["change_layers_false_setup_only_s"] = setup_seconds(err)
     flat = b.ref("store-flat")
-    out["change_without_bootseer_s"] = b.without_bootseer()
+    out["change_without_bootseer_s"] = b.without_bootseer("F")  # F's pip cache: as warm as its runs left it
     out["ratio_layers_vs_layers_false"] = out["change_layers_s"] / out["change_layers_false_s"]
     out["ratio_layers_vs_without_bootseer"] = out["change_layers_s"] / out["change_without_bootseer_s"]
 

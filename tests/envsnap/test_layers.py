@@ -15,9 +15,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -26,6 +28,10 @@ from tests.envsnap.test_cycle import PY, make_venv
 from tests.support import pkgindex
 
 pytestmark = pytest.mark.integration
+
+if TYPE_CHECKING:
+    from bootseer_cli.keys import Keys
+    from bootseer_cli.store import Store
 
 
 def write_wheel(dest: Path, name: str, version: str, files: dict[str, str]) -> Path:
@@ -351,35 +357,156 @@ def test_the_agent_squashes_in_the_background(tmp_path: Path, index: pkgindex.Pa
     assert tree_state(job.venv) == built
 
 
+RULE_ROOTS = ["/opt/venv"]
+MINE = ["cmd pip install -r r.txt", "req a==1", "req b==2", "req c==3"]
+
+
+def rule_keys() -> Keys:
+    from bootseer_cli.keys import Key, Keys
+
+    return Keys(Key({}, "0" * 64), Key({"image": "i1", "machine": "x86_64"}, "f" * 64), "test")
+
+
+def rule_ref(store: Store, key: str, inputs: list[str], **kw: object) -> None:
+    doc = {"blob": "e" * 64, "format": 1, "image": "i1", "machine": "x86_64", "roots": RULE_ROOTS}
+    store.write_ref("env", key * 64, {**doc, "inputs": inputs, "created": 100.0, "depth": 0, **kw})
+
+
+def rule_refs(store: Store) -> None:
+    """Refs 1…7 for `MINE`: 1 and 2 share 2 inputs (2 is older), 3 names a package MINE does not, 4…7
+    share 3 but differ in image, roots, machine, or have a chain at the bound."""
+    rule_ref(store, "1", ["cmd pip install -r r.txt", "req a==1"])  # shares 2
+    rule_ref(store, "2", ["cmd pip install -r r.txt", "req a==1", "req b==1"], created=50.0)  # shares 2, older
+    rule_ref(store, "3", ["cmd pip install -r r.txt", "req a==1", "req b==2", "req z==1"])  # shares 3, names z
+    rule_ref(store, "4", MINE[:3], image="i2")  # another image
+    rule_ref(store, "5", MINE[:3], roots=["/other"])
+    rule_ref(store, "6", MINE[:3], machine="aarch64")
+    rule_ref(store, "7", MINE[:3], depth=8)  # its squash is due
+
+
 def test_the_parent_rule(tmp_path: Path) -> None:
     """Same image, roots and machine; names kept; the most shared inputs, ties by last use; chains bounded."""
     from bootseer_cli.envsnap.parent import choose
-    from bootseer_cli.keys import Key, Keys
     from bootseer_cli.store import Store
 
     store = Store((tmp_path / "store").as_uri())
-    roots = ["/opt/venv"]
-    keys = Keys(Key({}, "0" * 64), Key({"image": "i1", "machine": "x86_64"}, "f" * 64), "test")
-    mine = ["cmd pip install -r r.txt", "req a==1", "req b==2", "req c==3"]
-
-    def ref(key: str, inputs: list[str], **kw: object) -> None:
-        doc = {"blob": "e" * 64, "format": 1, "image": "i1", "machine": "x86_64", "roots": roots}
-        store.write_ref("env", key * 64, {**doc, "inputs": inputs, "created": 100.0, "depth": 0, **kw})
-
-    ref("1", ["cmd pip install -r r.txt", "req a==1"])  # shares 2
-    ref("2", ["cmd pip install -r r.txt", "req a==1", "req b==1"], created=50.0)  # shares 2, older
-    ref("3", ["cmd pip install -r r.txt", "req a==1", "req b==2", "req z==1"])  # shares 3, but names z
-    ref("4", mine[:3], image="i2")  # another image
-    ref("5", mine[:3], roots=["/other"])
-    ref("6", mine[:3], machine="aarch64")
-    ref("7", mine[:3], depth=8)  # its squash is due
+    keys, roots, mine = rule_keys(), RULE_ROOTS, MINE
+    rule_refs(store)
     c = choose(store, keys, roots, mine, 8, 1)
     assert c is not None and c.key == "1" * 64 and c.shared == 2 and c.candidates == 2
-    ref("2", ["cmd pip install -r r.txt", "req a==1", "req b==1"], used=200.0)  # now used last
+    rule_ref(store, "2", ["cmd pip install -r r.txt", "req a==1", "req b==1"], used=200.0)  # now used last
     assert choose(store, keys, roots, mine, 8, 1).key == "2" * 64
-    ref("8", mine[:3])  # shares 3
+    rule_ref(store, "8", mine[:3])  # shares 3
     assert choose(store, keys, roots, mine, 8, 1).key == "8" * 64
     assert choose(store, keys, ["/elsewhere"], mine, 8, 1) is None
+
+
+def test_the_parent_search_reads_an_s3_store_concurrently_by_the_same_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ref read costs a round trip (a proxy delays each request 100 ms): 47 refs read one by one
+    take ≥ 4.7 s, read 16 at a time well under half that; the choice is the rule's, whatever order the
+    reads end in."""
+    from bootseer_cli.envsnap.parent import choose
+    from bootseer_cli.store import Store
+    from tests.support import s3server
+
+    for k, v in s3server.S3_ENV.items():
+        monkeypatch.setenv(k, v)
+    if s3server.rclone_binary() is None:
+        pytest.skip("rclone is not installed")
+    with s3server.delayed(tmp_path / "s3", delay_ms=100) as (server, proxy):
+        direct = Store(server.uri())
+        rule_refs(direct)
+        rule_ref(direct, "2", ["cmd pip install -r r.txt", "req a==1", "req b==1"], used=200.0)
+        for i in range(40):  # fillers of another image: read, never candidates
+            rule_ref(direct, f"a{i:03x}" * 16, MINE, image="other")
+        slow = Store(server.uri().replace(server.endpoint, proxy.endpoint))
+        t0 = time.monotonic()
+        c = choose(slow, rule_keys(), RULE_ROOTS, MINE, 8, 1)
+        took = time.monotonic() - t0
+        assert c is not None and c.key == "2" * 64 and c.shared == 2 and c.candidates == 2
+        assert took < 47 * 0.1 / 2, f"{took:.1f} s: the refs were not read concurrently"
+        rule_ref(direct, "8", MINE[:3])  # shares 3: the most, read in whatever order
+        assert choose(slow, rule_keys(), RULE_ROOTS, MINE, 8, 1).key == "8" * 64
+
+
+def test_a_store_that_does_not_answer_gives_up_the_parent_search_at_its_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An S3 endpoint that takes connections and never answers: the search ends at `[env]
+    parent_search_s` with one warning, and `setup_over` returns None (the build sets up from the image)
+    without running anything."""
+    import socket
+
+    from bootseer_cli.cache import BlobCache
+    from bootseer_cli.config import load
+    from bootseer_cli.envsnap.layers import setup_over
+    from bootseer_cli.settings import Settings
+    from bootseer_cli.store import Store
+    from tests.support import s3server
+
+    for k, v in s3server.S3_ENV.items():
+        monkeypatch.setenv(k, v)
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)  # the kernel completes the handshakes; nobody ever reads a request
+    uri = f"s3://b/store?endpoint_override=127.0.0.1:{hole.getsockname()[1]}&scheme=http&region=us-east-1"
+    marker = tmp_path / "setup-ran"
+    cfg = tmp_path / "bootseer.toml"
+    cfg.write_text(
+        f'[store]\nuri = "{uri}"\n[env]\nroots = ["{tmp_path / "venv"}"]\nparent_search_s = 1.5\n'
+        f'setup = ["touch {marker}"]\n'
+    )
+    settings = Settings.from_config(load(cfg, environ={}))
+    warned: list[str] = []
+    try:
+        t0 = time.monotonic()
+        got = setup_over(
+            settings, Store(uri), BlobCache(tmp_path / "cache", 1 << 30), rule_keys(), [str(tmp_path / "venv")],
+            lambda m: None, warned.append,
+        )  # fmt: skip
+        took = time.monotonic() - t0
+    finally:
+        hole.close()  # the threads left behind get a reset and end
+    assert got is None and not marker.exists()
+    assert 1.4 < took < 6, took
+    assert len(warned) == 1 and "parent_search_s = 1.5 s" in warned[0], warned
+
+
+def test_a_base_env_prewarmed_from_ci_is_the_parent_of_a_team_file_that_includes_it(tmp_path: Path) -> None:
+    """CI prewarms `pip install -r base.txt`; a team's `requirements.txt` says `-r base.txt` plus its own
+    lines. The included base's lines count as the team's inputs (shared, their names kept), so the
+    prewarmed base is the parent; without following the include the base names packages the team's
+    file seemed not to name, and no parent fitted. A binary file in `[env] files` (a wheel) is one
+    input, its digest, not lines whose junk "names" no other setup shares."""
+    from bootseer_cli.config import load
+    from bootseer_cli.envsnap.parent import choose, setup_inputs
+    from bootseer_cli.settings import Settings
+    from bootseer_cli.store import Store
+
+    def env(d: Path, setup: str, **files: str) -> Settings:
+        d.mkdir()
+        for name, text in files.items():
+            (d / name.replace("_", ".")).write_text(text)
+        (d / "tool.whl").write_bytes(b"PK\x03\x04\0\nnot-a-requirement==1\n" * 50)  # binary: one input
+        (d / "bootseer.toml").write_text(f'[env]\nroots = ["/opt/venv"]\nsetup = ["{setup}"]\nfiles = ["tool.whl"]\n')
+        return Settings.from_config(load(d / "bootseer.toml", environ={}))
+
+    base = "torch==2.13.0\nnumpy==2.4.6  # pinned by CI\n"
+    ci = env(tmp_path / "ci", "pip install -r base.txt", base_txt=base)
+    team = env(
+        tmp_path / "team", "pip install -r requirements.txt", base_txt=base,
+        requirements_txt="-r base.txt\nsix==1.17.0\n",
+    )  # fmt: skip
+    mine = setup_inputs(team.env)
+    assert {"req torch==2.13.0", "req numpy==2.4.6", "req -r base.txt"} <= set(mine)
+    assert [i.split(":")[0] for i in mine if "tool.whl" in i or "not-a-req" in i] == ["file tool.whl sha256"]
+    store = Store((tmp_path / "store").as_uri())
+    doc = {"blob": "e" * 64, "format": 1, "image": "i1", "machine": "x86_64", "roots": ["/opt/venv"], "depth": 0}
+    store.write_ref("env", "b" * 64, {**doc, "inputs": setup_inputs(ci.env), "created": 100.0})
+    c = choose(store, rule_keys(), ["/opt/venv"], setup_inputs(team.env), 8, 1)
+    assert c is not None and c.key == "b" * 64 and c.shared == 3  # the base's two lines and tool.whl
 
 
 def test_the_carried_paths_of_a_layer_merge_over_its_parent() -> None:

@@ -91,7 +91,7 @@ def setup_over(
 
     env = settings.env
     try:
-        choice = choose(store, keys, roots, setup_inputs(env), env.max_layers, FORMAT)
+        choice = choose(store, keys, roots, setup_inputs(env), env.max_layers, FORMAT, env.parent_search_s, warn)
     except Exception as e:  # listing the store failed: build from the image
         warn(f"env: no parent looked for ({e}); setting up from the image")
         return None

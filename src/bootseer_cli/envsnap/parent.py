@@ -17,8 +17,13 @@ dropped, so a one-line bump of one pin shares every other line with its parent.
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..keys import env_file_names
@@ -31,22 +36,62 @@ if TYPE_CHECKING:
 
 MAX_INPUTS = 4000  # lines recorded in a ref (a lock file of a big env has a few hundred)
 MAX_CANDIDATES = 500  # refs read when looking for a parent: bounds a miss's extra work on a big store
+READERS = 16  # refs read at once: on an object store each read is a round trip
+SEARCH_S = 15.0  # the default of `[env] parent_search_s`
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
 def setup_inputs(env: EnvSettings) -> list[str]:
-    """The setup's inputs as comparable strings: each command, each requirement line of the files it names."""
+    """The setup's inputs as comparable strings: each command, each requirement line of the files it
+    names, and of the files those include (`-r base.txt`, as a team's file includes the base that CI
+    prewarmed: the base's lines are then shared, and its names kept, so the base can be the parent).
+    A file that is not text (a wheel named in `[env] files`) counts as one input, its digest."""
     out = [f"cmd {c.strip()}" for c in env.setup]
+    seen: set[Path] = set()
     for name in env_file_names(env):
-        try:
-            text = env.resolve_path(name).read_text(errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
-            line = line.split(" #", 1)[0].strip()
-            if line and not line.startswith("#"):
-                out.append(f"req {line}")
+        out += _file_inputs(env.resolve_path(name), name, seen, 0)
     return sorted(set(out))[:MAX_INPUTS]
+
+
+_INCLUDE = re.compile(r"^(?:-r|--requirement)(?:\s*=\s*|\s+|(?=[^-\s]))(\S+)$")
+MAX_INCLUDE_DEPTH = 4
+MAX_FILE_BYTES = 1 << 20
+
+
+def _file_inputs(path: Path, name: str, seen: set[Path], depth: int) -> list[str]:
+    """`req <line>` for each line of the requirement file `path` (comments and blank lines dropped),
+    then those of the files it includes by `-r`, relative to its folder, each file once,
+    `MAX_INCLUDE_DEPTH` deep; `file <name> sha256:<hex>` alone for a file that is not text."""
+    import hashlib
+
+    key = Path(os.path.normpath(path))
+    if key in seen:
+        return []
+    seen.add(key)
+    try:
+        with open(key, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+            try:
+                if b"\0" in data or len(data) > MAX_FILE_BYTES:
+                    raise ValueError("not a requirement file")
+                text = data.decode()
+            except ValueError:  # binary, not UTF-8, or too big to be a requirement file: its digest alone
+                h = hashlib.sha256(data)
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+                return [f"file {name} sha256:{h.hexdigest()}"]
+    except OSError:
+        return []
+    out: list[str] = []
+    for line in text.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        out.append(f"req {line}")
+        m = _INCLUDE.match(line)
+        if m and depth < MAX_INCLUDE_DEPTH and "://" not in m.group(1):
+            out += _file_inputs(key.parent / m.group(1), m.group(1), seen, depth + 1)
+    return out
 
 
 def requirement_names(inputs: list[str]) -> set[str]:
@@ -87,23 +132,90 @@ def _num(v: object) -> float:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
 
 
-def choose(store: Store, keys: Keys, roots: list[str], inputs: list[str], max_layers: int, fmt: int) -> Choice | None:
-    """The parent for the env `keys.env` under `roots`, by the rule above; None when no snapshot fits.
+def read_refs(store: Store, kind: str, deadline_s: float, workers: int = READERS) -> dict[str, Any] | None:
+    """The verified refs of `kind`, key -> doc (None where a ref cannot be read or does not verify), the
+    first MAX_CANDIDATES of the listing; None when the listing and the reads did not all end within
+    `deadline_s`.
+
+    On an object store each read is a round trip, so they run on `workers` threads at once (each one
+    `store.read_ref`: the signature checked as for any ref). The threads are daemons: one stuck on an
+    unreachable store is left behind at the deadline, never waited for, and ends with its request's
+    own timeout."""
+    deadline = time.monotonic() + deadline_s
+    store.fs  # noqa: B018 - the client is made once, here, not by every thread at once
+    listed = _bounded(lambda _: store.list_refs(kind), [""], 1, deadline).get("")
+    if listed is None:
+        return None
+    if isinstance(listed, Exception):
+        raise listed  # the store cannot be listed: the caller says so and sets up from the image
+    keys = [str(k) for k in listed][:MAX_CANDIDATES] if isinstance(listed, list) else []
+    docs = _bounded(lambda k: store.read_ref(kind, k), keys, workers, deadline)
+    if len(docs) < len(keys):
+        return None
+    return {k: d if isinstance(d := docs[k], dict) else None for k in keys}
+
+
+def _bounded(fn: Callable[[str], object], items: list[str], workers: int, deadline: float) -> dict[str, object]:
+    """`fn` over `items` on up to `workers` daemon threads: item -> result (or the exception it
+    raised), for the items done by `deadline` (monotonic); the others are left out and not started."""
+    todo = list(reversed(items))
+    out: dict[str, object] = {}
+    cv = threading.Condition()
+
+    def work() -> None:
+        while True:
+            with cv:
+                if not todo or time.monotonic() >= deadline:
+                    return
+                item = todo.pop()
+            try:
+                r = fn(item)
+            except Exception as e:  # torn, unreachable: the caller decides
+                r = e
+            with cv:
+                out[item] = r
+                cv.notify_all()
+
+    for i in range(max(1, min(workers, len(items)))):
+        threading.Thread(target=work, daemon=True, name=f"bootseer-refs-{i}").start()
+    with cv:
+        while len(out) < len(items) and (left := deadline - time.monotonic()) > 0:
+            cv.wait(left)
+        return dict(out)
+
+
+def choose(
+    store: Store,
+    keys: Keys,
+    roots: list[str],
+    inputs: list[str],
+    max_layers: int,
+    fmt: int,
+    deadline_s: float = SEARCH_S,
+    warn: Callable[[str], None] | None = None,
+) -> Choice | None:
+    """The parent for the env `keys.env` under `roots`, by the rule above; None when no snapshot fits,
+    or when the store's refs could not all be read within `deadline_s` (`[env] parent_search_s`; the
+    build then sets up from the image, and `warn` says so).
 
     A ref that does not verify, or cannot be read, is no candidate (a layer over an untrusted parent
     would be a miss anyway)."""
     from .catalog import REF_KIND
 
+    refs = read_refs(store, REF_KIND, deadline_s)
+    if refs is None:
+        if warn is not None:
+            warn(
+                f"env: the store's env refs were not all read within [env] parent_search_s = {deadline_s:g} s; "
+                "no parent looked for"
+            )
+        return None
     mine = set(inputs)
     names = requirement_names(inputs)
     doc = keys.env.doc
     found: list[Choice] = []
-    for k in store.list_refs(REF_KIND)[:MAX_CANDIDATES]:
+    for k, ref in refs.items():  # the listing's order, whatever order the reads ended in
         if k == keys.env.digest:
-            continue
-        try:
-            ref = store.read_ref(REF_KIND, k)
-        except Exception:  # untrusted, torn, unreachable: not a parent
             continue
         if not isinstance(ref, dict) or ref.get("format") != fmt or not isinstance(ref.get("blob"), str):
             continue
@@ -147,7 +259,11 @@ def explain(settings: Settings, keys: Keys, store: Store) -> list[str]:
         return lines + ([f"parent chosen because it {why}"] if why else [])
     if not settings.env.layers:
         return ["env snapshot: none published; [env] layers = false: a build sets up from the image"]
-    c = choose(store, keys, roots, setup_inputs(settings.env), settings.env.max_layers, FORMAT)
+    env = settings.env
+    late: list[str] = []
+    c = choose(store, keys, roots, setup_inputs(env), env.max_layers, FORMAT, env.parent_search_s, late.append)
+    if late:
+        return [f"env snapshot: none published; {late[0].removeprefix('env: ')}: a build starts from the image"]
     if c is None:
         return [
             "env snapshot: none published, no parent fits (same image, roots, machine): a build starts from the image"
