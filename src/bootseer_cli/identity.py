@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import reqfiles
 from .errors import ConfigError
 from .keys import ImageIdentity, Keys, compute, env_file_names, image_digest_from_ref
-from .safeopen import sha256_regular
+from .safeopen import sha256_and_head
 
 if TYPE_CHECKING:
     from .settings import EnvSettings, ImageSettings, Settings
@@ -62,15 +63,38 @@ def resolve_image(image: ImageSettings) -> ImageIdentity:
 
 
 def digest_files(names: list[str], base_dir: Path) -> dict[str, str]:
-    """sha256 of each named file (relative names resolve against the config file's directory)."""
-    out: dict[str, str] = {}
+    """sha256 of each named file (relative names resolve against the config file's directory), and of
+    every file a requirement file among them includes (see `setup_files`)."""
+    return {name: digest for name, (_, digest) in setup_files(names, base_dir).items()}
+
+
+def setup_files(names: list[str], base_dir: Path) -> dict[str, tuple[Path, str]]:
+    """Each named file and every file a requirement file among them includes (`-r base.txt`,
+    `-c constraints.txt`, relative to the including file, as pip reads them), by the name the env key
+    gives it (`requirements.txt > base.txt`): its path here and its sha256. A change to the base alone
+    must change the env key, and `prewarm` must carry the base into the container."""
+    out: dict[str, tuple[Path, str]] = {}
+    seen: set[str] = set()
     for name in names:
-        path = Path(name) if os.path.isabs(name) else base_dir / name
-        try:
-            out[name] = sha256_regular(path)  # /dev/zero or a FIFO is refused at once, not read
-        except OSError as e:
-            raise ConfigError(f"[env] setup names {name}, which cannot be read: {e.strerror}") from None
+        _walk(name, Path(name) if os.path.isabs(name) else base_dir / name, out, seen, 0)
     return out
+
+
+def _walk(name: str, path: Path, out: dict[str, tuple[Path, str]], seen: set[str], depth: int) -> None:
+    real = os.path.normpath(path)
+    if real in seen:
+        return
+    seen.add(real)
+    try:
+        digest, head = sha256_and_head(path, reqfiles.MAX_BYTES)  # /dev/zero or a FIFO: refused at once
+    except OSError as e:
+        raise ConfigError(f"[env] setup names {name}, which cannot be read: {e.strerror}") from None
+    out[name] = (Path(real), digest)
+    text = reqfiles.text_of(head)
+    for inc in reqfiles.includes(text) if text is not None else []:
+        if depth >= reqfiles.MAX_DEPTH:
+            raise ConfigError(f"[env] setup names {name}, which includes files more than {reqfiles.MAX_DEPTH} deep")
+        _walk(f"{name} > {inc}", Path(inc) if os.path.isabs(inc) else path.parent / inc, out, seen, depth + 1)
 
 
 def key_env_values(env: EnvSettings, environ: Mapping[str, str] | None = None) -> dict[str, str | None]:

@@ -57,11 +57,19 @@ def read_capped(
 
 def sha256_regular(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of regular file `path` (a device or FIFO is refused, not read)."""
+    return sha256_and_head(path, 0)[0]
+
+
+def sha256_and_head(path: str | os.PathLike[str], head: int) -> tuple[str, bytes]:
+    """Hex sha256 of regular file `path` and its first `head + 1` bytes (one read of the file: a
+    requirement file is hashed for a key and parsed for what it includes)."""
     fd = open_regular(path)
     try:
-        h = hashlib.sha256()
+        h, kept = hashlib.sha256(), b""
         while chunk := os.read(fd, 1 << 20):
             h.update(chunk)
-        return h.hexdigest()
+            if len(kept) <= head:
+                kept += chunk[: head + 1 - len(kept)]
+        return h.hexdigest(), kept
     finally:
         os.close(fd)

@@ -120,6 +120,44 @@ def test_compute_reads_files_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert pinned.image.doc == {"v": 1, "kind": "image", "digest": "sha256:" + "3" * 64}
 
 
+def test_files_a_requirement_file_includes_are_in_the_env_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A team's file that says `-r base.txt`: a change to the base alone kept the env key, so the env
+    built before it was restored (a wrong start). Includes follow pip: relative to the includer,
+    `-c` too, nested, each file once; prewarm carries them into the container where pip looks."""
+    from bootseer_cli.containers.prewarm import WORKDIR, setup_files
+
+    (tmp_path / "deps").mkdir()
+    (tmp_path / "requirements.txt").write_text("-r deps/base.txt\nsix==1.16.0\n")
+    (tmp_path / "deps" / "base.txt").write_text("--requirement=more.txt\n-c ../cons.txt\n-r base.txt\n")
+    (tmp_path / "deps" / "more.txt").write_text("tabulate==0.9.0\n")
+    (tmp_path / "cons.txt").write_text("numpy<3\n")
+    (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["pip install -r requirements.txt"]\n')
+    monkeypatch.chdir(tmp_path)
+    first = keys_here()
+    assert sorted(first.env.doc["files"]) == [
+        "requirements.txt",
+        "requirements.txt > deps/base.txt",
+        "requirements.txt > deps/base.txt > ../cons.txt",
+        "requirements.txt > deps/base.txt > more.txt",
+    ]
+    seen = {first.env.digest}
+    for changed in ["deps/more.txt", "cons.txt", "deps/base.txt"]:
+        (tmp_path / changed).write_text((tmp_path / changed).read_text() + "pyyaml==6.0\n")
+        seen.add(keys_here().env.digest)
+    assert len(seen) == 4  # each change to an included file alone is a new env
+    carried = {dest: src.name for dest, src in setup_files(Settings.from_config(load()))}
+    assert carried == {
+        f"{WORKDIR}/bootseer.toml": "bootseer.toml",
+        f"{WORKDIR}/requirements.txt": "requirements.txt",
+        f"{WORKDIR}/deps/base.txt": "base.txt",
+        f"{WORKDIR}/deps/more.txt": "more.txt",
+        f"{WORKDIR}/cons.txt": "cons.txt",
+    }
+    (tmp_path / "deps" / "more.txt").unlink()
+    with pytest.raises(ConfigError, match=r"requirements\.txt > deps/base\.txt > more\.txt"):
+        keys_here()
+
+
 def test_unreadable_requirements_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "bootseer.toml").write_text('[env]\nsetup = ["pip install -r missing.txt"]\n')
     monkeypatch.chdir(tmp_path)

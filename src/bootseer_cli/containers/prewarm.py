@@ -91,20 +91,20 @@ def keys_for(settings: Settings, pinned: str) -> Keys:
 
 
 def setup_files(settings: Settings) -> list[tuple[str, Path]]:
-    """(path in the container, path here) for the config file and every file the setup names."""
+    """(path in the container, path here) for the config file, every file the setup names and every
+    file those include (`-r base.txt`: where pip inside will look for it, relative to its includer)."""
+    from ..identity import setup_files as named_files
     from ..keys import env_file_names
 
     out: list[tuple[str, Path]] = []
     if settings.config_path is not None:
         out.append((f"{WORKDIR}/{settings.config_path.name}", settings.config_path))
-    for name in env_file_names(settings.env):
-        if os.path.isabs(name):
-            dest, src = posixpath.normpath(name), Path(name)
-        else:
-            dest, src = posixpath.normpath(posixpath.join(WORKDIR, name)), settings.env.base_dir / name
-        if not src.is_file():
-            raise ConfigError(f"[env] setup names {name}, which is not a file here ({src})")
-        out.append((dest, src))
+    for chain, (src, _) in named_files(env_file_names(settings.env), settings.env.base_dir).items():
+        first, *included = chain.split(" > ")  # `requirements.txt > base.txt`: base.txt beside its includer
+        dest = first if os.path.isabs(first) else posixpath.join(WORKDIR, first)
+        for name in included:
+            dest = name if os.path.isabs(name) else posixpath.join(posixpath.dirname(dest), name)
+        out.append((posixpath.normpath(dest), src))
     return out
 
 

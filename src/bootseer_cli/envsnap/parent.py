@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import reqfiles
 from ..keys import env_file_names
+from ..safeopen import sha256_and_head
 from ..units import fmt_age
 
 if TYPE_CHECKING:
@@ -53,44 +55,26 @@ def setup_inputs(env: EnvSettings) -> list[str]:
     return sorted(set(out))[:MAX_INPUTS]
 
 
-_INCLUDE = re.compile(r"^(?:-r|--requirement)(?:\s*=\s*|\s+|(?=[^-\s]))(\S+)$")
-MAX_INCLUDE_DEPTH = 4
-MAX_FILE_BYTES = 1 << 20
-
-
 def _file_inputs(path: Path, name: str, seen: set[Path], depth: int) -> list[str]:
     """`req <line>` for each line of the requirement file `path` (comments and blank lines dropped),
     then those of the files it includes by `-r`, relative to its folder, each file once,
-    `MAX_INCLUDE_DEPTH` deep; `file <name> sha256:<hex>` alone for a file that is not text."""
-    import hashlib
-
+    `reqfiles.MAX_DEPTH` deep; `file <name> sha256:<hex>` alone for a file that is not text. Read as
+    the env key reads it: regular files only, never blocking (`safeopen`)."""
     key = Path(os.path.normpath(path))
     if key in seen:
         return []
     seen.add(key)
     try:
-        with open(key, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-            try:
-                if b"\0" in data or len(data) > MAX_FILE_BYTES:
-                    raise ValueError("not a requirement file")
-                text = data.decode()
-            except ValueError:  # binary, not UTF-8, or too big to be a requirement file: its digest alone
-                h = hashlib.sha256(data)
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
-                return [f"file {name} sha256:{h.hexdigest()}"]
+        digest, head = sha256_and_head(key, reqfiles.MAX_BYTES)
     except OSError:
         return []
-    out: list[str] = []
-    for line in text.splitlines():
-        line = line.split(" #", 1)[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        out.append(f"req {line}")
-        m = _INCLUDE.match(line)
-        if m and depth < MAX_INCLUDE_DEPTH and "://" not in m.group(1):
-            out += _file_inputs(key.parent / m.group(1), m.group(1), seen, depth + 1)
+    text = reqfiles.text_of(head)
+    if text is None:  # binary, not UTF-8, or too big to be a requirement file: its digest alone
+        return [f"file {name} sha256:{digest}"]
+    out = [f"req {line}" for line in reqfiles.lines(text)]
+    if depth < reqfiles.MAX_DEPTH:
+        for inc in reqfiles.includes(text, constraints=False):
+            out += _file_inputs(key.parent / inc, inc, seen, depth + 1)
     return out
 
 
