@@ -17,7 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import VENV_AT, Node, PackageIndex, build_index, kill_node_processes
+from tests.e2e.harness import (
+    EXAMPLE,
+    NEW_TABULATE,
+    OLD_TABULATE,
+    VENV_AT,
+    Node,
+    PackageIndex,
+    Run,
+    build_index,
+    kill_node_processes,
+)
 from tests.support.s3server import S3Server
 
 
@@ -132,3 +142,30 @@ def seed(tmp_path_factory: pytest.TempPathFactory, pkg_index: PackageIndex) -> I
         c.close()
         with contextlib.suppress(OSError):
             os.sync()
+
+
+class Changed:
+    """A copy of the seed store on which a node with a changed requirements file ran the job once."""
+
+    def __init__(self, store: str, node: Node, built: Run) -> None:
+        self.store = store
+        self.node = node
+        self.built = built
+
+
+@pytest.fixture(scope="session")
+def changed(tmp_path_factory: pytest.TempPathFactory, pkg_index: PackageIndex, seed: Seed) -> Iterator[Changed]:
+    """The seed store after a node whose requirements file names another tabulate started the job: it
+    built and published that second env. Built once for the tests that need a store holding both envs
+    (test_job's changed-requirements test asserts on this start; test_env_switch switches a node
+    carrying the old env to it); none of them writes to the store afterwards."""
+    root = tmp_path_factory.mktemp("e2e-changed")
+    c = Cluster(root / "nodes", pkg_index, image=seed.image)
+    try:
+        store = seed.file_store(root)
+        changed = (EXAMPLE / "requirements.txt").read_text().replace(OLD_TABULATE, NEW_TABULATE)
+        fresh = c.node("fresh", store, requirements=changed, BOOTSEER_EXEC_SKIP="image")
+        built = fresh.run_job(steps=1, train_args=["--no-push"])
+        yield Changed(store, fresh, built)
+    finally:
+        c.close()

@@ -10,12 +10,9 @@ from __future__ import annotations
 import pytest
 
 from bootseer_cli.store import open_store
-from tests.e2e.harness import DEPS_COMMAND, EXAMPLE, Run, env_kind, wait_all
+from tests.e2e.harness import DEPS_COMMAND, EXAMPLE, NEW_TABULATE, OLD_TABULATE, Run, env_kind, wait_all
 
 pytestmark = pytest.mark.integration
-
-OLD_TABULATE = "tabulate==0.10.0"
-NEW_TABULATE = "tabulate==0.8.10"
 
 
 def assert_ok(run: Run) -> None:
@@ -70,14 +67,12 @@ def test_cold_start_then_restart(cluster, s3_server):
         assert r.losses() == {s: expected[s] for s in (4, 5)}
 
 
-def test_changed_requirements_is_a_miss_and_a_rebuild(cluster, seed, tmp_path):
-    """A new requirements file is a new env key: a miss and a rebuild, never the old env restored."""
-    cluster.image = seed.image
-    store = seed.file_store(tmp_path)
-    changed = (EXAMPLE / "requirements.txt").read_text().replace(OLD_TABULATE, NEW_TABULATE)
-    assert changed != (EXAMPLE / "requirements.txt").read_text()
-    fresh = cluster.node("fresh", store, requirements=changed, BOOTSEER_EXEC_SKIP="image")
-    built = fresh.run_job(steps=1, train_args=["--no-push"])
+def test_changed_requirements_is_a_miss_and_a_rebuild(changed, seed):
+    """A new requirements file is a new env key: a miss and a rebuild, never the old env restored.
+
+    The start is the session's `changed` fixture (test_env_switch switches a node to the env it built)."""
+    store, fresh, built = changed.store, changed.node, changed.built
+    assert (fresh.work / "requirements.txt").read_text() != (EXAMPLE / "requirements.txt").read_text()
     assert_ok(built)
     assert env_kind(built) == "built" and ran_setup(built)
     assert built.versions()["tabulate"] == "0.8.10"
