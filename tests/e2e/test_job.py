@@ -25,13 +25,12 @@ def ran_setup(run: Run) -> bool:
     return "Successfully installed" in run.output
 
 
-def test_cold_start_then_restart(cluster, s3_server):
-    store_uri = s3_server.uri(f"cold-{cluster.job_id}")
-    n1 = cluster.node("n1", store_uri)
-    n2 = cluster.node("n2", store_uri)
+def test_cold_start_then_restart(cold):
+    """The cold start is the session's `cold` fixture (the store it leaves is the other scenarios' seed)."""
+    store_uri, n1, n2 = cold.store_uri, cold.n1, cold.n2
+    cold = cold.runs  # the two nodes' cold starts, as the assertions below name them
 
     # Cold start: both nodes at once; one builds the env, the other waits for it and restores it.
-    cold = wait_all([n1.start(steps=3), n2.start(steps=3, train_args=["--no-push"])])
     for r in cold:
         assert_ok(r)
     assert sorted(env_kind(r) for r in cold) == ["built", "restored"]
