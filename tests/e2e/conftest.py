@@ -17,7 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import VENV_AT, Node, PackageIndex, build_index, kill_node_processes
+from tests.e2e.harness import (
+    EXAMPLE,
+    NEW_TABULATE,
+    OLD_TABULATE,
+    VENV_AT,
+    Node,
+    PackageIndex,
+    Run,
+    build_index,
+    env_kind,
+    kill_node_processes,
+    wait_all,
+)
 from tests.support.s3server import S3Server
 
 
@@ -116,19 +128,92 @@ class Seed:
         return uri
 
 
+class Cold:
+    """The cold start of the example job on two nodes at once over an empty S3 store (both start
+    together: one builds the env, the other waits for it and restores it; n1 pushes its checkpoint)."""
+
+    def __init__(self, cluster: Cluster, store_uri: str, n1: Node, n2: Node, runs: list[Run]) -> None:
+        self.cluster = cluster
+        self.store_uri = store_uri
+        self.n1 = n1
+        self.n2 = n2
+        self.runs = runs
+        self.store_dir: Path | None = None  # the store as the cold start left it (a local copy)
+
+
+def download_store(uri: str, dest: Path) -> Path:
+    """Every object of the store at `uri` (all domains and the blobs) into a file:// store at `dest`,
+    leaving out the S3-only `.keep` objects that keep a prefix alive on an object store."""
+    from bootseer_cli.store import open_store
+    from bootseer_cli.storefs import KEEP_NAME
+
+    store = open_store(uri).in_domain("")
+    for rel in store.list("", recursive=True):
+        if rel.rsplit("/", 1)[-1] == KEEP_NAME or rel.endswith("/"):
+            continue
+        data = store.get_bytes(rel)
+        assert data is not None, rel
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return dest
+
+
 @pytest.fixture(scope="session")
-def seed(tmp_path_factory: pytest.TempPathFactory, pkg_index: PackageIndex) -> Iterator[Seed]:
-    root = tmp_path_factory.mktemp("e2e-seed")
-    store = root / "store"
+def cold(tmp_path_factory: pytest.TempPathFactory, pkg_index: PackageIndex, s3_server: S3Server) -> Iterator[Cold]:
+    """test_job's cold start, run once per session: test_cold_start_then_restart asserts on it (and
+    restarts its nodes); `seed` is a copy of the store it left, taken before anything else ran on it."""
+    root = tmp_path_factory.mktemp("e2e-cold")
     c = Cluster(root / "nodes", pkg_index)
     try:
-        node = c.node("seed", store.as_uri(), BOOTSEER_EXEC_SKIP="image")
-        run = node.run_job(steps=2)
-        assert run.rc == 0, run.output[-4000:]
-        saved = run.one("saved")
-        assert run.train("pushed"), run.output[-4000:]
-        yield Seed(store, c.image, int(saved["step"]), saved["weights"], node.pip_freeze())
+        store_uri = s3_server.uri(f"cold-{c.job_id}")
+        n1 = c.node("n1", store_uri)
+        n2 = c.node("n2", store_uri)
+        runs = wait_all([n1.start(steps=3), n2.start(steps=3, train_args=["--no-push"])])
+        cold = Cold(c, store_uri, n1, n2, runs)
+        if all(r.rc == 0 for r in runs):
+            cold.store_dir = download_store(store_uri, root / "store")
+        yield cold
     finally:
         c.close()
         with contextlib.suppress(OSError):
             os.sync()
+
+
+@pytest.fixture(scope="session")
+def seed(cold: Cold) -> Seed:
+    """A store where the job already ran once: the one the cold start left (env snapshot, hot-block
+    record, n1's checkpoint), so the scenarios that start from it pay for no cold start of their own."""
+    run = cold.runs[0]
+    assert run.rc == 0 and cold.store_dir is not None, run.output[-4000:]
+    saved = run.one("saved")
+    assert run.train("pushed"), run.output[-4000:]
+    builder = next(n for n, r in zip((cold.n1, cold.n2), cold.runs, strict=True) if env_kind(r) == "built")
+    return Seed(cold.store_dir, cold.cluster.image, int(saved["step"]), saved["weights"], builder.pip_freeze())
+
+
+class Changed:
+    """A copy of the seed store on which a node with a changed requirements file ran the job once."""
+
+    def __init__(self, store: str, node: Node, built: Run) -> None:
+        self.store = store
+        self.node = node
+        self.built = built
+
+
+@pytest.fixture(scope="session")
+def changed(tmp_path_factory: pytest.TempPathFactory, pkg_index: PackageIndex, seed: Seed) -> Iterator[Changed]:
+    """The seed store after a node whose requirements file names another tabulate started the job: it
+    built and published that second env. Built once for the tests that need a store holding both envs
+    (test_job's changed-requirements test asserts on this start; test_env_switch switches a node
+    carrying the old env to it); none of them writes to the store afterwards."""
+    root = tmp_path_factory.mktemp("e2e-changed")
+    c = Cluster(root / "nodes", pkg_index, image=seed.image)
+    try:
+        store = seed.file_store(root)
+        changed = (EXAMPLE / "requirements.txt").read_text().replace(OLD_TABULATE, NEW_TABULATE)
+        fresh = c.node("fresh", store, requirements=changed, BOOTSEER_EXEC_SKIP="image")
+        built = fresh.run_job(steps=1, train_args=["--no-push"])
+        yield Changed(store, fresh, built)
+    finally:
+        c.close()

@@ -50,6 +50,9 @@ DEPS_COMMAND = [
     "from importlib.metadata import version as v; import bsexample_fnv, einops, msgpack, tabulate; "
     "print('train: deps', *(f'{d}={v(d)}' for d in ('einops', 'tabulate', 'msgpack')), 'fnv=' + v('bsexample-fnv'))",
 ]
+# The tabulate of the example's requirements, and the one a changed requirements file names.
+OLD_TABULATE = "tabulate==0.10.0"
+NEW_TABULATE = "tabulate==0.8.10"
 TRAIN_LINE = re.compile(r"^train: (\S+)(.*)$")
 
 

@@ -10,12 +10,9 @@ from __future__ import annotations
 import pytest
 
 from bootseer_cli.store import open_store
-from tests.e2e.harness import DEPS_COMMAND, EXAMPLE, Run, env_kind, wait_all
+from tests.e2e.harness import DEPS_COMMAND, EXAMPLE, NEW_TABULATE, OLD_TABULATE, Run, env_kind, wait_all
 
 pytestmark = pytest.mark.integration
-
-OLD_TABULATE = "tabulate==0.10.0"
-NEW_TABULATE = "tabulate==0.8.10"
 
 
 def assert_ok(run: Run) -> None:
@@ -28,13 +25,12 @@ def ran_setup(run: Run) -> bool:
     return "Successfully installed" in run.output
 
 
-def test_cold_start_then_restart(cluster, s3_server):
-    store_uri = s3_server.uri(f"cold-{cluster.job_id}")
-    n1 = cluster.node("n1", store_uri)
-    n2 = cluster.node("n2", store_uri)
+def test_cold_start_then_restart(cold):
+    """The cold start is the session's `cold` fixture (the store it leaves is the other scenarios' seed)."""
+    store_uri, n1, n2 = cold.store_uri, cold.n1, cold.n2
+    cold = cold.runs  # the two nodes' cold starts, as the assertions below name them
 
     # Cold start: both nodes at once; one builds the env, the other waits for it and restores it.
-    cold = wait_all([n1.start(steps=3), n2.start(steps=3, train_args=["--no-push"])])
     for r in cold:
         assert_ok(r)
     assert sorted(env_kind(r) for r in cold) == ["built", "restored"]
@@ -70,14 +66,12 @@ def test_cold_start_then_restart(cluster, s3_server):
         assert r.losses() == {s: expected[s] for s in (4, 5)}
 
 
-def test_changed_requirements_is_a_miss_and_a_rebuild(cluster, seed, tmp_path):
-    """A new requirements file is a new env key: a miss and a rebuild, never the old env restored."""
-    cluster.image = seed.image
-    store = seed.file_store(tmp_path)
-    changed = (EXAMPLE / "requirements.txt").read_text().replace(OLD_TABULATE, NEW_TABULATE)
-    assert changed != (EXAMPLE / "requirements.txt").read_text()
-    fresh = cluster.node("fresh", store, requirements=changed, BOOTSEER_EXEC_SKIP="image")
-    built = fresh.run_job(steps=1, train_args=["--no-push"])
+def test_changed_requirements_is_a_miss_and_a_rebuild(changed, seed):
+    """A new requirements file is a new env key: a miss and a rebuild, never the old env restored.
+
+    The start is the session's `changed` fixture (test_env_switch switches a node to the env it built)."""
+    store, fresh, built = changed.store, changed.node, changed.built
+    assert (fresh.work / "requirements.txt").read_text() != (EXAMPLE / "requirements.txt").read_text()
     assert_ok(built)
     assert env_kind(built) == "built" and ran_setup(built)
     assert built.versions()["tabulate"] == "0.8.10"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -105,12 +106,38 @@ def test_no_verb_shows_python_types_in_its_help() -> None:
 
     typed = re.compile(r"<(str|int|float|path|list\[[a-z]+\]|[a-z]+ range|file)>")
     leaks = {}
-    for path in verbs(top, []):
-        r = subprocess.run([*BOOTSEER, *path, "--help"], capture_output=True, text=True, timeout=60)
-        found = typed.findall(r.stdout)
+    paths = verbs(top, [])
+    for path, text in zip(paths, _helps(paths), strict=True):
+        assert text.strip(), f"bootseer {' '.join(path)} --help printed nothing"
+        found = typed.findall(text)
         if found:
             leaks[" ".join(path)] = found
     assert not leaks, leaks
+
+
+HELP_SEP = "\n--- bootseer help ends ---\n"
+
+
+def _helps(paths: list[list[str]]) -> list[str]:
+    """`bootseer VERB… --help` for each path, as the entry point prints it to a pipe: one process runs
+    the entry point once per path (sys.argv set as the shell would), instead of one interpreter per verb."""
+    code = (
+        "import json, sys\n"
+        "from bootseer_cli.entry import main\n"
+        "for path in json.loads(sys.argv.pop(1)):\n"
+        "    sys.argv = ['bootseer', *path, '--help']\n"
+        "    try:\n"
+        "        main()\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        f"    sys.stdout.write({HELP_SEP!r})\n"
+        "    sys.stdout.flush()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(paths)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.split(HELP_SEP)
+    assert len(out) == len(paths) + 1 and out[-1] == "", r.stdout[-2000:]
+    return out[:-1]
 
 
 def test_readme_second_command_sets_up_a_fresh_machine() -> None:

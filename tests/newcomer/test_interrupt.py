@@ -39,15 +39,26 @@ def _many_files(tmp_path: Path, root: Path) -> None:
     subprocess.run([sys.executable, "many.py"], cwd=tmp_path, check=True)
 
 
-@pytest.mark.parametrize("verb", [["restore"], ["exec", "--", "true"]], ids=["restore", "exec"])
-def test_ctrl_c_twice_during_a_restore_leaves_the_tree_whole(tmp_path: Path, verb: list[str]) -> None:
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The project and its store after one snapshot of FILES files, made once for both cases: each case
+    starts from `make_base` (the image again, as a fresh node has it) with a node cache of its own, and
+    asserts that it leaves the tree as it found it; neither writes to the store."""
+    tmp_path = tmp_path_factory.mktemp("interrupt")
     root = project(tmp_path, (tmp_path / "store").as_uri())
     (root / SITE / "pkg_a" / "big.bin").write_bytes(os.urandom(1 << 20))  # an image file the setup deletes
     assert run_cli(["baseline"], tmp_path, tmp_path / "c0").returncode == 0
     _many_files(tmp_path, root)
     r = run_cli(["snapshot"], tmp_path, tmp_path / "c0")
     assert r.returncode == 0 and "published" in r.stdout, r.stderr
+    return tmp_path, root
 
+
+@pytest.mark.parametrize("verb", [["restore"], ["exec", "--", "true"]], ids=["restore", "exec"])
+def test_ctrl_c_twice_during_a_restore_leaves_the_tree_whole(
+    published: tuple[Path, Path], tmp_path: Path, verb: list[str]
+) -> None:
+    project_dir, root = published
     make_base(root)  # the image again, as a fresh node has it
     (root / SITE / "pkg_a" / "big.bin").write_bytes(b"image bytes\n" * 1000)
     before = tree_state(root)
@@ -56,7 +67,7 @@ def test_ctrl_c_twice_during_a_restore_leaves_the_tree_whole(tmp_path: Path, ver
     env.update({"XDG_CACHE_HOME": str(tmp_path / "node-cache"), "BOOTSEER_EXEC_AGENT": "0"})
     p = subprocess.Popen(
         [sys.executable, "-m", "bootseer_cli", *verb],
-        cwd=tmp_path,
+        cwd=project_dir,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -100,7 +100,7 @@ def test_report_of_real_exec_runs(s3_server: S3Server, tmp_path: Path, isolated_
     # an older job in the same store, so --last has to choose
     old = node_events(time.time() - 7200, random.Random(1))
     write_run(store, tmp_path, "job-old", "old-0", 0, "20260101T000000-00000000", old)
-    sleeps = {"node-0": 0.2, "node-1": 0.4, "node-2": 0.3, "node-3": 3.0}
+    sleeps = {"node-0": 0.2, "node-1": 0.4, "node-2": 0.3, "node-3": 1.0}
     _exec_nodes(tmp_path, store_uri, "job-x", sleeps)
     _wait_uploaded(store, "job-x", len(sleeps))
     _wait_agents_gone(str(isolated_cache))

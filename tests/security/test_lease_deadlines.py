@@ -76,13 +76,18 @@ def test_a_far_future_p2p_lease_falls_back_to_the_store_within_the_deadline(s3_s
     assert "deadline_s" in fetched.note  # type: ignore[attr-defined]
 
 
+# The reader's [env] lease_ttl_s: small, since the test waits one TTL (+ skew, TTL/2) for the dead holder.
+LEASE_TTL_S = 1
+
+
 def _exec(tmp_path: Path, store_uri: str, setup: str) -> subprocess.Popen[str]:
     env = pkgindex.clean_env({**S3_ENV, "XDG_CACHE_HOME": str(tmp_path / "cache")})
     for k in [k for k in env if k.startswith("BOOTSEER_")]:
         del env[k]
     (tmp_path / "bootseer.toml").write_text(
         f'[store]\nuri = "{store_uri}"\n[exec]\nagent = false\n'
-        f'[env]\nroots = ["{tmp_path / "env"}"]\nwait_s = 300\nlease_ttl_s = 3\nsetup = [{json.dumps(setup)}]\n'
+        f'[env]\nroots = ["{tmp_path / "env"}"]\nwait_s = 300\nlease_ttl_s = {LEASE_TTL_S}\n'
+        f"setup = [{json.dumps(setup)}]\n"
     )
     argv = [sys.executable, "-m", "bootseer_cli", "exec", "--", "true"]
     return subprocess.Popen(
@@ -123,4 +128,4 @@ def test_an_env_lease_with_a_huge_ttl_is_taken_over_after_the_readers_ttl(tmp_pa
     assert run.returncode == 0, err
     assert (tmp_path / "built").read_text() == "built\n"
     assert "within [env] wait_s" not in err, err
-    assert elapsed < 3 + 1.5 + 25, (elapsed, err)
+    assert elapsed < LEASE_TTL_S * 1.5 + 25, (elapsed, err)

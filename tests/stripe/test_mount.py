@@ -141,7 +141,7 @@ def test_flipped_byte_and_missing_stripe_are_eio(tmp_path: Path, mounts: Path) -
 def test_server_killed_mid_read_is_eio_never_wrong_bytes(s3_factory, tmp_path: Path, mounts: Path) -> None:  # type: ignore[no-untyped-def]
     meta, data_server = s3_factory(), s3_factory()
     src = tmp_path / "src"
-    original = write_random(src / "big.bin", 24 << 20, 7)
+    original = write_random(src / "big.bin", 8 << 20, 7)  # 7 MiB left after the kill: far more than memory
     main = Store(meta.uri("main"))
     m = push(main, src, "m", "v1", stripes=2, cell_size=CELL, targets=[Store(data_server.uri("s"))])
     opts = {"retries": 1, "backoff_s": 0.05, "memory": 1 << 20}
