@@ -489,7 +489,8 @@ def report_vs_tar(
                     continue
                 per_round = statistics.median(a / t for a, t in zip(xs, wall[r], strict=True))
                 of_medians = statistics.median(xs) / statistics.median(wall[r])
-                cells.append(f"**{per_round:.2f}×** per round ({of_medians:.2f}× of medians)")
+                cpu_ratio = statistics.median(a / t for a, t in zip(cpu[name], cpu[r], strict=True))
+                cells.append(f"**{per_round:.2f}×** per round ({of_medians:.2f}× of medians; CPU {cpu_ratio:.2f}×)")
             extra = f" ({details[name]})" if name in details else ""
             runs = ", ".join(f"{x:.2f}" for x in xs)
             med_cpu = statistics.median(cpu[name])
