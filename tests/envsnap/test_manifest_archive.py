@@ -220,3 +220,42 @@ def test_a_bad_frame_in_a_parallel_restore_undoes_every_worker(tmp_path: Path) -
     with pytest.raises(IntegrityError, match="put back"):
         extract.extract(blob, meta, [str(root)], threads=4)
     assert tree_state(root) == before
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_segments_appended_make_one_blob_with_its_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_copy: bool
+) -> None:
+    """The capture's segments (written apart, appended by copy_file_range, or by a plain copy where the
+    kernel refuses it) make one blob whose digest is its bytes' sha256 and which restores the tree."""
+    import hashlib
+
+    if not kernel_copy:
+
+        def refuse(*_a: object, **_k: object) -> int:
+            raise OSError(18, "Invalid cross-device link")
+
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    root = tmp_path / "env"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    for i in range(40):
+        (root / ("a" if i < 20 else "b") / f"m{i}.py").write_bytes(os.urandom(9000))
+    after = manifest.scan([root])
+    paths = sorted(after)
+    want = tree_state(root)
+    blob = tmp_path / "snap.tar.zst"
+    w = format.ArchiveWriter(blob)
+    for k, seg in enumerate((paths[: len(paths) // 2], paths[len(paths) // 2 :])):
+        part = tmp_path / f"part{k}"
+        sw = format.ArchiveWriter(part, threads=1, segment=True)
+        for p in seg:
+            sw.add(p, after[p])
+        w.append_segment(part, sw.end_segment())
+        part.unlink()  # as the capture does, right after handing it over
+    written = w.finish({"roots": [str(root)], "deletions": []})
+    assert written.digest == hashlib.sha256(blob.read_bytes()).hexdigest()
+    assert written.size == blob.stat().st_size
+    shutil.rmtree(root)
+    extract.extract(blob, reader.read_meta(blob), [str(root)])
+    assert tree_state(root) == want

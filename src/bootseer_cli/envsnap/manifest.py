@@ -89,11 +89,17 @@ class NotRegular(OSError):
 def open_regular(path: str, dir_fd: int | None = None) -> int:
     """A read descriptor on the regular file `path`, never through a final symlink and never blocking
     on open; NotRegular (naming the path) for anything else, FileNotFoundError if it is gone."""
+    return open_regular_stat(path, dir_fd)[0]
+
+
+def open_regular_stat(path: str, dir_fd: int | None = None) -> tuple[int, os.stat_result]:
+    """`open_regular`, with the `fstat` of what was opened (the capture's one stat per file)."""
     fd = os.open(path, READ_FLAGS, dir_fd=dir_fd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise NotRegular(f"{path} is not a regular file any more (a fifo, device or socket put there?)")
-    return fd
+    return fd, st
 
 
 def read_small(path: str, limit: int = 1 << 20) -> bytes:
