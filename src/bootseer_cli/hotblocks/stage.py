@@ -71,7 +71,9 @@ def run_stage(ctx: StageContext) -> StageResult:
         skipped = _skip_before_load(ctx, image_key, ref, roots)
         if skipped is not None:
             return skipped
-        found = load(ctx.settings.p2p, ctx.store, ctx.cache, image_key, roots, doc=ref) if ref is not None else None
+        found = _from_ref(ref, image_key, roots)
+        if found is None and ref is not None:
+            found = load(ctx.settings.p2p, ctx.store, ctx.cache, image_key, roots, doc=ref)
     except IntegrityError as e:  # a corrupt record is replaced by a new one
         ctx.warn(f"image: the hot-block record is unusable ({e}); taking a new one")
         found, why_record = None, "record unusable"
@@ -177,6 +179,17 @@ def _skip_before_load(
     ctx.info(f"image: not replaying: {line}")
     _judge_later(ctx, image_key, blob, replayed=False, started=time.time())
     return StageResult(outcome="skipped", summary="no replay (pages dropped at open)", cache="hit", reason=line)
+
+
+def _from_ref(ref: dict[str, Any] | None, image_key: str, roots: list[str]) -> tuple[Record, dict[str, Any]] | None:
+    """Where the stage is replaying into a loader's own cache (`_warm_metadata` started) and the record
+    is of whole files, the record from its ref alone (`record.from_deps`): no blob, no pyarrow."""
+    from .record import from_deps
+
+    if ref is None or not _WARMING:
+        return None
+    rec = from_deps(ref, image_key, roots)
+    return (rec, ref) if rec is not None else None
 
 
 def _warm_metadata(doc: dict[str, Any], roots: list[str]) -> None:
