@@ -228,9 +228,10 @@ def known_to_keep(store: Store, image_key: str, record: str, roots: list[str]) -
     for root in roots:
         key = mount_key(root)
         judged = _DECIDED.get((key, record)) or _read_cached(store, image_key, record, key)
+        if judged is not None:  # kept for `decide`: the store is read once
+            _DECIDED[(key, record)] = judged
         if judged is None or not judged.own_cache:
             return None
-        _DECIDED[(key, record)] = judged
         found.append(judged)
     return found[0]
 
