@@ -147,8 +147,14 @@ def test_a_loader_with_its_own_cache_is_replayed_into_and_the_start_gets_most_of
 
         wait_for(lambda: _kept(cfg, tmp_path), timeout=60, what="the agent keeping the decision")
         m.restart()  # the next start reads the decision from the store: nothing timed again
-        _again, out = _timed([sys.executable, "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", *program], tmp_path)
+        argv = [sys.executable, "-X", "importtime", "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", *program]
+        _again, out = _timed(argv, tmp_path)
         assert "decided by an earlier start" in out and "replayed" in out, out
+        # a record of whole files is replayed from its ref's `deps`: no blob, no Parquet (0.2-1 s of pyarrow)
+        assert "pyarrow.parquet" not in out, [x for x in out.splitlines() if "pyarrow" in x][:5]
+        # known from the store, the loader needs no probe (its reads come one after another on a cold
+        # mount, before anything else starts): before the fix the stage probed on every start
+        assert "drops a file's pages" not in out, out
 
 
 @pytest.mark.integration
@@ -180,6 +186,25 @@ def test_a_loader_without_a_cache_of_its_own_stays_judged_no_replay(
         later, out = requests([sys.executable, "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", *program])
         assert "decided by an earlier start" in out and "no replay (pages dropped at open)" in out, out
         assert later <= plain + 2, (plain, later)
+
+
+def test_a_record_of_whole_files_is_rebuilt_from_its_ref_under_the_configured_roots_only(tmp_path: Path) -> None:
+    """`deps` (path, size, mtime, recorded bytes) of an opened-files record are its extents: every file
+    whole. Files outside the configured roots are left out (the ref comes from the store); a file
+    recorded in part, a mincore record, or malformed `deps` give None (then the blob is loaded)."""
+    from bootseer_cli.hotblocks.record import from_deps
+
+    root = str(tmp_path / "root")
+    deps = [[f"{root}/a.pyc", 10, 7_000_000_000, 10], [f"{root}/e", 0, 1, 0], ["/etc/shadow", 5, 1, 5]]
+    doc = {"method": "opened-files", "roots": [root], "deps": deps}
+    rec = from_deps(doc, "k", [root])
+    assert rec is not None and rec.method == "opened-files" and rec.image_key == "k"
+    assert rec.files == {f"{root}/a.pyc": (10, 7_000_000_000), f"{root}/e": (0, 1)}
+    assert rec.extents == [(f"{root}/a.pyc", 0, 10)]
+    assert from_deps(dict(doc, deps=[*deps, [f"{root}/b", 9, 1, 4]]), "k", [root]) is None
+    assert from_deps(dict(doc, method="mincore"), "k", [root]) is None
+    assert from_deps(dict(doc, deps=[[f"{root}/a", "x", 1, 1]]), "k", [root]) is None
+    assert from_deps(dict(doc, deps=[[f"{root}/a", 1]]), "k", [root]) is None
 
 
 def test_the_judgement_votes_on_timed_reads() -> None:

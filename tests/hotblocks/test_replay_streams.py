@@ -78,6 +78,23 @@ def test_on_a_latency_bound_loader_the_streams_grow_to_every_thread(tmp_path: Pa
     assert res.streams[:2] == [start, 2 * start] and max(res.streams) >= 32, res.streams
 
 
+@needs_fuse
+def test_a_replay_that_holds_the_program_back_runs_every_stream_at_once(tmp_path: Path) -> None:
+    """The stage's replay runs before exec: nothing else wants the link, and every window the gate spends
+    finding its width is the start's. Issue 28: beside the stage's own stats (a HEAD per file on rclone)
+    the gate judged a latency-bound rclone "full" by their load, settled at 16 of 64 streams, and 402
+    small files took 0.9 s. Before the fix `run` had no such mode (the stage started at 16)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(400):
+        (src / f"m{i:03d}.pyc").write_bytes(os.urandom(6000))
+    with LazyMount(src, tmp_path / "lazy", delay_ms=30) as lazy:
+        files = sorted(lazy.mountpoint.iterdir())
+        res = replay.run(_whole(files), threads=64, wide=True)
+    assert res.files == 400 and res.errors == 0 and res.bytes_read == 400 * 6000
+    assert res.streams == [64], res.streams
+
+
 def test_on_a_bandwidth_bound_backend_the_streams_settle_where_a_doubling_stops_paying(tmp_path: Path) -> None:
     """The replay's own cap (a shared 40 MB/s) is the backend's link here: twice the streams bring no
     more bytes per second, so the gate undoes its first doubling and stays at the start."""

@@ -215,6 +215,27 @@ def decide(store: Store, image_key: str, record: str, root: str, samples: list[t
     return found
 
 
+def known_to_keep(store: Store, image_key: str, record: str, roots: list[str]) -> Judgement | None:
+    """The judgement (this process's or the store's) that the loader under every one of `roots` keeps a
+    cache of its own for this record, or None where any is not known so: then the stage probes.
+
+    Such a start replays whatever the probe would say (a tree that keeps pages is replayed into anyway),
+    so it skips the probe: on a cold mount the probe's open, read, reopen and mincore are requests made
+    one after another before anything else starts (issue 28: 0.4-0.8 s of a 2.5 s stage on rclone)."""
+    if not record or not roots:
+        return None
+    found: list[Judgement] = []
+    for root in roots:
+        key = mount_key(root)
+        judged = _DECIDED.get((key, record)) or _read_cached(store, image_key, record, key)
+        if judged is not None:  # kept for `decide`: the store is read once
+            _DECIDED[(key, record)] = judged
+        if judged is None or not judged.own_cache:
+            return None
+        found.append(judged)
+    return found[0]
+
+
 def forget() -> None:
     """Drop this process's answers (tests remount loaders)."""
     _DECIDED.clear()

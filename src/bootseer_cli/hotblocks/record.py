@@ -361,6 +361,29 @@ def _count(
         st.stale_bytes += n
 
 
+def from_deps(doc: dict[str, Any], image_key: str, roots: list[str]) -> Record | None:
+    """An opened-files record rebuilt from its ref alone (no blob, no Parquet, no pyarrow: 0.2-1 s of a
+    start), when the ref's `deps` say every file was recorded whole: its extents are then the files,
+    front to back. Only the files under `roots` (the configured ones, as `confine`); None for any other
+    ref (a mincore record, a file recorded in part, `deps` missing or malformed)."""
+    deps = doc.get("deps")
+    if doc.get("method") != "opened-files" or not isinstance(deps, list):
+        return None
+    inside = within(roots)
+    rec = Record(image_key=image_key, roots=[str(r) for r in doc.get("roots") or []], method="opened-files")
+    try:
+        for path, size, mtime_ns, n in deps:
+            if not isinstance(path, str) or int(n) != int(size) or int(size) < 0:
+                return None
+            if inside(path):
+                rec.files[path] = (int(size), int(mtime_ns))
+                if int(size) > 0:
+                    rec.extents.append((path, 0, int(size)))
+    except (TypeError, ValueError):
+        return None
+    return rec
+
+
 def check_ref(doc: dict[str, Any], roots: list[str]) -> Staleness | None:
     """`check` from the ref's `deps` alone (no Parquet, no pyarrow), for the files under `roots` (the
     configured ones, as `confine`); None when the ref has no usable `deps` (published before they were)."""

@@ -93,12 +93,17 @@ def sources_of(rec: Record, staleness: Staleness) -> list[str]:
     a request (rclone asks the bucket for each object's mtime) that is one round trip per module: 242
     HEADs, 1.7 s of a start after a replay against 0.3 s warm. `run` stats these beside the reads."""
     stale = set(staleness.stale_files)
+    return source_paths([p for p in rec.files if p not in stale], set(rec.files))
+
+
+def source_paths(paths: list[str], listed: set[str]) -> list[str]:
+    """`dir/mod.py` for each `dir/__pycache__/mod.<tag>.pyc` in `paths` that is not in `listed` (sorted)."""
     out = []
-    for path in sorted(p for p in rec.files if p not in stale):
+    for path in sorted(paths):
         head, name = os.path.split(path)
         if name.endswith(".pyc") and os.path.basename(head) == "__pycache__":
             source = os.path.join(os.path.dirname(head), name.split(".", 1)[0] + ".py")
-            if source not in rec.files:
+            if source not in listed:
                 out.append(source)
     return out
 
@@ -137,9 +142,9 @@ class _Gate:
     link needs cost a replay nothing but connections, fewer than the loader needs cost round trips.
     """
 
-    def __init__(self, most: int) -> None:
+    def __init__(self, most: int, start: int = START_STREAMS) -> None:
         self.most = max(1, most)
-        self.limit = min(self.most, START_STREAMS)
+        self.limit = min(self.most, max(1, start))
         self.settled = self.limit >= self.most
         self.prev_limit = self.limit
         self.prev_means: dict[bool, float] = {}
@@ -227,7 +232,13 @@ class _Pool:
     """
 
     def __init__(
-        self, work: list[Extent], threads: int, mbps: float, deadline: float | None, stop: Callable[[], bool] | None
+        self,
+        work: list[Extent],
+        threads: int,
+        mbps: float,
+        deadline: float | None,
+        stop: Callable[[], bool] | None,
+        start: int = START_STREAMS,
     ) -> None:
         by_file: dict[str, list[Extent]] = {}
         for extent in work:
@@ -236,7 +247,7 @@ class _Pool:
         self.deadline = deadline
         self.stop = stop
         self.throttle = _Throttle(mbps)
-        self.gate = _Gate(min(threads, len(self.jobs)))
+        self.gate = _Gate(min(threads, len(self.jobs)), start)
         self.lock = threading.Lock()
         self.next_index = 0
         self.opened: set[str] = set()
@@ -326,16 +337,22 @@ def run(
     deadline: float | None = None,
     stop: Callable[[], bool] | None = None,
     stats: list[str] | None = None,
+    wide: bool = False,
 ) -> ReplayResult:
     """Read `work` file by file on up to `threads` threads; stop at `deadline` (monotonic) or when `stop()`.
-    `stats`: paths to stat on a thread beside the reads (`sources_of`), waited for until `deadline`."""
+    `stats`: paths to stat on a thread beside the reads (`sources_of`), waited for until `deadline`.
+    `wide`: every thread's stream at once from the start, no gate: for a replay that holds the program
+    back (the stage's, before exec), where nothing else wants the link and every round trip the gate
+    spends finding its width is the start's (issue 28: beside the stage's own stats, the gate judged a
+    latency-bound rclone "full" at 32 streams by the stats' load, settled at 16, and 402 small files took
+    0.9 s)."""
     t0 = time.monotonic()
     stat_thread = threading.Thread(target=stat_many, args=(stats,), name="replay-stat", daemon=True) if stats else None
     if stat_thread is not None:
         stat_thread.start()
     if not work:
         return ReplayResult()
-    pool = _Pool(work, threads, mbps, deadline, stop)
+    pool = _Pool(work, threads, mbps, deadline, stop, threads if wide else START_STREAMS)
     n = pool.gate.most
     readers = [threading.Thread(target=pool.worker, name=f"replay-{i}", daemon=True) for i in range(n)]
     for t in readers:
