@@ -12,6 +12,7 @@ import os
 import socket
 import stat
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -139,8 +140,9 @@ def helper(tmp_path: Path) -> Iterator[Any]:
         swarm.close()
 
 
-def _download(helper: Any, tmp_path: Path, size: int = 3 * MiB) -> tuple[Any, str, bytes]:
-    """A torrent added for download (no peer: nothing arrives), and the blob's real bytes."""
+def _download(helper: Any, tmp_path: Path, size: int = 3 * MiB + 12345) -> tuple[Any, str, bytes]:
+    """A torrent added for download (no peer: nothing arrives), and the blob's real bytes (its last
+    piece a short one)."""
     from bootseer_cli.p2p.swarm import make_torrent
 
     src = random_file(tmp_path / "real.bin", size, seed=8)
@@ -177,6 +179,28 @@ def test_a_download_is_used_only_as_our_own_verified_copy(helper: Any, tmp_path:
     assert os.stat(path).st_ino != os.stat(dl).st_ino and os.stat(path).st_uid == os.geteuid()
     dl.write_bytes(b"\0" * len(real))  # the helper can still write its file: not ours
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+def test_the_copier_follows_the_piece_map_the_fetch_loop_offers(helper: Any, tmp_path: Path) -> None:
+    """The fetch loop's status request feeds the copier (no second request per round): here the
+    helper has no piece (no peer), so only the offered map can move the copy along."""
+    import time
+
+    from bootseer_cli.p2p.copyout import PrefixCopier
+
+    cache = BlobCache(tmp_path / "cache", 1 << 30)
+    handle, digest, real = _download(helper, tmp_path)
+    _helper_file(helper, handle).write_bytes(real)
+    copier = PrefixCopier(helper, handle, cache, digest)
+    n = handle.torrent_file().num_pieces()
+    copier.offer([True] * (n - 1) + [False])
+    copier.start()
+    deadline = time.monotonic() + 10
+    while copier.next < n - 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert copier.next == n - 1 and not handle.status(pieces=True).pieces[0]
+    assert copier.finish() == digest
+    copier.discard()
 
 
 @pytest.mark.parametrize("swap", ["link", "fifo"])
@@ -260,3 +284,36 @@ def test_a_helper_that_stops_answering_is_given_up_within_the_deadline(
     finally:
         os.kill(swarm.pid, signal.SIGCONT)
         swarm.close()
+
+
+def test_wire_big_payloads_keep_the_frames_and_descriptors_that_follow() -> None:
+    """A piece is read straight into its own buffer: exactly its bytes, the next frame (and the
+    descriptor that travels with its first byte) still queued after it."""
+    from bootseer_cli.p2p.wire import BIG_PAYLOAD, Channel
+
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    try:
+        sender, receiver = Channel(a), Channel(b)
+        big = os.urandom(3 * BIG_PAYLOAD + 7)
+
+        def send() -> None:  # from another thread: the frames are bigger than the socket's buffer
+            sender.send({"op": "piece", "i": 1}, big)
+            sender.send({"op": "add", "fds": 1}, b"small", (r,))
+            sender.send({"op": "piece", "i": 2}, big[::-1])
+
+        thread = threading.Thread(target=send, daemon=True)
+        thread.start()
+        assert receiver.recv() == ({"op": "piece", "i": 1}, big, [])
+        header, payload, fds = receiver.recv()
+        assert (header["op"], payload, len(fds)) == ("add", b"small", 1)
+        os.write(w, b"x")
+        assert os.read(fds[0], 1) == b"x"  # the descriptor sent, not another
+        os.close(fds[0])
+        assert receiver.recv() == ({"op": "piece", "i": 2}, big[::-1], [])
+        thread.join(10)
+    finally:
+        for fd in (r, w):
+            os.close(fd)
+        a.close()
+        b.close()

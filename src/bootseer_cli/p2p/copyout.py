@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,23 +23,34 @@ if TYPE_CHECKING:
     from .remote import RemoteHandle, RemoteSwarm
 
 
+RUN_BYTES = 8 << 20  # one read, hash and write per run of contiguous pieces, up to this much
+FRESH_S = 0.3  # a piece map offered by the fetch loop younger than this is used instead of asking again
+
+
 class PrefixCopier(threading.Thread):
     """Our copy of the blob while it arrives: reads the contiguous prefix of verified pieces from the
     helper's download (a descriptor opened without following links), writes it to a temporary file in
     the cache and hashes what it wrote, so the check at the end has little left to do (the store path
-    hashes while it streams; without this the swarm path would pay a full extra pass)."""
+    hashes while it streams; without this the swarm path would pay a full extra pass).
+
+    Each byte is read once (into one reused buffer, in runs of up to RUN_BYTES), hashed from that
+    buffer and written from it. The piece map comes from the fetch loop (`offer`), which asks the
+    helper anyway: one status request per round instead of two; without a recent offer it asks itself."""
 
     def __init__(self, swarm: RemoteSwarm, handle: RemoteHandle, cache: BlobCache, digest: str) -> None:
         super().__init__(name="prefix-copy", daemon=True)
         self.swarm, self.handle, self.cache, self.digest = swarm, handle, cache, digest
         ti = handle.torrent_file()
-        self.n, self.plen = ti.num_pieces(), ti.piece_length()
+        self.n, self.plen, self.size = ti.num_pieces(), ti.piece_length(), ti.total_size()
         self.stop = threading.Event()
         self.lock = threading.Lock()
+        self._offered: tuple[float, Sequence[bool]] | None = None
+        self._wake = threading.Event()
+        self._buf = memoryview(bytearray(max(self.plen, RUN_BYTES - RUN_BYTES % self.plen)))
         dest = cache.path(digest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = dest.with_name(f".{digest}.p2p-{uuid.uuid4().hex[:8]}")
-        self.out = open(self.tmp, "xb")  # noqa: SIM115  (closed by adopt/discard)
+        self.out = open(self.tmp, "xb", buffering=0)  # noqa: SIM115  (closed by adopt/discard)
         self.src: int | None = None
         self._reset()
 
@@ -48,27 +60,53 @@ class PrefixCopier(threading.Thread):
         self.out.seek(0)
         self.out.truncate()
 
+    def offer(self, have: Sequence[bool]) -> None:
+        """The piece map the fetch loop just got from the helper."""
+        self._offered = (time.monotonic(), have)
+        self._wake.set()
+
     def _advance(self, have: Sequence[bool]) -> None:
         with self.lock:
             if self.next >= self.n or not have[self.next]:
                 return
             if self.src is None:
                 self.src = self.swarm.open_download(self.handle)
+            per_run = len(self._buf) // self.plen
             while self.next < self.n and have[self.next] and not self.stop.is_set():
-                chunk = os.pread(self.src, self.plen, self.next * self.plen)
-                self.h.update(chunk)
-                self.out.write(chunk)
-                self.next += 1
+                end = self.next + 1
+                while end < self.n and end - self.next < per_run and have[end]:
+                    end += 1
+                want = min(end * self.plen, self.size) - self.next * self.plen
+                view = self._buf[:want]
+                got = os.preadv(self.src, [view], self.next * self.plen)
+                # A short read (not yet on disk) is hashed as read: the check fails, `redo` reads again.
+                self.h.update(view[:got])
+                self._write(view[:got])
+                self.next = end
+
+    def _write(self, view: memoryview) -> None:
+        while view:
+            n = self.out.write(view)
+            view = view[n or 0 :]
 
     def run(self) -> None:
-        while not self.stop.wait(0.1) and self.next < self.n:
+        while self.next < self.n:
+            self._wake.wait(0.1)
+            self._wake.clear()
+            if self.stop.is_set():
+                return
+            offered = self._offered
             # The file may not exist yet (OSError), the helper may fail a request (RuntimeError):
             # try again next round; `finish` copies whatever is left anyway.
             with contextlib.suppress(OSError, RuntimeError):
-                self._advance(self.handle.status(pieces=True).pieces)
+                if offered is not None and time.monotonic() - offered[0] < FRESH_S:
+                    self._advance(offered[1])
+                else:
+                    self._advance(self.handle.status(pieces=True).pieces)
 
     def finish(self) -> str:
         self.stop.set()
+        self._wake.set()
         self.join()
         self.stop.clear()
         self._advance([True] * self.n)
@@ -93,12 +131,12 @@ class PrefixCopier(threading.Thread):
 
     def adopt(self) -> Path:
         """Into the cache, by the digest it was checked against."""
-        self.out.flush()
         self._close()
         return self.cache.adopt(self.tmp, self.digest)
 
     def discard(self) -> None:
         self.stop.set()
+        self._wake.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(10)
         with self.lock:

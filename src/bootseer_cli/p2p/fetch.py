@@ -290,7 +290,9 @@ class _Download:
         ever_peer = False
         while True:
             self.swarm.pump()
-            st = self.handle.status()
+            st = self.handle.status(pieces=True)  # one request per round: the piece map feeds the copier
+            if self.hasher is not None:
+                self.hasher.offer(st.pieces)
             if st.total_wanted_done > done_reported:
                 if self.progress:
                     self.progress(st.total_wanted_done - done_reported)

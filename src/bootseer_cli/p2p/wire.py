@@ -20,6 +20,7 @@ HEAD = struct.Struct(">II")
 MAX_HEADER = 4 << 20
 MAX_PAYLOAD = 64 << 20
 MAX_FDS = 8
+BIG_PAYLOAD = 64 << 10
 
 
 class WireError(OSError):
@@ -59,16 +60,36 @@ class Channel:
                 raise WireError("the swarm channel closed")
             self.buf += data
 
+    def _payload(self, plen: int) -> bytes:
+        """The frame's payload, the buffer holding what follows the header. A big one (a piece) is read
+        straight into its own buffer: no growing of `buf`, no copies of slices of it."""
+        if plen <= len(self.buf) or plen < BIG_PAYLOAD:
+            self._fill(plen)
+            payload = bytes(self.buf[:plen])
+            del self.buf[:plen]
+            return payload
+        out = bytearray(plen)
+        view = memoryview(out)
+        got = len(self.buf)
+        view[:got] = self.buf
+        self.buf.clear()
+        while got < plen:  # exactly the payload: the next frame's bytes (and descriptors) stay queued
+            n = self.sock.recv_into(view[got:], plen - got)
+            if not n:
+                raise WireError("the swarm channel closed")
+            got += n
+        return bytes(out)
+
     def recv(self) -> tuple[dict[str, Any], bytes, list[int]]:
         """The next frame: header, payload, and the descriptors its header says it carries."""
         self._fill(HEAD.size)
         hlen, plen = HEAD.unpack_from(self.buf)
         if hlen > self.max_header or plen > self.max_payload:
             raise WireError(f"a swarm frame of {hlen}+{plen} bytes is over the limit")
-        self._fill(HEAD.size + hlen + plen)
+        self._fill(HEAD.size + hlen)
         raw = bytes(self.buf[HEAD.size : HEAD.size + hlen])
-        payload = bytes(self.buf[HEAD.size + hlen : HEAD.size + hlen + plen])
-        del self.buf[: HEAD.size + hlen + plen]
+        del self.buf[: HEAD.size + hlen]
+        payload = self._payload(plen) if plen else b""
         try:
             header = json.loads(raw)
         except ValueError:
