@@ -29,14 +29,14 @@ store, or the unprivileged helper: the helper gets the swarm torrent, whose salt
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import hmac
-import os
-import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from ..safeopen import read_capped
 
 if TYPE_CHECKING:
     from ..settings import P2PSettings
@@ -49,25 +49,16 @@ MIN_BYTES, MAX_BYTES = 16, 4096
 
 def read_secret_file(path: Path) -> bytes:
     """The secret file's contents, refused when it is a link, not a regular file, too short or too
-    long, or readable by others (a secret others can read is not one)."""
-    where = "[p2p] key_file"
+    long, or readable by others (a secret others can read is not one): read through `safeopen`."""
+    where = f"[p2p] key_file {str(path)!r}"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_capped(path, MAX_BYTES, follow=False, private=True)
     except OSError as e:
-        raise ConfigError(f"{where} {str(path)!r}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{where} {str(path)!r} is not a regular file")
-        if st.st_mode & 0o077:
-            raise ConfigError(f"{where} {str(path)!r} is readable by others (chmod 600 it)")
-        if not MIN_BYTES <= st.st_size <= MAX_BYTES:
-            raise ConfigError(f"{where} {str(path)!r} must hold {MIN_BYTES} bytes to {MAX_BYTES} bytes")
-        data = os.read(fd, MAX_BYTES + 1)
-    finally:
-        os.close(fd)
+        if e.errno == errno.EFBIG:
+            raise ConfigError(f"{where} must hold {MIN_BYTES} bytes to {MAX_BYTES} bytes") from None
+        raise ConfigError(f"{where}: {e.strerror}") from None
     if not MIN_BYTES <= len(data) <= MAX_BYTES:
-        raise ConfigError(f"{where} {str(path)!r} must hold {MIN_BYTES} bytes to {MAX_BYTES} bytes")
+        raise ConfigError(f"{where} must hold {MIN_BYTES} bytes to {MAX_BYTES} bytes")
     return hashlib.sha256(b"bootseer p2p secret file\0" + data).digest()
 
 
