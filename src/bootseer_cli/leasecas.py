@@ -220,17 +220,30 @@ def _store_error(e: Exception, what: str) -> Exception:
     return StoreError(f"{what}: {type(e).__name__}: {redact_text(str(e).splitlines()[0] if str(e) else '')}")
 
 
-def conditional(fs: StoreFS) -> ConditionalS3 | None:
-    """The conditional writer of this store when it has one that its server honours, else None (the
-    settle-and-read-back protocol). Any failure to set it up or to probe means None."""
+def client(fs: StoreFS) -> ConditionalS3 | None:
+    """An obstore client of this S3 store, not probed (plain reads, puts and deletes need no
+    preconditions); None when obstore is missing or rejects the store's configuration."""
     if fs.kind != "s3":
         return None
     try:
-        cas = ConditionalS3(fs)
-        return cas if cas.honoured() else None
+        return ConditionalS3(fs)
     except (Unsupported, ValueError, OSError):
         return None
-    except Exception as e:  # obstore's own errors (a configuration it rejects): the old protocol
+    except Exception as e:  # obstore's own errors (a configuration it rejects)
+        if type(e).__module__.startswith("obstore"):
+            return None
+        raise
+
+
+def conditional(fs: StoreFS) -> ConditionalS3 | None:
+    """The conditional writer of this store when it has one that its server honours, else None (the
+    settle-and-read-back protocol). Any failure to set it up or to probe means None."""
+    cas = client(fs)
+    try:
+        return cas if cas is not None and cas.honoured() else None
+    except (Unsupported, ValueError, OSError):
+        return None
+    except Exception as e:  # obstore's own errors: the old protocol
         if type(e).__module__.startswith("obstore"):
             return None
         raise
