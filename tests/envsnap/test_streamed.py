@@ -21,7 +21,7 @@ import pytest
 
 from bootseer_cli import delivery
 from bootseer_cli.cache import BlobCache
-from bootseer_cli.envsnap import capture, format, manifest, publish, reader
+from bootseer_cli.envsnap import capture, format, manifest, publish, reader, segments
 from bootseer_cli.envsnap import restore as restore_mod
 from bootseer_cli.settings import P2PSettings, StoreSettings
 from bootseer_cli.store import Store, blob_path
@@ -50,7 +50,7 @@ def world(tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.Mo
 
     Captured by one writer, or by forked segment writers (the path a large env takes)."""
     if request.param == "forked-segments":
-        monkeypatch.setattr(capture, "SEGMENT_MIN_ENTRIES", 5)
+        monkeypatch.setattr(segments, "SEGMENT_MIN_ENTRIES", 5)
         monkeypatch.setattr(os, "cpu_count", lambda: 3)
     return make_world(tmp_path, (tmp_path / "store").as_uri())
 
@@ -190,7 +190,7 @@ def test_a_capture_that_fails_in_a_worker_says_why_and_leaves_nothing(
     from bootseer_cli.errors import BootseerError
 
     if mode == "forked-segments":
-        monkeypatch.setattr(capture, "SEGMENT_MIN_ENTRIES", 5)
+        monkeypatch.setattr(segments, "SEGMENT_MIN_ENTRIES", 5)
         monkeypatch.setattr(os, "cpu_count", lambda: 2)
     root = tmp_path / "env"
     root.mkdir()

@@ -14,17 +14,17 @@ import json
 import os
 import socket
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import BootseerError
-from .format import ArchiveEntry, ArchiveWriter, Written
+from .format import ArchiveEntry
 from .manifest import FILE, Manifest, read_small, under
+from .segments import BigWriter, write_blob
 from .setup import excluded_paths
 
 if TYPE_CHECKING:
@@ -138,24 +138,43 @@ def _pid1_started() -> float:
     return booted + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def outside_changes(since: float, roots: list[str], exclude: list[str], budget_s: float = 1.5) -> list[str]:
+OUTSIDE_BUDGET_S = 1.5  # the look outside the roots: a warning only, so a bounded walk
+
+
+def outside_places(roots: list[str], exclude: list[str]) -> tuple[list[str], list[str]]:
+    """Where setups usually write outside the roots (the places to look), and what not to descend into.
+
+    Computed by the caller's process: `sysconfig` is imported here, never in a forked child (an
+    import lock another thread held at the fork would hang it)."""
+    import sysconfig
+
+    home = os.path.expanduser("~")
+    base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
+    places = [base["purelib"], base["platlib"], base["scripts"], "/usr/local", "/opt", "/etc", home]
+    skip = [*roots, *exclude, "/proc", "/sys", "/dev"]
+    places = [os.path.normpath(p) for p in places]
+    return [p for p in dict.fromkeys(places) if not under(p, skip) and os.path.isdir(p)], skip
+
+
+def outside_changes(
+    since: float, roots: list[str], exclude: list[str], budget_s: float = OUTSIDE_BUDGET_S
+) -> list[str]:
+    """Files the setup changed outside the roots (`walk_outside` of the usual places), in this process."""
+    places, skip = outside_places(roots, exclude)
+    return walk_outside(max(since, _pid1_started()), places, skip, os.path.expanduser("~"), budget_s)
+
+
+def walk_outside(
+    since: float, places: list[str], skip: list[str], home: str, budget_s: float = OUTSIDE_BUDGET_S
+) -> list[str]:
     """Files the setup changed outside the roots, looked for (bounded) where setups usually write.
 
     They will not be in the snapshot, so another node restoring it will lack them: a warning, not
     an error (many such writes are caches, e.g. pip's). Each place gets a share of the time budget
     and is walked newest directory first, so a fresh install is found before old bulk.
     """
-    import sysconfig
-
-    since = max(since, _pid1_started())
-    home = os.path.expanduser("~")
-    base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
-    places = [base["purelib"], base["platlib"], base["scripts"], "/usr/local", "/opt", "/etc", home]
-    skip = [*roots, *exclude, "/proc", "/sys", "/dev"]
     found: list[str] = []
     seen: set[str] = set()
-    places = [os.path.normpath(p) for p in places]
-    places = [p for p in dict.fromkeys(places) if not under(p, skip) and os.path.isdir(p)]
     for top in places:
         t_end = time.monotonic() + budget_s / max(1, len(places))
         stack = [top]
@@ -183,6 +202,76 @@ def outside_changes(since: float, roots: list[str], exclude: list[str], budget_s
                         found.append(e.path)
             stack.extend(p for _, p in sorted(subdirs))  # newest last: popped first
     return found
+
+
+class OutsideLook:
+    """`walk_outside` in a forked child at the lowest CPU priority, beside the scan and the blob.
+
+    A thread of the capturing process held the GIL against the scan (0.4 s of scan took 0.75 s) and
+    took its CPU from the segment writers; a child at nice 19 walks on whatever core is idle (the
+    scan waits for inodes on a cold cache) and yields to the writers. What it found by `result()`
+    is the warning; a child that outlives its budget by `grace_s` is killed and found nothing."""
+
+    def __init__(self, since: float | None, roots: list[str], exclude: list[str], grace_s: float = 2.0) -> None:
+        self.pid = 0
+        self.fd = -1
+        self.deadline = time.monotonic() + OUTSIDE_BUDGET_S + grace_s
+        self.found: list[str] = []
+        if since is None:
+            return
+        places, skip = outside_places(roots, exclude)
+        since, home = max(since, _pid1_started()), os.path.expanduser("~")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            payload = b"[]"
+            try:
+                os.close(r)
+                os.nice(19)
+                payload = json.dumps(walk_outside(since, places, skip, home)).encode()
+            except BaseException:  # a warning only: an error here finds nothing
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    os.write(w, payload)  # at most 50 paths: within one pipe buffer
+                os._exit(0)
+        os.close(w)
+        self.pid, self.fd = pid, r
+
+    def result(self) -> list[str]:
+        """What the child found (waiting for it until its deadline); the child is reaped."""
+        if self.fd < 0:
+            return self.found
+        import select
+
+        data = b""
+        try:
+            while True:
+                left = self.deadline - time.monotonic()
+                if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                    data = b""  # past its deadline: nothing (a warning only)
+                    break
+                piece = os.read(self.fd, 1 << 16)
+                if not piece:
+                    break
+                data += piece
+            with contextlib.suppress(ValueError, TypeError):
+                self.found = [p for p in json.loads(data or b"[]") if isinstance(p, str)]
+        finally:
+            self.close()
+        return self.found
+
+    def close(self) -> None:
+        """Stop the child (if it still walks) and reap it."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self.pid:
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, 9)
+            with contextlib.suppress(OSError):
+                os.waitpid(self.pid, 0)
+            self.pid = 0
 
 
 @dataclass
@@ -216,127 +305,6 @@ def _refuse_unportable(after: Manifest, changed: list[str], roots: list[str]) ->
         )
 
 
-def _write_blob(
-    tmp: Path, after: Manifest, changed: list[str], meta: dict[str, Any], progress: bool | None
-) -> tuple[Written, list[ArchiveEntry]]:
-    """The blob of `changed` at `tmp` (removed again on any failure); its summary and entries.
-
-    With several cores (and fork), contiguous segments of `changed` are written by forked workers,
-    each reading, framing and compressing its own files (Python's per-file work in parallel, not
-    only zstd's), and appended in order; else one writer does it all."""
-    from ..progress import byte_bar
-    from .manifest import hardlink_groups
-
-    links = hardlink_groups(after, changed)
-    total = sum(after[p].size for p in changed if after[p].kind == FILE)
-    workers = min(os.cpu_count() or 1, max(1, len(changed) // SEGMENT_MIN_ENTRIES))
-    w: ArchiveWriter | None = None
-    try:
-        with byte_bar(total, "capture", enabled=progress) as advance:
-            w = ArchiveWriter(tmp, progress=advance)
-            if workers > 1 and hasattr(os, "fork"):
-                _write_segments(w, tmp, after, changed, links, workers, advance)
-            else:
-                for p in changed:
-                    w.add(p, after[p], link_to=links.get(p))
-            return w.finish(meta), w.entries
-    except BaseException:
-        if w is not None:
-            w.abort()
-        raise
-
-
-SEGMENT_MIN_ENTRIES = 2000  # fewer entries per worker than this: forking costs more than it saves
-
-
-def _segments(after: Manifest, changed: list[str], n: int) -> list[list[str]]:
-    """`changed` cut into `n` contiguous runs of about equal bytes (each entry counts a header block)."""
-    weight = [(after[p].size if after[p].kind == FILE else 0) + 512 for p in changed]
-    share = sum(weight) / n
-    out: list[list[str]] = [[]]
-    acc = 0.0
-    for p, wgt in zip(changed, weight, strict=True):
-        if acc >= share * len(out) and len(out) < n:
-            out.append([])
-        out[-1].append(p)
-        acc += wgt
-    return [seg for seg in out if seg]
-
-
-def _write_segments(
-    w: ArchiveWriter,
-    tmp: Path,
-    after: Manifest,
-    changed: list[str],
-    links: dict[str, str],
-    workers: int,
-    advance: Callable[[int], None],
-) -> None:
-    """Fork one writer per segment, then append their outputs to `w` in order as each finishes.
-
-    A hardlink's target is in its own or an earlier segment, so it stays ahead of the link."""
-    from .format import CHUNK_BYTES
-
-    targets = set(links.values())
-    big = [
-        p
-        for p in changed
-        if after[p].kind == FILE and after[p].size > CHUNK_BYTES // 2 and p not in links and p not in targets
-    ]
-    small = [p for p in changed if p not in set(big)] if big else changed
-    # the small files in `workers` segments, one thread each; the large ones last, in one more worker
-    # whose zstd uses every core (a 434 MB libtorch_cpu.so on one thread would outlast all the rest)
-    plan = [(seg, 1) for seg in _segments(after, small, workers)] + ([(big, os.cpu_count() or 1)] if big else [])
-    import gc
-
-    kids: list[tuple[int, int, Path]] = []
-    try:
-        gc.freeze()  # the manifest stays shared copy-on-write: no child's collection walks (copies) it
-        try:
-            for k, (seg, threads) in enumerate(plan):
-                part = tmp.with_name(f"{tmp.name}.part{k}")
-                r, wfd = os.pipe()
-                pid = os.fork()
-                if pid == 0:  # pragma: no cover - runs in the child
-                    gc.disable()
-                    os.close(r)
-                    _segment_child(part, seg, after, links, threads, wfd)
-                os.close(wfd)
-                kids.append((pid, r, part))
-        finally:
-            gc.unfreeze()
-        for pid, r, part in kids:
-            with os.fdopen(r, "rb") as f:
-                doc = json.loads(f.read() or b'{"error": "a capture worker died"}')
-            os.waitpid(pid, 0)
-            if "error" in doc:
-                raise BootseerError(str(doc["error"]))
-            w.append_segment(part, doc)
-            advance(doc["raw"])
-            part.unlink(missing_ok=True)
-    finally:
-        for _pid, _r, part in kids:
-            part.unlink(missing_ok=True)
-
-
-def _segment_child(  # pragma: no cover - runs in a forked child
-    part: Path, seg: list[str], after: Manifest, links: dict[str, str], threads: int, wfd: int
-) -> None:
-    """Write one segment and report it (or the error) as JSON on `wfd`; never returns."""
-    try:
-        sw = ArchiveWriter(part, threads=threads, segment=True)
-        for p in seg:
-            sw.add(p, after[p], link_to=links.get(p))
-        payload = json.dumps(sw.end_segment())
-    except BaseException as e:  # reported to the parent, which raises it
-        payload = json.dumps({"error": str(e) or type(e).__name__})
-    try:
-        with os.fdopen(wfd, "w") as out:
-            out.write(payload)
-    finally:
-        os._exit(0)
-
-
 def capture(
     store: StoreSettings,
     roots: list[str],
@@ -353,35 +321,35 @@ def capture(
 
     exclude = excluded_paths(store)
     t0 = time.monotonic()
-    # the look outside the roots (a warning only, up to 1.5 s of walking) runs beside the scan and the
-    # blob's writing: started first, its CPU falls mostly in the scan's waits for inodes (a cold cache),
-    # not on the writers' two cores
-    outside: list[str] = []
-
-    def look() -> None:
-        if since is not None:
-            with contextlib.suppress(OSError, ValueError):  # a warning only: never a traceback from here
-                outside.extend(outside_changes(since, roots, exclude))
-
-    looker = threading.Thread(target=look, name="bootseer-outside", daemon=True)
-    looker.start()
-    after = scan(roots, exclude)
-    d = diff(baseline, after)
-    _refuse_unportable(after, d.changed, roots)
-    t1 = time.monotonic()
     tmp_dir = cache.root / "tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)
     tmp = tmp_dir / f"snap-{uuid.uuid4().hex[:12]}.tar.zst"
-    meta = {
-        "roots": roots,
-        "deletions": d.deleted,
-        "env_key": env_key,
-        "created": time.time(),
-        "creator": socket.gethostname(),
-    }
-    written, entries = _write_blob(tmp, after, d.changed, meta, progress)
-    t2 = time.monotonic()
-    looker.join()
+    # the look outside the roots (a warning only, up to 1.5 s of walking) runs beside the scan and the
+    # blob's writing, in a child at the lowest priority (`OutsideLook`); the large changed files are
+    # written while the scan goes on (`segments.BigWriter`)
+    try:
+        look = OutsideLook(since, roots, exclude)
+    except OSError:  # no fork (a process limit): the warning is skipped, the capture goes on
+        look = OutsideLook(None, roots, exclude)
+    big = BigWriter(tmp.with_name(f"{tmp.name}.partbig"), baseline)
+    try:
+        after = scan(roots, exclude, on_entry=big.offer)
+        d = diff(baseline, after)
+        _refuse_unportable(after, d.changed, roots)
+        t1 = time.monotonic()
+        meta = {
+            "roots": roots,
+            "deletions": d.deleted,
+            "env_key": env_key,
+            "created": time.time(),
+            "creator": socket.gethostname(),
+        }
+        written, entries = write_blob(tmp, after, d.changed, meta, progress, big)
+        t2 = time.monotonic()
+        outside = look.result()
+    finally:
+        big.abort()
+        look.close()
     _warn_outside(outside, warn, info)
     return Captured(
         tmp,

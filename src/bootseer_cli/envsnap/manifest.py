@@ -13,7 +13,7 @@ import json
 import os
 import stat
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,13 +129,18 @@ def _open_scanned_dir(d: str, want: Entry | None) -> int | None:
     return fd
 
 
-def scan(roots: Iterable[str | os.PathLike[str]], exclude: Iterable[str] = ()) -> Manifest:
+def scan(
+    roots: Iterable[str | os.PathLike[str]],
+    exclude: Iterable[str] = (),
+    on_entry: Callable[[str, Entry], None] | None = None,
+) -> Manifest:
     """Every entry under `roots` (the roots themselves included), by absolute path.
 
     Symlinks are recorded, never followed, also when one is swapped in for a directory while the
     scan runs: each directory is listed through a no-follow descriptor checked against the entry
     the scan saw. `exclude` holds absolute paths not to descend into (bootseer's own cache when it
-    lies under a root). A missing root yields nothing.
+    lies under a root). A missing root yields nothing. `on_entry` is called with each entry as it is
+    recorded (the capture starts writing its large files while the scan goes on).
     """
     out: Manifest = {}
     skip = {os.path.abspath(p) for p in exclude}
@@ -146,6 +151,8 @@ def scan(roots: Iterable[str | os.PathLike[str]], exclude: Iterable[str] = ()) -
         except FileNotFoundError:
             continue
         out[root] = _entry(st, root)
+        if on_entry is not None:
+            on_entry(root, out[root])
         if not stat.S_ISDIR(st.st_mode):
             continue
         stack: list[tuple[str, Entry | None]] = [(root, None)]  # the root is configured: it may be a link
@@ -169,6 +176,8 @@ def scan(roots: Iterable[str | os.PathLike[str]], exclude: Iterable[str] = ()) -
                         except FileNotFoundError:
                             continue  # removed while we looked: it is not part of the tree
                         out[p] = ent
+                        if on_entry is not None:
+                            on_entry(p, ent)
                         if ent.kind == DIR:
                             stack.append((p, ent))
             finally:

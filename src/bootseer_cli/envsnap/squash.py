@@ -51,9 +51,10 @@ def _full_capture(
 ) -> Captured:
     """The blob of every path the chain put in the tree, under the tree lock (`held`: the caller's,
     the env stage's), checked as written."""
-    from .capture import Captured, _write_blob
+    from .capture import Captured
     from .lock import tree_lock
     from .manifest import scan
+    from .segments import write_blob
     from .setup import excluded_paths
     from .stamp import _as_written, read_carried, stamp_state
 
@@ -83,7 +84,7 @@ def _full_capture(
             "created": time.time(),
             "creator": socket.gethostname(),
         }
-        written, entries = _write_blob(tmp, after, paths, meta, False)
+        written, entries = write_blob(tmp, after, paths, meta, False)
     return Captured(
         tmp, written.digest, written.size, written.files, written.raw_bytes, len(deletions), entries, deletions
     )

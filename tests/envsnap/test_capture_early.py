@@ -1,0 +1,125 @@
+"""Issue 28 item 2: the capture starts writing the large files while the scan still runs, and looks
+outside the roots in a child of its own; neither may change what the blob holds or leave anything
+behind when the capture fails."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.cache import BlobCache
+from bootseer_cli.envsnap import capture, format, manifest, reader, segments
+from bootseer_cli.errors import BootseerError
+from bootseer_cli.settings import StoreSettings
+
+BIG = format.CHUNK_BYTES // 2 + 4096  # a frame of its own, written by the large-file writer
+
+
+def _capture(root: Path, baseline: manifest.Manifest, cache_dir: Path) -> capture.Captured:
+    settings = StoreSettings(uri=(cache_dir / "store").as_uri(), cache_dir=cache_dir)
+    return capture.capture(settings, [str(root)], baseline, "a" * 64, BlobCache(cache_dir, 1 << 40), warn=print)
+
+
+def test_large_files_are_written_while_the_scan_runs_and_the_blob_holds_exactly_the_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "env"
+    (root / "lib").mkdir(parents=True)
+    (root / "lib" / "kept.so").write_bytes(os.urandom(BIG))  # in the baseline, unchanged: not in the blob
+    (root / "lib" / "grown.so").write_bytes(os.urandom(BIG))  # in the baseline, then rewritten
+    baseline = manifest.scan([root])
+    time.sleep(0.01)
+    (root / "lib" / "grown.so").write_bytes(os.urandom(BIG + 1))
+    (root / "lib" / "new.so").write_bytes(os.urandom(BIG))
+    (root / "lib" / "linked.so").write_bytes(os.urandom(BIG))  # two links: it must precede its link
+    os.link(root / "lib" / "linked.so", root / "lib" / "z-link.so")
+    for i in range(30):
+        (root / "lib" / f"m{i}.py").write_bytes(os.urandom(1000 + i))
+
+    events: list[str] = []
+    start, scan = segments.BigWriter._start, manifest.scan
+
+    def spy_start(self: segments.BigWriter) -> None:
+        events.append("large-file writer started")
+        start(self)
+
+    def spy_scan(*a: object, **k: object) -> manifest.Manifest:
+        out = scan(*a, **k)  # type: ignore[arg-type]
+        events.append("scan done")
+        return out
+
+    monkeypatch.setattr(segments.BigWriter, "_start", spy_start)
+    monkeypatch.setattr(manifest, "scan", spy_scan)
+    cap = _capture(root, baseline, tmp_path / "cache")
+
+    assert events == ["large-file writer started", "scan done"]
+    meta = reader.read_meta(cap.blob)
+    names = [e.path for e in meta.entries]
+    lib = str(root / "lib")
+    assert f"{lib}/kept.so" not in names
+    assert {f"{lib}/grown.so", f"{lib}/new.so", f"{lib}/linked.so", f"{lib}/z-link.so"} <= set(names)
+    assert names.index(f"{lib}/linked.so") < names.index(f"{lib}/z-link.so")
+    assert len(names) == len(set(names)) == len(manifest.diff(baseline, manifest.scan([root])).changed)
+    # the blob is a plain .tar.zst whose members hold the bytes of the tree
+    import subprocess
+
+    listing = subprocess.run(["tar", "-I", "zstd", "-tvf", str(cap.blob)], capture_output=True, text=True, check=True)
+    assert "lib/new.so" in listing.stdout and "lib/z-link.so link to" in listing.stdout
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["tar", "-I", "zstd", "-xf", str(cap.blob), "-C", str(out)], check=True)
+    for name in ("grown.so", "new.so", "linked.so", "m7.py"):
+        assert (out / lib.lstrip("/") / name).read_bytes() == (root / "lib" / name).read_bytes()
+
+
+def test_a_capture_refused_after_the_scan_leaves_no_writer_and_no_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "env"
+    root.mkdir()
+    baseline = manifest.scan([root])
+    (root / "big.so").write_bytes(os.urandom(BIG))
+    (root / "outside.pth").write_text("/somewhere/else/entirely\n")  # an editable install: refused
+    started: list[int] = []
+    start = segments.BigWriter._start
+
+    def spy_start(self: segments.BigWriter) -> None:
+        start(self)
+        started.append(self.pid)
+
+    monkeypatch.setattr(segments.BigWriter, "_start", spy_start)
+    with pytest.raises(BootseerError, match="editable installs"):
+        _capture(root, baseline, tmp_path / "cache")
+    assert started, "the large file was not handed to the writer during the scan"
+    pid = started[0]
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no writer goes on in the background
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []
+
+
+def test_the_look_outside_the_roots_is_cut_off_at_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A walk that hangs (a dead NFS home, say) costs the capture its deadline, never more."""
+    monkeypatch.setattr(capture, "OUTSIDE_BUDGET_S", 0.0)
+    monkeypatch.setattr(capture, "walk_outside", lambda *a: time.sleep(60) or ["never"])
+    t = time.monotonic()
+    look = capture.OutsideLook(time.time(), [str(tmp_path)], [], grace_s=0.3)
+    pid = look.pid
+    assert look.result() == []
+    assert time.monotonic() - t < 5
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_the_look_outside_the_roots_finds_a_file_the_setup_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    (home / ".local" / "bin").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    since = time.time() - 1
+    (home / ".local" / "bin" / "tool").write_text("#!/bin/sh\n")
+    found = capture.OutsideLook(since, [str(tmp_path / "env")], []).result()
+    assert str(home / ".local" / "bin" / "tool") in found
