@@ -167,23 +167,34 @@ class _Sink:
         import mmap
 
         self.f.flush()
-        out = self.f.fileno()
         with src:
-            if size and self.h is not None:
-                with mmap.mmap(src.fileno(), size, access=mmap.ACCESS_READ) as m:
-                    self.h.update(m)
-            left = size
-            while left:
-                try:
-                    n = os.copy_file_range(src.fileno(), out, left)
-                except OSError:  # a kernel or filesystem without it (EXDEV, ENOSYS, EINVAL): plain copy
-                    n = len(piece := src.read(min(left, 8 << 20)))
-                    if n:
-                        self.f.write(piece)
-                        self.f.flush()
-                if n <= 0:
-                    raise BootseerError(f"{path} shrank while being appended")
-                left -= n
+            hashing: threading.Thread | None = None
+            if size and self.h is not None:  # beside the copy: the last part's append is the capture's tail
+                m = mmap.mmap(src.fileno(), size, access=mmap.ACCESS_READ)
+                hashing = threading.Thread(target=self.h.update, args=(m,), name="bootseer-hash")
+                hashing.start()
+            try:
+                self._copy(src, path, size)
+            finally:
+                if hashing is not None:
+                    hashing.join()
+                    m.close()
+
+    def _copy(self, src: Any, path: Path, size: int) -> None:
+        """`size` bytes of `src` to the end of the blob, in the kernel where it can."""
+        out = self.f.fileno()
+        left = size
+        while left:
+            try:
+                n = os.copy_file_range(src.fileno(), out, left)
+            except OSError:  # a kernel or filesystem without it (EXDEV, ENOSYS, EINVAL): plain copy
+                n = len(piece := src.read(min(left, 8 << 20)))
+                if n:
+                    self.f.write(piece)
+                    self.f.flush()
+            if n <= 0:
+                raise BootseerError(f"{path} shrank while being appended")
+            left -= n
 
     def flush(self) -> None:
         """Wait for every write so far (and raise its error)."""
