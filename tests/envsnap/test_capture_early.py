@@ -123,3 +123,31 @@ def test_the_look_outside_the_roots_finds_a_file_the_setup_wrote(
     (home / ".local" / "bin" / "tool").write_text("#!/bin/sh\n")
     found = capture.OutsideLook(since, [str(tmp_path / "env")], []).result()
     assert str(home / ".local" / "bin" / "tool") in found
+
+
+def test_a_blob_written_without_the_scans_writer_gives_large_files_their_own_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The squash writes a blob of a tree it did not scan for a capture: the large files then go to a
+    writer forked with the small files' ones, last in the stream, and the blob is the same tree."""
+    import subprocess
+
+    monkeypatch.setattr(segments, "SEGMENT_MIN_ENTRIES", 5)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    root = tmp_path / "env"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "big.so").write_bytes(os.urandom(BIG))
+    for i in range(40):
+        (root / "a" / f"m{i}.py").write_bytes(os.urandom(3000 + i))
+    after = manifest.scan([root])
+    changed = manifest.diff({}, after).changed
+    written, entries = segments.write_blob(tmp_path / "blob.tar.zst", after, changed, {"roots": [str(root)]}, False)
+    assert [e.path for e in entries][-1] == str(root / "a" / "big.so")  # the large file last
+    assert sorted(e.path for e in entries) == sorted(changed)
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["tar", "-I", "zstd", "-xf", str(tmp_path / "blob.tar.zst"), "-C", str(out)], check=True)
+    for p in (root / "a").iterdir():
+        assert (out / str(p).lstrip("/")).read_bytes() == p.read_bytes()
+    assert list(tmp_path.glob("blob.tar.zst.part*")) == []
+    assert written.size == (tmp_path / "blob.tar.zst").stat().st_size

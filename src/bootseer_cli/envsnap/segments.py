@@ -222,6 +222,9 @@ def _write_segments(
     # the small files in `workers` segments, one thread each; the large ones last, in one more worker
     # whose zstd uses every core (a 434 MB libtorch_cpu.so on one thread would outlast all the rest)
     plan = [(seg, 1) for seg in _segments(after, small, workers)] if small else []
+    early_started = early is not None and early.started
+    if big and not early_started:
+        plan.append((big, os.cpu_count() or 1))
     kids: list[tuple[int, int, Path]] = []
     try:
         gc.freeze()  # the manifest stays shared copy-on-write: no child's collection walks (copies) it
@@ -236,22 +239,12 @@ def _write_segments(
                     _segment_child(part, seg, after, links, threads, wfd)
                 os.close(wfd)
                 kids.append((pid, r, part))
-            if early is not None and early.started:
+            if early is not None and early_started:
                 if not early.sent <= big_set:  # the scan's rule and this one differ: a bug, not the tree
                     raise BootseerError("capture: the large-file writer was sent a file the blob does not hold")
                 early.finish_input([p for p in big if p not in early.sent])
                 kids.append((early.pid, early.result_fd, early.part))
                 early.pid, early.result_fd = 0, -1  # reaped below, like the others
-            elif big:
-                part = tmp.with_name(f"{tmp.name}.part{len(plan)}")
-                r, wfd = os.pipe()
-                pid = os.fork()
-                if pid == 0:  # pragma: no cover - runs in the child
-                    gc.disable()
-                    os.close(r)
-                    _segment_child(part, big, after, links, os.cpu_count() or 1, wfd)
-                os.close(wfd)
-                kids.append((pid, r, part))
         finally:
             gc.unfreeze()
         for i, (pid, r, part) in enumerate(kids):
@@ -279,7 +272,8 @@ def _segment_child(  # pragma: no cover - runs in a forked child
 ) -> None:
     """Write one segment and report it (or the error) as JSON on `wfd`; never returns."""
     try:
-        os.nice(SMALL_NICE)
+        if threads == 1:
+            os.nice(SMALL_NICE)  # a small files' writer (see SMALL_NICE)
         sw = ArchiveWriter(part, threads=threads, segment=True)
         for p in seg:
             sw.add(p, after[p], link_to=links.get(p))
