@@ -151,3 +151,48 @@ def test_a_blob_written_without_the_scans_writer_gives_large_files_their_own_wri
         assert (out / str(p).lstrip("/")).read_bytes() == p.read_bytes()
     assert list(tmp_path.glob("blob.tar.zst.part*")) == []
     assert written.size == (tmp_path / "blob.tar.zst").stat().st_size
+
+
+def test_the_large_files_part_goes_first_when_its_writer_ends_first_and_tar_still_reads_the_blob(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appended as soon as it is done, the large files' part can precede their directories' entries:
+    our restore makes directories on demand, and so does GNU tar."""
+    import subprocess
+
+    from tests.envsnap.conftest import tree_state
+
+    slow = segments._segment_child
+
+    def slow_small_writer(*a: object) -> None:  # runs in the forked child
+        time.sleep(1.0)
+        slow(*a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(segments, "_segment_child", slow_small_writer)
+    root = tmp_path / "env"
+    root.mkdir()
+    baseline = manifest.scan([root])
+    (root / "pkg" / "lib").mkdir(parents=True)
+    os.chmod(root / "pkg", 0o750)
+    (root / "pkg" / "lib" / "big.so").write_bytes(os.urandom(BIG))
+    for i in range(20):
+        (root / "pkg" / f"m{i}.py").write_bytes(os.urandom(700 + i))
+    want = tree_state(root)
+    cap = _capture(root, baseline, tmp_path / "cache")
+    names = [e.path for e in reader.read_meta(cap.blob).entries]
+    assert names[0] == str(root / "pkg" / "lib" / "big.so")  # before its own directories
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["tar", "-I", "zstd", "-xf", str(cap.blob), "-C", str(out)], check=True)
+    base = str(out / str(root).lstrip("/"))
+    got = {k[len(base) :]: v for k, v in tree_state(Path(base)).items()}
+    assert got == {k[len(str(root)) :]: v for k, v in want.items()}  # modes of the directories too
+    # and our own restore, into the emptied root
+    import shutil
+
+    from bootseer_cli.envsnap import extract
+
+    shutil.rmtree(root)
+    root.mkdir()
+    extract.extract(cap.blob, reader.read_meta(cap.blob), [str(root)])
+    assert tree_state(root) == want

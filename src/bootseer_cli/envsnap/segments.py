@@ -18,7 +18,8 @@ import contextlib
 import gc
 import json
 import os
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +227,16 @@ def _write_segments(
     if big and not early_started:
         plan.append((big, os.cpu_count() or 1))
     kids: list[tuple[int, int, Path]] = []
+    last: list[tuple[int, int, Path]] = []  # the large files' writer: appended after the small ones
     try:
+        if early is not None and early_started:
+            # its input ends before any other writer is forked: a fork would inherit the pipe's write
+            # end, and the large-file writer would see no end of its input until that writer exited
+            if not early.sent <= big_set:  # the scan's rule and this one differ: a bug, not the tree
+                raise BootseerError("capture: the large-file writer was sent a file the blob does not hold")
+            early.finish_input([p for p in big if p not in early.sent])
+            last.append((early.pid, early.result_fd, early.part))
+            early.pid, early.result_fd = 0, -1  # reaped below, like the others
         gc.freeze()  # the manifest stays shared copy-on-write: no child's collection walks (copies) it
         try:
             for k, (seg, threads) in enumerate(plan):
@@ -239,15 +249,12 @@ def _write_segments(
                     _segment_child(part, seg, after, links, threads, wfd)
                 os.close(wfd)
                 kids.append((pid, r, part))
-            if early is not None and early_started:
-                if not early.sent <= big_set:  # the scan's rule and this one differ: a bug, not the tree
-                    raise BootseerError("capture: the large-file writer was sent a file the blob does not hold")
-                early.finish_input([p for p in big if p not in early.sent])
-                kids.append((early.pid, early.result_fd, early.part))
-                early.pid, early.result_fd = 0, -1  # reaped below, like the others
         finally:
             gc.unfreeze()
-        for i, (pid, r, part) in enumerate(kids):
+        kids += last
+        last.clear()
+        for i in _append_order(kids, big_at=len(plan) if early_started else -1):
+            pid, r, part = kids[i]
             kids[i] = (pid, -1, part)  # the reader below owns `r` and closes it
             with os.fdopen(r, "rb") as f:
                 doc = json.loads(f.read() or b'{"error": "a capture worker died"}')
@@ -259,12 +266,37 @@ def _write_segments(
             advance(doc["raw"])
             part.unlink(missing_ok=True)
     finally:
-        for pid, r, part in kids:
+        for pid, r, part in kids + last:
             if r >= 0:
                 with contextlib.suppress(OSError):
                     os.close(r)
             _stop(pid)  # a failure part way: no writer goes on in the background
             part.unlink(missing_ok=True)
+
+
+def _append_order(kids: list[tuple[int, int, Path]], big_at: int) -> Iterator[int]:
+    """The order the writers' parts go into the blob: the small files' parts in their order (a
+    hardlink's target before the link), and the large files' part (at `big_at`; -1: none of its own)
+    as soon as it is done, wherever that falls between them. Whatever is appended after the last
+    writer ends is the capture's serial tail; the large files' part is the biggest, and no restore
+    depends on where it lies (directories are made on demand and get their modes at the end; GNU tar
+    makes a missing parent too)."""
+    import select
+
+    small = deque(i for i in range(len(kids)) if i != big_at)
+    big = big_at >= 0
+    while small or big:
+        if small and big:
+            ready = select.select([kids[small[0]][1], kids[big_at][1]], [], [])[0]
+            if kids[big_at][1] in ready:
+                big = False
+                yield big_at
+                continue
+        if small:
+            yield small.popleft()
+        else:
+            big = False
+            yield big_at
 
 
 def _segment_child(  # pragma: no cover - runs in a forked child
