@@ -46,8 +46,9 @@ class Record:
     roots_files: int = 0
     created: float = 0.0
     creator: str = ""
-    # "mincore" (pages resident after the start) or "opened-files" (whole files the start opened,
-    # on a tree that drops pages at open, where residency cannot be seen)
+    # "mincore" (pages resident after the start) or "opened-files" (the files the start opened, on a
+    # tree that drops pages at open, where residency cannot be seen: whole, or the pages of a mapped
+    # library that the job's page tables held)
     method: str = "mincore"
 
     @property
@@ -83,11 +84,14 @@ def scan(
     roots: list[str],
     files: Iterable[FileInfo] | None = None,
     whole: Callable[[str], bool] | None = None,
+    mapped: dict[str, list[tuple[int, int]]] | None = None,
 ) -> Record:
     """Take a record now: every file under `roots` with resident pages, as coalesced extents.
 
     A file for which `whole(path)` is true is recorded whole (its tree drops pages at every open,
-    so mincore cannot see what was read: the file set is what the record knows).
+    so mincore cannot see what was read: the file set is what the record knows), unless `mapped` has
+    its pages from the job's page tables (mapped.py: page runs of a mapped library), and page 0 (the
+    ELF header, which the dynamic loader reads with read(), not through the mapping).
     """
     rec = Record(image_key=image_key, roots=list(roots), created=time.time(), creator=socket.gethostname())
     listed = list(files if files is not None else walk_files(roots))
@@ -97,6 +101,8 @@ def scan(
         if f.size <= 0:
             return []
         if whole(f.path):
+            if mapped and mapped.get(f.path):
+                return [(0, 1), *mapped[f.path]]
             return [(0, (f.size + PAGE_SIZE - 1) // PAGE_SIZE)]
         return resident_runs(f.path, f.size)
 
@@ -114,10 +120,16 @@ def scan(
     return rec
 
 
-def scan_seen(image_key: str, roots: list[str], files: list[FileInfo] | None) -> Record:
+def scan_seen(
+    image_key: str,
+    roots: list[str],
+    files: list[FileInfo] | None,
+    mapped: dict[str, list[tuple[int, int]]] | None = None,
+) -> Record:
     """`scan` of the files a start was seen to open (all under the roots when None), each tree as it allows:
     residency by mincore where pages survive an open, whole files where the tree drops them (probed now,
-    after the start, on a page already resident where there is one, so the probe adds nothing)."""
+    after the start, on a page already resident where there is one, so the probe adds nothing), but for
+    the pages `mapped` saw in the job's page tables."""
     from .probe import probe_root
 
     sample = (files or [])[:64]
@@ -125,7 +137,7 @@ def scan_seen(image_key: str, roots: list[str], files: list[FileInfo] | None) ->
     hints += [(f.path, 0) for f in sample if f.size > 0]
     # no hint (the whole roots were evicted and walked): the caller knew the tree keeps pages
     drops = tuple(os.path.realpath(r).rstrip("/") + "/" for r in roots if hints and probe_root(r, hints).drops)
-    return scan(image_key, roots, files, whole=(lambda p: p.startswith(drops)) if drops else None)
+    return scan(image_key, roots, files, whole=(lambda p: p.startswith(drops)) if drops else None, mapped=mapped)
 
 
 def file_infos(paths: Iterable[str]) -> list[FileInfo]:
