@@ -24,7 +24,7 @@ import pytest
 from bootseer_cli.hotblocks import probe
 from bootseer_cli.hotblocks.mapped import MappedPages, Sampler
 from bootseer_cli.hotblocks.pagecache import PAGE_SIZE, FileInfo
-from bootseer_cli.hotblocks.record import scan
+from bootseer_cli.hotblocks.record import from_deps, ref_extras, scan
 from tests.support.delayproxy import DelayProxy
 from tests.support.rclonemount import RcloneMount, upload
 from tests.support.s3server import delayed
@@ -178,11 +178,11 @@ def test_a_short_program_is_sampled_while_it_runs_and_the_record_keeps_its_pages
     offsets = [(o, n) for _, o, n in rec.extents]
     assert offsets[0][0] == 0  # the header page
     assert any(o <= 8 * MiB and o + n >= 8 * MiB + 32768 for o, n in offsets)
-    assert (
-        rec.total_bytes <= 4 * MiB
-    )  # the pages and what the kernel mapped with them (a large folio: 2 MiB), not the 16 MiB file
+    # the pages and what the kernel mapped with them (a large folio: 2 MiB), not the 16 MiB file
+    assert rec.total_bytes <= 4 * MiB
+    # the ref carries those extents, so a start rebuilds the record without the blob and pyarrow
+    again = from_deps({"method": rec.method, "roots": rec.roots, **ref_extras(rec)}, "k", [str(root)])
+    assert again is not None and again.extents == rec.extents and again.files == rec.files
     # without page tables the same file is recorded whole, as before
-    assert (
-        scan("k", [str(root)], [FileInfo(str(lib), st.st_size, st.st_mtime_ns, 0)], whole=lambda _p: True).total_bytes
-        == 16 * MiB
-    )
+    info = FileInfo(str(lib), st.st_size, st.st_mtime_ns, 0)
+    assert scan("k", [str(root)], [info], whole=lambda _p: True).total_bytes == 16 * MiB

@@ -33,6 +33,10 @@ REF_KIND = "hot"
 # round trips on a lazily loaded image, and the gap is rarely more than readahead left out.
 GAP_BYTES = 64 << 10
 STAT_THREADS = 64  # stats at once when checking a record against the files
+# An opened-files record's files recorded in part (mapped libraries: mapped.py) have their extents in the
+# ref too, so the start rebuilds it without the blob and pyarrow (`from_deps`), up to this many extents
+# (`import torch`: ~150); beyond, the ref stays small and the start loads the blob.
+MAX_REF_PARTS = 4096
 
 
 @dataclass
@@ -252,11 +256,19 @@ def ref_extras(rec: Record) -> dict[str, Any]:
 
     probe = _probe_hint(rec)
     by_file = rec.bytes_by_file()
-    return {
+    doc: dict[str, Any] = {
         "probe": probe,
         "samples": [list(x) for x in pick_samples(rec.extents, probe[0] if probe else None)],
         "deps": [[p, s, m, by_file.get(p, 0)] for p, (s, m) in sorted(rec.files.items())],
     }
+    if rec.method == "opened-files":
+        partial = [e for e in rec.extents if by_file[e[0]] != rec.files[e[0]][0]]
+        if partial and len(partial) <= MAX_REF_PARTS:
+            parts: dict[str, list[int]] = {}
+            for path, off, n in partial:
+                parts.setdefault(path, []).extend((off, n))
+            doc["parts"] = [[p, flat] for p, flat in parts.items()]
+    return doc
 
 
 def within(roots: list[str]) -> Callable[[str], bool]:
@@ -375,25 +387,46 @@ def _count(
 
 def from_deps(doc: dict[str, Any], image_key: str, roots: list[str]) -> Record | None:
     """An opened-files record rebuilt from its ref alone (no blob, no Parquet, no pyarrow: 0.2-1 s of a
-    start), when the ref's `deps` say every file was recorded whole: its extents are then the files,
-    front to back. Only the files under `roots` (the configured ones, as `confine`); None for any other
-    ref (a mincore record, a file recorded in part, `deps` missing or malformed)."""
+    start): the ref's `deps` give the files recorded whole (their extents are the files, front to back)
+    and its `parts` the extents of those recorded in part (mapped libraries). Only the files under
+    `roots` (the configured ones, as `confine`); None for any other ref (a mincore record, a file
+    recorded in part without `parts` that add up to its recorded bytes, `deps` missing or malformed)."""
     deps = doc.get("deps")
     if doc.get("method") != "opened-files" or not isinstance(deps, list):
         return None
     inside = within(roots)
     rec = Record(image_key=image_key, roots=[str(r) for r in doc.get("roots") or []], method="opened-files")
     try:
+        parts = {str(p): [int(x) for x in flat] for p, flat in doc.get("parts") or []}
         for path, size, mtime_ns, n in deps:
-            if not isinstance(path, str) or int(n) != int(size) or int(size) < 0:
+            size, n = int(size), int(n)
+            if not isinstance(path, str) or size < 0:
+                return None
+            if n == size:
+                extents = [(0, size)] if size > 0 else []
+            elif (extents := _parts_of(parts.get(path), size, n)) is None:
                 return None
             if inside(path):
-                rec.files[path] = (int(size), int(mtime_ns))
-                if int(size) > 0:
-                    rec.extents.append((path, 0, int(size)))
+                rec.files[path] = (size, int(mtime_ns))
+                rec.extents.extend((path, off, length) for off, length in extents)
     except (TypeError, ValueError):
         return None
+    rec.extents.sort()
     return rec
+
+
+def _parts_of(flat: list[int] | None, size: int, n: int) -> list[tuple[int, int]] | None:
+    """The extents (offset, length) in a ref's `parts` for a file of `size` bytes with `n` recorded,
+    or None unless they lie in the file, in order, apart, and add up to `n`."""
+    if not flat or len(flat) % 2:
+        return None
+    extents = list(zip(flat[::2], flat[1::2], strict=True))
+    end = 0
+    for off, length in extents:
+        if off < end or length <= 0 or off + length > size:
+            return None
+        end = off + length
+    return extents if sum(length for _, length in extents) == n else None
 
 
 def check_ref(doc: dict[str, Any], roots: list[str]) -> Staleness | None:
