@@ -86,7 +86,7 @@ def measure_mode(mode: str, tree: Path, proxy: DelayProxy, server: Any, args: ar
     mount = CappedRclone(proxy.endpoint, tree.name, WORK / f"mnt-{mode}", mode, WORK)
     mount.bwlimit = args.bwlimit
     prog = [sys.executable, "-c", f"import sys; sys.path[:0] = [{str(mount.mountpoint)!r}]; {args.program}"]
-    common = {"prefetch_threads": args.threads, "ready": "quiet", "foreground_s": 600.0}
+    common = {"prefetch_threads": args.threads, "ready": "quiet", "foreground_s": args.foreground_s}
     cfg_rec = bh.write_cfg(WORK / f"{mode}-rec.toml", [mount.mountpoint], **common)
     cfg = bh.write_cfg(WORK / f"{mode}.toml", [mount.mountpoint], record="never", **common)
     ld = bh.Loader(f"rclone-{mode}", mount, mount.mountpoint, proxy=proxy, server=server)
@@ -161,6 +161,7 @@ def main() -> int:
     ap.add_argument("--rate-mbit", type=float, default=0.0, help="also cap the S3 server's egress (tbf, netns)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=64)
+    ap.add_argument("--foreground-s", type=float, default=600.0, help="[image] foreground_s: the replay before exec")
     ap.add_argument("--modes", default=",".join(MODES), help="rclone cache modes to measure, of: full,off")
     args = ap.parse_args()
     if not set(args.modes.split(",")) <= set(MODES):
