@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import threading
 import time
 from collections.abc import Iterable
@@ -100,11 +101,27 @@ class MappedPages:
         self.pages: dict[str, bytearray] = {}  # path -> one byte per file page, 1 where seen present
         self.samples = 0
         self.seconds = 0.0  # spent sampling
+        try:  # the launcher itself, pinned: once it has exited its pid may be another process's
+            self._pidfd: int | None = os.pidfd_open(launcher)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def _launcher_gone(self) -> bool:
+        if self._pidfd is None:
+            return False
+        return bool(select.select([self._pidfd], [], [], 0)[0])
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     def sample(self) -> None:
         """Add the pages present now in every process of the launcher's tree (never raises for a process
         that is gone or not readable: it is skipped)."""
         t0 = time.perf_counter()
+        if self._launcher_gone():  # its tree is no longer the job's to read (nor, once reaped, its pid)
+            return
         for pid, parent in descendants(self.launcher, self.ignore).items():
             with contextlib.suppress(OSError):
                 self._sample_pid(pid, parent)
@@ -114,8 +131,9 @@ class MappedPages:
     def _sample_pid(self, pid: int, parent: int) -> None:
         dfd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            # the fd pins this process: if the pid was reused since the scan, its parent is not ours
-            if parent and _parent("stat", dfd) != parent:
+            # the fd pins this process: if the pid was reused since the scan, its parent is not ours (and
+            # the launcher, opened here, is ours if it has not exited by now)
+            if (_parent("stat", dfd) != parent) if parent else self._launcher_gone():
                 return
             mine = [m for m in _parse_maps(_read_all("maps", dfd)) if m[3].startswith(self.prefixes)]
             if not mine:
@@ -197,6 +215,7 @@ class Sampler:
         self._thread.join(timeout)
         if self._thread.is_alive():
             return None
+        self.pages.close()
         return self.pages.runs()
 
 
