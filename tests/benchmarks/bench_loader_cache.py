@@ -16,7 +16,7 @@ upload) behind the delaying proxy (`--delay-ms` per request); the network is cap
 `--bwlimit` (default 50M, i.e. 400 mbit) or, with `--rate-mbit`, by tbf in a network namespace.
 
     python tests/benchmarks/bench_loader_cache.py [--payload synth|venv] [--rounds 3] [--delay-ms 4]
-        [--bwlimit 50M] [--rate-mbit 0] [--program "import torch"] [--packages torch==2.13.0 ...]
+        [--bwlimit 50M] [--rate-mbit 0] [--program "import torch"] [--packages torch==2.13.0 ...] [--modes full,off]
 
 Needs root (drop_caches, FUSE, fanotify). Cleans up its mounts, server, proxy and namespace however it ends.
 """
@@ -86,7 +86,7 @@ def measure_mode(mode: str, tree: Path, proxy: DelayProxy, server: Any, args: ar
     mount = CappedRclone(proxy.endpoint, tree.name, WORK / f"mnt-{mode}", mode, WORK)
     mount.bwlimit = args.bwlimit
     prog = [sys.executable, "-c", f"import sys; sys.path[:0] = [{str(mount.mountpoint)!r}]; {args.program}"]
-    common = {"prefetch_threads": args.threads, "ready": "quiet", "foreground_s": 600.0}
+    common = {"prefetch_threads": args.threads, "ready": "quiet", "foreground_s": args.foreground_s}
     cfg_rec = bh.write_cfg(WORK / f"{mode}-rec.toml", [mount.mountpoint], **common)
     cfg = bh.write_cfg(WORK / f"{mode}.toml", [mount.mountpoint], record="never", **common)
     ld = bh.Loader(f"rclone-{mode}", mount, mount.mountpoint, proxy=proxy, server=server)
@@ -161,7 +161,11 @@ def main() -> int:
     ap.add_argument("--rate-mbit", type=float, default=0.0, help="also cap the S3 server's egress (tbf, netns)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=64)
+    ap.add_argument("--foreground-s", type=float, default=600.0, help="[image] foreground_s: the replay before exec")
+    ap.add_argument("--modes", default=",".join(MODES), help="rclone cache modes to measure, of: full,off")
     args = ap.parse_args()
+    if not set(args.modes.split(",")) <= set(MODES):
+        raise SystemExit(f"--modes: {args.modes!r} is not a list of {', '.join(MODES)}")
     if os.geteuid() != 0:
         raise SystemExit("needs root (drop_caches, FUSE, fanotify)")
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -180,7 +184,7 @@ def main() -> int:
         server = bh.capped_server(WORK / "s3", str(tree.parent), args.rate_mbit, stack)
         proxy = DelayProxy((server.host, server.port), delay_ms=args.delay_ms).start()
         stack.append(proxy)
-        for mode in MODES:
+        for mode in args.modes.split(","):
             results[mode] = measure_mode(mode, tree, proxy, server, args)
     finally:
         for thing in reversed(stack):

@@ -202,6 +202,12 @@ def test_a_record_of_whole_files_is_rebuilt_from_its_ref_under_the_configured_ro
     assert rec.files == {f"{root}/a.pyc": (10, 7_000_000_000), f"{root}/e": (0, 1)}
     assert rec.extents == [(f"{root}/a.pyc", 0, 10)]
     assert from_deps(dict(doc, deps=[*deps, [f"{root}/b", 9, 1, 4]]), "k", [root]) is None
+    # a file recorded in part (a mapped library) comes with its extents in `parts`, which must add up
+    part = dict(doc, deps=[*deps, [f"{root}/b", 9, 1, 4]], parts=[[f"{root}/b", [0, 1, 5, 3]]])
+    rec = from_deps(part, "k", [root])
+    assert rec is not None and (f"{root}/b", 0, 1) in rec.extents and (f"{root}/b", 5, 3) in rec.extents
+    for bad in ([0, 1, 5, 2], [5, 3, 0, 1], [0, 1, 7, 3], [0, 1, 5]):
+        assert from_deps(dict(part, parts=[[f"{root}/b", bad]]), "k", [root]) is None, bad
     assert from_deps(dict(doc, method="mincore"), "k", [root]) is None
     assert from_deps(dict(doc, deps=[[f"{root}/a", "x", 1, 1]]), "k", [root]) is None
     assert from_deps(dict(doc, deps=[[f"{root}/a", 1]]), "k", [root]) is None

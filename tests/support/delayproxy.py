@@ -17,9 +17,22 @@ it, 2.4 ms without the proxy).
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import threading
 import time
+
+
+class _Conn:
+    """A relayed connection: its two sockets, and how many of its two directions have ended."""
+
+    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+        self.socks, self.ended = (client, server), 0
+
+    def close(self) -> None:
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.close()
 
 
 class DelayProxy:
@@ -36,7 +49,7 @@ class DelayProxy:
         self.requests = 0
         self.lines: list[str] = []  # the request line of each chunk that starts one (what was asked, for messages)
         self.bytes_down = 0  # response bytes relayed (approximate under concurrency: for benchmarks)
-        self._socks: list[socket.socket] = []
+        self._conns: set[_Conn] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
 
@@ -52,8 +65,11 @@ class DelayProxy:
         while not self._stopped.is_set():
             try:
                 client, _ = self.listener.accept()
-            except OSError:
-                return
+            except OSError as e:
+                if self._stopped.is_set() or e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    return
+                time.sleep(0.05)  # out of fds for a moment: the connections ending now free some
+                continue
             try:
                 server = socket.create_connection(self.upstream, timeout=10)
                 server.settimeout(None)
@@ -62,12 +78,13 @@ class DelayProxy:
             except OSError:
                 client.close()
                 continue
+            conn = _Conn(client, server)
             with self._lock:
-                self._socks += [client, server]
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+                self._conns.add(conn)
+            threading.Thread(target=self._pump, args=(client, server, True, conn), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False, conn), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, delayed: bool) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, delayed: bool, conn: _Conn) -> None:
         try:
             while data := src.recv(1 << 16):
                 if delayed:
@@ -83,16 +100,28 @@ class DelayProxy:
         finally:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
+            self._done(conn)
+
+    def _done(self, conn: _Conn) -> None:
+        """One direction of `conn` has ended; once both have, close its two sockets. They were kept until
+        `stop()` before, and rclone's mount (which drops a connection whenever it abandons a ranged GET)
+        ran the process out of fds within a few `import torch` runs: accept() failed, the proxy stopped
+        accepting, and every later request hung (the rclone "hangs" of docs/hotblocks.md run 7)."""
+        with self._lock:
+            conn.ended += 1
+            if conn.ended < 2:
+                return
+            self._conns.discard(conn)
+        conn.close()
 
     def stop(self) -> None:
         self._stopped.set()
         with contextlib.suppress(OSError):
             self.listener.close()
         with self._lock:
-            for s in self._socks:
-                with contextlib.suppress(OSError):
-                    s.close()
-            self._socks = []
+            for conn in self._conns:
+                conn.close()
+            self._conns = set()
 
     def __enter__(self) -> DelayProxy:
         return self.start()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..events import RunInfo
     from ..settings import Settings
     from ..store import Store
+    from .mapped import Sampler
     from .record import Record
     from .replay import ReplayResult
 
@@ -68,6 +69,7 @@ def record_command(
         proc, started = _start(command, run)
         if log is not None:
             log.launcher = proc.pid  # only the command's opens (and its children's), not the node's
+        sampler = _sampler(proc.pid, roots) if log is not None else None
         try:
             why = wait_ready(
                 mode,
@@ -77,16 +79,19 @@ def record_command(
                 sleep=lambda s: bool(time.sleep(s)),  # the opens are read at the end (see agent_tasks)
                 started=started,
             )
+            mapped = sampler.finish() if sampler is not None else None  # before the queue's opens (agent_tasks)
             if log is not None:
                 log.close()
             if log is not None and log.overflowed:  # opens were lost: an incomplete record is not published
                 why, doc = f"{why}; record incomplete: the fanotify queue overflowed, nothing published", None
             else:
-                doc = _scan_and_publish(store, key, roots, list(log.paths) if log is not None else None)
+                doc = _scan_and_publish(store, key, roots, list(log.paths) if log is not None else None, mapped)
             code = proc.wait()
         except BaseException:  # not swallowed: the command must not outlive a failed or interrupted record
             proc.kill()
             proc.wait()
+            if sampler is not None:
+                sampler.finish()
             raise
     finally:
         if log is not None:
@@ -114,13 +119,25 @@ def _start(command: list[str], run: RunInfo) -> tuple[subprocess.Popen[bytes], f
     return subprocess.Popen(command, env=env), started
 
 
+def _sampler(pid: int, roots: list[str]) -> Sampler | None:
+    """The command's page tables, sampled while it starts where a root is on FUSE (see agent_tasks._sampler)."""
+    from .mapped import MappedPages, Sampler, on_fuse
+
+    return Sampler(MappedPages(pid, roots)).start() if on_fuse(roots) else None
+
+
 def _scan_and_publish(
-    store: Store, image_key: str, roots: list[str], opened: list[str] | None
+    store: Store,
+    image_key: str,
+    roots: list[str],
+    opened: list[str] | None,
+    mapped: dict[str, list[tuple[int, int]]] | None = None,
 ) -> dict[str, Any] | None:
-    """Scan the files opened (or all under the roots) now and publish the record; None when it is empty."""
+    """Scan the files opened (or all under the roots) now and publish the record; None when it is empty.
+    `mapped`: the pages of mapped files from the command's page tables (mapped.py)."""
     from .record import file_infos, publish, scan_seen
 
-    rec = scan_seen(image_key, roots, file_infos(opened) if opened is not None else None)
+    rec = scan_seen(image_key, roots, file_infos(opened) if opened is not None else None, mapped)
     return publish(store, rec) if rec.extents else None
 
 

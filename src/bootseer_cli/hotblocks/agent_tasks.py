@@ -24,6 +24,7 @@ from .ready import parse_mode, wait_ready_at
 
 if TYPE_CHECKING:
     from ..agent import Agent
+    from .mapped import Sampler
     from .opens import OpenLog
     from .pagecache import FileInfo
 
@@ -91,6 +92,8 @@ def record_task(task: RecordTask, agent: Agent) -> None:
     except OSError as e:  # the group was not handed over (an exec that closed it): nothing to record from
         agent.log(f"hot-record: {e.strerror or e}; not recording")
         return
+    sampler = _sampler(agent, roots) if log is not None else None
+    mapped = None
     try:
         # The queue is read only once the start is over: the kernel opens an fd on the file for every
         # event when it is read, an open the loader serves (a FUSE OPEN and RELEASE; on s3fs a HEAD
@@ -98,12 +101,31 @@ def record_task(task: RecordTask, agent: Agent) -> None:
         # (s3fs: +737 requests, 1.14x). The queue is the kernel's default, bounded one (opens.py).
         why, at, started = _wait(task, agent, agent.wait)
     finally:
+        # The page tables first: each fd the queue's events carry is an open, and on a tree that drops
+        # pages at open that unmaps the file's pages from the program too.
+        if sampler is not None:
+            mapped = sampler.finish()
+            pm = sampler.pages
+            agent.log(
+                f"hot-record: page tables sampled {pm.samples}x in {fmt_seconds(pm.seconds)}: {len(mapped or {})} files"
+            )
         if log is not None:
             log.close()  # marks removed, the whole queue read, the group closed: nothing queues behind us
     if log is not None and log.overflowed:
         _discard_incomplete(task, agent, log, why)
         return
-    _scan_and_publish(task, agent, roots, log, (why, at - started))
+    _scan_and_publish(task, agent, roots, log, (why, at - started), mapped)
+
+
+def _sampler(agent: Agent, roots: list[str]) -> Sampler | None:
+    """Where a root is on FUSE (a tree that may drop pages at open, where mincore will see nothing), sample
+    the page tables of the launcher's tree while it starts (mapped.py): the pages its mapped libraries
+    touched, instead of those files whole. Elsewhere mincore sees the pages and nothing is sampled."""
+    from .mapped import MappedPages, Sampler, on_fuse
+
+    if not on_fuse(roots):
+        return None
+    return Sampler(MappedPages(agent.launcher_pid, roots)).start()
 
 
 def _discard_incomplete(task: RecordTask, agent: Agent, log: OpenLog, why: str) -> None:
@@ -127,7 +149,12 @@ def _files_seen(task: RecordTask, log: OpenLog | None) -> list[FileInfo] | None:
 
 
 def _scan_and_publish(
-    task: RecordTask, agent: Agent, roots: list[str], log: OpenLog | None, ready: tuple[str, float]
+    task: RecordTask,
+    agent: Agent,
+    roots: list[str],
+    log: OpenLog | None,
+    ready: tuple[str, float],
+    mapped: dict[str, list[tuple[int, int]]] | None = None,
 ) -> None:
     """Scan, publish (or note why the record is empty, for the next start), and give the verdict its baseline."""
     from .record import publish, scan_seen
@@ -137,7 +164,7 @@ def _scan_and_publish(
     t0 = time.time()
     image_key = task.image_key
     files = _files_seen(task, log)
-    rec = scan_seen(image_key, roots, files)
+    rec = scan_seen(image_key, roots, files, mapped)
     if not rec.extents:
         if log is not None and not log.paths:
             empty = f"the start opened no file under {', '.join(roots)} before it was over ({why})"

@@ -33,6 +33,10 @@ REF_KIND = "hot"
 # round trips on a lazily loaded image, and the gap is rarely more than readahead left out.
 GAP_BYTES = 64 << 10
 STAT_THREADS = 64  # stats at once when checking a record against the files
+# An opened-files record's files recorded in part (mapped libraries: mapped.py) have their extents in the
+# ref too, so the start rebuilds it without the blob and pyarrow (`from_deps`), up to this many extents
+# (`import torch`: ~150); beyond, the ref stays small and the start loads the blob.
+MAX_REF_PARTS = 4096
 
 
 @dataclass
@@ -46,8 +50,9 @@ class Record:
     roots_files: int = 0
     created: float = 0.0
     creator: str = ""
-    # "mincore" (pages resident after the start) or "opened-files" (whole files the start opened,
-    # on a tree that drops pages at open, where residency cannot be seen)
+    # "mincore" (pages resident after the start) or "opened-files" (the files the start opened, on a
+    # tree that drops pages at open, where residency cannot be seen: whole, or the pages of a mapped
+    # library that the job's page tables held)
     method: str = "mincore"
 
     @property
@@ -83,11 +88,14 @@ def scan(
     roots: list[str],
     files: Iterable[FileInfo] | None = None,
     whole: Callable[[str], bool] | None = None,
+    mapped: dict[str, list[tuple[int, int]]] | None = None,
 ) -> Record:
     """Take a record now: every file under `roots` with resident pages, as coalesced extents.
 
     A file for which `whole(path)` is true is recorded whole (its tree drops pages at every open,
-    so mincore cannot see what was read: the file set is what the record knows).
+    so mincore cannot see what was read: the file set is what the record knows), unless `mapped` has
+    its pages from the job's page tables (mapped.py: page runs of a mapped library), and page 0 (the
+    ELF header, which the dynamic loader reads with read(), not through the mapping).
     """
     rec = Record(image_key=image_key, roots=list(roots), created=time.time(), creator=socket.gethostname())
     listed = list(files if files is not None else walk_files(roots))
@@ -97,6 +105,8 @@ def scan(
         if f.size <= 0:
             return []
         if whole(f.path):
+            if mapped and mapped.get(f.path):
+                return [(0, 1), *mapped[f.path]]
             return [(0, (f.size + PAGE_SIZE - 1) // PAGE_SIZE)]
         return resident_runs(f.path, f.size)
 
@@ -114,10 +124,16 @@ def scan(
     return rec
 
 
-def scan_seen(image_key: str, roots: list[str], files: list[FileInfo] | None) -> Record:
+def scan_seen(
+    image_key: str,
+    roots: list[str],
+    files: list[FileInfo] | None,
+    mapped: dict[str, list[tuple[int, int]]] | None = None,
+) -> Record:
     """`scan` of the files a start was seen to open (all under the roots when None), each tree as it allows:
     residency by mincore where pages survive an open, whole files where the tree drops them (probed now,
-    after the start, on a page already resident where there is one, so the probe adds nothing)."""
+    after the start, on a page already resident where there is one, so the probe adds nothing), but for
+    the pages `mapped` saw in the job's page tables."""
     from .probe import probe_root
 
     sample = (files or [])[:64]
@@ -125,7 +141,7 @@ def scan_seen(image_key: str, roots: list[str], files: list[FileInfo] | None) ->
     hints += [(f.path, 0) for f in sample if f.size > 0]
     # no hint (the whole roots were evicted and walked): the caller knew the tree keeps pages
     drops = tuple(os.path.realpath(r).rstrip("/") + "/" for r in roots if hints and probe_root(r, hints).drops)
-    return scan(image_key, roots, files, whole=(lambda p: p.startswith(drops)) if drops else None)
+    return scan(image_key, roots, files, whole=(lambda p: p.startswith(drops)) if drops else None, mapped=mapped)
 
 
 def file_infos(paths: Iterable[str]) -> list[FileInfo]:
@@ -240,11 +256,19 @@ def ref_extras(rec: Record) -> dict[str, Any]:
 
     probe = _probe_hint(rec)
     by_file = rec.bytes_by_file()
-    return {
+    doc: dict[str, Any] = {
         "probe": probe,
         "samples": [list(x) for x in pick_samples(rec.extents, probe[0] if probe else None)],
         "deps": [[p, s, m, by_file.get(p, 0)] for p, (s, m) in sorted(rec.files.items())],
     }
+    if rec.method == "opened-files":
+        partial = [e for e in rec.extents if by_file[e[0]] != rec.files[e[0]][0]]
+        if partial and len(partial) <= MAX_REF_PARTS:
+            parts: dict[str, list[int]] = {}
+            for path, off, n in partial:
+                parts.setdefault(path, []).extend((off, n))
+            doc["parts"] = [[p, flat] for p, flat in parts.items()]
+    return doc
 
 
 def within(roots: list[str]) -> Callable[[str], bool]:
@@ -363,25 +387,46 @@ def _count(
 
 def from_deps(doc: dict[str, Any], image_key: str, roots: list[str]) -> Record | None:
     """An opened-files record rebuilt from its ref alone (no blob, no Parquet, no pyarrow: 0.2-1 s of a
-    start), when the ref's `deps` say every file was recorded whole: its extents are then the files,
-    front to back. Only the files under `roots` (the configured ones, as `confine`); None for any other
-    ref (a mincore record, a file recorded in part, `deps` missing or malformed)."""
+    start): the ref's `deps` give the files recorded whole (their extents are the files, front to back)
+    and its `parts` the extents of those recorded in part (mapped libraries). Only the files under
+    `roots` (the configured ones, as `confine`); None for any other ref (a mincore record, a file
+    recorded in part without `parts` that add up to its recorded bytes, `deps` missing or malformed)."""
     deps = doc.get("deps")
     if doc.get("method") != "opened-files" or not isinstance(deps, list):
         return None
     inside = within(roots)
     rec = Record(image_key=image_key, roots=[str(r) for r in doc.get("roots") or []], method="opened-files")
     try:
+        parts = {str(p): [int(x) for x in flat] for p, flat in doc.get("parts") or []}
         for path, size, mtime_ns, n in deps:
-            if not isinstance(path, str) or int(n) != int(size) or int(size) < 0:
+            size, n = int(size), int(n)
+            if not isinstance(path, str) or size < 0:
+                return None
+            if n == size:
+                extents = [(0, size)] if size > 0 else []
+            elif (extents := _parts_of(parts.get(path), size, n)) is None:
                 return None
             if inside(path):
-                rec.files[path] = (int(size), int(mtime_ns))
-                if int(size) > 0:
-                    rec.extents.append((path, 0, int(size)))
+                rec.files[path] = (size, int(mtime_ns))
+                rec.extents.extend((path, off, length) for off, length in extents)
     except (TypeError, ValueError):
         return None
+    rec.extents.sort()
     return rec
+
+
+def _parts_of(flat: list[int] | None, size: int, n: int) -> list[tuple[int, int]] | None:
+    """The extents (offset, length) in a ref's `parts` for a file of `size` bytes with `n` recorded,
+    or None unless they lie in the file, in order, apart, and add up to `n`."""
+    if not flat or len(flat) % 2:
+        return None
+    extents = list(zip(flat[::2], flat[1::2], strict=True))
+    end = 0
+    for off, length in extents:
+        if off < end or length <= 0 or off + length > size:
+            return None
+        end = off + length
+    return extents if sum(length for _, length in extents) == n else None
 
 
 def check_ref(doc: dict[str, Any], roots: list[str]) -> Staleness | None:
