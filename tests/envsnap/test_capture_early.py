@@ -196,3 +196,20 @@ def test_the_large_files_part_goes_first_when_its_writer_ends_first_and_tar_stil
     root.mkdir()
     extract.extract(cap.blob, reader.read_meta(cap.blob), [str(root)])
     assert tree_state(root) == want
+
+
+def test_a_large_file_writer_that_dies_fails_the_capture_with_one_line_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It dies at once: the scan goes on sending it paths (a broken pipe, taken quietly), and the
+    capture then fails with a BootseerError, not a BrokenPipeError, with no part left behind."""
+    monkeypatch.setattr(segments, "_big_child", lambda *a: os._exit(3))
+    root = tmp_path / "env"
+    root.mkdir()
+    baseline = manifest.scan([root])
+    for i in range(3):
+        (root / f"big{i}.so").write_bytes(os.urandom(BIG))
+    (root / "small.py").write_text("x = 1\n")
+    with pytest.raises(BootseerError, match="a capture worker died"):
+        _capture(root, baseline, tmp_path / "cache")
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []

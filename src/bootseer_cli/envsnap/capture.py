@@ -222,7 +222,12 @@ class OutsideLook:
         places, skip = outside_places(roots, exclude)
         since, home = max(since, _pid1_started()), os.path.expanduser("~")
         r, w = os.pipe()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            raise
         if pid == 0:  # pragma: no cover - runs in the child
             payload = b"[]"
             try:

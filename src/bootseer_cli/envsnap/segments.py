@@ -7,9 +7,9 @@ time both cores work. The small files are cut into contiguous segments, one fork
 go to one more writer whose zstd uses every core. That writer is started by the scan itself, at the
 first large changed file it meets (`BigWriter.offer`), so the heaviest work (a 434 MB
 `libtorch_cpu.so`) runs on the core the scan leaves idle while it waits for inodes, instead of after
-it. The parts are appended to the blob in order (the large files last, as a single writer puts them),
-so the blob has the one format whichever writer made which part (the large files among themselves
-in the order the scan met them).
+it. The small files' parts are appended to the blob in their order; the large files' part goes in as
+soon as it is done, before or after them (`_append_order`), so the blob has the one format whichever
+writer made which part.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class BigWriter:
         self.part = part
         self.baseline = baseline
         self.pid = 0
+        self.failed = False
         self.sent: set[str] = set()
         self.result_fd = -1
         self._paths_fd = -1
@@ -68,8 +69,14 @@ class BigWriter:
         b = self.baseline.get(path)
         if b is not None and e.same_content(b):
             return
+        if self.failed:
+            return
         if not self.pid:
-            self._start()
+            try:
+                self._start()
+            except OSError:  # no fork now (a process limit): the large files go the old way, after the scan
+                self.failed = True
+                return
         self._send([path])
 
     def _start(self) -> None:
@@ -77,7 +84,12 @@ class BigWriter:
         result_r, result_w = os.pipe()
         gc.freeze()  # the manifests stay shared copy-on-write: no collection in the child walks them
         try:
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:
+                for fd in (paths_r, paths_w, result_r, result_w):
+                    os.close(fd)
+                raise
             if pid == 0:  # pragma: no cover - runs in the child
                 gc.disable()
                 os.close(paths_w)
@@ -94,19 +106,27 @@ class BigWriter:
         for p in paths:
             self.sent.add(p)
             self._pending += os.fsencode(p) + b"\0"
-        with contextlib.suppress(BlockingIOError):
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write what the pipe takes now. A writer that has stopped (an error it will report, or a
+        crash: its result is then empty) takes nothing more; its report says why, at the end."""
+        try:
             while self._pending:
                 n = os.write(self._paths_fd, self._pending)
                 del self._pending[:n]
+        except BlockingIOError:
+            pass
+        except BrokenPipeError:
+            self._pending.clear()
 
     def finish_input(self, rest: list[str]) -> None:
         """Send the large files the scan did not offer, then end the child's input (it ends its part)."""
-        if rest:
-            self._send(rest)
+        for p in rest:
+            self.sent.add(p)
+            self._pending += os.fsencode(p) + b"\0"
         os.set_blocking(self._paths_fd, True)
-        while self._pending:
-            n = os.write(self._paths_fd, self._pending)
-            del self._pending[:n]
+        self._flush()
         os.close(self._paths_fd)
         self._paths_fd = -1
 
