@@ -128,6 +128,31 @@ def test_leftover_container_is_removed_next_time(
 
 
 @pytest.mark.integration
+def test_a_leftover_removed_by_someone_else_while_listed_is_no_error(
+    docker_client: Any, test_image: images.TestImage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK lists the containers, then inspects each: a leftover another cleanup removes in between
+    (seen in CI as a prewarm's traceback, `No such container`) is simply not there to remove."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = docker_client.containers.create(
+        test_image.pinned, ["true"], network_mode="none", labels={engine.LABEL: f"{socket.gethostname()}:{dead.pid}"}
+    )
+    real = docker_client.api.inspect_container
+
+    def someone_else_removes_it_first(cid: str) -> Any:
+        if gone.id.startswith(cid) or cid.startswith(gone.id):
+            docker_client.api.remove_container(gone.id, force=True)  # the real engine, just before
+        return real(cid)
+
+    monkeypatch.setattr(docker_client.api, "inspect_container", someone_else_removes_it_first)
+    try:
+        assert gone.name not in engine.remove_leftovers(docker_client)
+    finally:
+        with contextlib.suppress(Exception):
+            gone.remove(force=True)
+
+
 def test_killed_prewarm_leaves_a_container_the_next_one_removes(
     docker_client: Any, test_image: images.TestImage, tmp_path: Path
 ) -> None:

@@ -268,7 +268,9 @@ def remove_leftovers(client: DockerClient, warn: Callable[[str], None] | None = 
     import docker.errors
 
     removed = []
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
+    # the SDK lists, then inspects each container: one removed in between (another prewarm's
+    # cleanup, the engine's auto-remove) is not there to clean up, not an error
+    for c in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
         if not is_leftover(c.labels):
             continue
         for attempt in range(5):
