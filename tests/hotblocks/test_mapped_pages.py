@@ -193,3 +193,30 @@ def test_a_short_program_is_sampled_while_it_runs_and_the_record_keeps_its_pages
     # without page tables the same file is recorded whole, as before
     info = FileInfo(str(lib), st.st_size, st.st_mtime_ns, 0)
     assert scan("k", [str(root)], [info], whole=lambda _p: True).total_bytes == 16 * MiB
+
+
+def test_a_huge_mapping_costs_bounded_memory_and_pages_past_the_cap_are_not_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job can map a huge sparse file under the roots: root's reader goes through its page table
+    in windows and records at most MAX_FILE_PAGES pages of a file (here scaled down to 1,024)."""
+    from bootseer_cli.hotblocks import mapped
+
+    monkeypatch.setattr(mapped, "MAX_FILE_PAGES", 1024)
+    monkeypatch.setattr(mapped, "WINDOW_PAGES", 256)
+    root = tmp_path / "root"
+    root.mkdir()
+    huge = root / "huge.bin"
+    with open(huge, "wb") as f:
+        f.truncate(64 * MiB)  # sparse
+    job = _mapper(huge, 0, 16 * MiB)  # touches 4,096 pages: 1,024 of them may be recorded
+    try:
+        pages = MappedPages(job.pid, [str(root)])
+        pages.sample()
+        pages.close()
+        seen = {p for first, n in pages.runs()[str(huge)] for p in range(first, first + n)}
+        assert seen == set(range(1024))
+        assert len(pages.pages[str(huge)]) == 1024
+    finally:
+        job.kill()
+        job.wait()

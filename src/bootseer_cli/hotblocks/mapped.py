@@ -37,6 +37,8 @@ from collections.abc import Iterable
 from .pagecache import PAGE_SIZE, runs_from_vector
 
 PERIOD_S = 0.25
+WINDOW_PAGES = 1 << 16  # pagemap entries read at a time (512 KiB): 256 MiB of a mapping
+MAX_FILE_PAGES = 1 << 24  # pages of one file recorded at most (64 GiB): one byte each while sampling
 # bit 63 of a pagemap entry is "present"; little-endian, so it is the top bit of the entry's last byte
 _PRESENT_RUN = re.compile(rb"[\x80-\xff]+")
 _DELETED = " (deleted)"
@@ -148,20 +150,24 @@ class MappedPages:
             os.close(dfd)
 
     def _add(self, pm: int, start: int, end: int, offset: int, raw: bytes) -> None:
-        n = (end - start) // PAGE_SIZE
-        entries = os.pread(pm, n * 8, start // PAGE_SIZE * 8)
-        present = entries[7::8]
-        runs = [(m.start(), m.end()) for m in _PRESENT_RUN.finditer(present)]
-        if not runs:
-            return
-        path = os.fsdecode(raw)
+        """The present pages of one mapping, read in windows: a job that maps a huge (sparse) file under
+        the roots costs this reader (root's agent) bounded memory, and pages past MAX_FILE_PAGES of a
+        file are not recorded (a prefetch skips them; the program reads them on demand)."""
         first = offset // PAGE_SIZE
-        seen = self.pages.setdefault(path, bytearray())
-        need = first + runs[-1][1]
-        if len(seen) < need:
-            seen.extend(bytes(need - len(seen)))
-        for a, b in runs:
-            seen[first + a : first + b] = b"\x01" * (b - a)
+        n = min((end - start) // PAGE_SIZE, max(0, MAX_FILE_PAGES - first))
+        path = os.fsdecode(raw)
+        for w in range(0, n, WINDOW_PAGES):
+            k = min(WINDOW_PAGES, n - w)
+            present = os.pread(pm, k * 8, (start // PAGE_SIZE + w) * 8)[7::8]
+            runs = [(m.start() + w, m.end() + w) for m in _PRESENT_RUN.finditer(present)]
+            if not runs:
+                continue
+            seen = self.pages.setdefault(path, bytearray())
+            need = first + runs[-1][1]
+            if len(seen) < need:
+                seen.extend(bytes(need - len(seen)))
+            for a, b in runs:
+                seen[first + a : first + b] = b"\x01" * (b - a)
 
     def runs(self) -> dict[str, list[tuple[int, int]]]:
         """{path: [(first page, count), ...]} of every file seen mapped with a page present."""
