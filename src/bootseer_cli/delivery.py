@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import uuid
 from collections.abc import Callable
@@ -150,10 +151,13 @@ class DigestMismatch(IntegrityError):
 
 
 class Verifier:
-    """Hashes a blob through an open descriptor in a thread, while the same descriptor is extracted.
+    """Hashes a local blob through an open descriptor in a forked child, while the restore reads the same
+    descriptor: its metadata, its plan, then the extraction's workers.
 
-    hashlib releases the GIL on large updates, so the hash runs beside the forked extraction workers
-    and warms the page cache ahead of them; the extraction asks for the result before it commits.
+    Started before the metadata is read (`start`), the hash runs on a core the restore's serial first
+    steps leave idle, and it reads the blob into the page cache ahead of the workers; the extraction
+    asks for the result before it commits. A process rather than a thread: no GIL to share with the
+    plan, and no thread in this process while the workers are forked. `Download` keeps a thread.
     """
 
     def __init__(self, fd: int, digest: str) -> None:
@@ -161,30 +165,60 @@ class Verifier:
         self.digest = digest
         self.got = ""
         self.error = ""
-        self._t = threading.Thread(target=self._run, name="bootseer-verify", daemon=True)
+        self._pid = 0
+        self._r = -1
+        self._done = False
 
     def start(self) -> None:
-        """Begin hashing (the extraction calls this once its workers are forked)."""
-        if self._t.ident is None:
-            self._t.start()
-
-    def _run(self) -> None:
+        """Begin hashing (idempotent): the restore calls it before it reads the metadata."""
+        if self._pid or self._done:
+            return
         import hashlib
 
-        h = hashlib.sha256()
-        off = 0
+        h = hashlib.sha256()  # made here, so the child takes no lock another thread of this one may hold
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 0
+            try:
+                os.close(r)
+                off = 0
+                while chunk := os.pread(self.fd, 4 << 20, off):
+                    h.update(chunk)
+                    off += len(chunk)
+                os.write(w, h.hexdigest().encode())
+            except BaseException as e:  # reported as the error: a read that failed is no match
+                with contextlib.suppress(BaseException):
+                    os.write(w, b"!" + str(e).encode("utf-8", "replace")[:300])
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        self._pid, self._r = pid, r
+
+    def _wait(self) -> None:
+        if self._done:
+            return
+        self.start()
+        parts = []
         try:
-            while chunk := os.pread(self.fd, 4 << 20, off):
-                h.update(chunk)
-                off += len(chunk)
-            self.got = h.hexdigest()
-        except OSError as e:
-            self.error = str(e)
+            while piece := os.read(self._r, 4096):
+                parts.append(piece)
+        finally:
+            os.close(self._r)
+            os.waitpid(self._pid, 0)
+            self._done = True
+        out = b"".join(parts)
+        if out.startswith(b"!"):
+            self.error = out[1:].decode("utf-8", "replace")
+        elif len(out) == 64:
+            self.got = out.decode()
+        else:
+            self.error = "the hashing process died"
 
     def ok(self) -> bool:
         """Whether the blob matched its digest, once the hash is done (waits for it)."""
-        self.start()  # an extraction that failed before its workers ran never started it
-        self._t.join()
+        self._wait()
         return not self.error and self.got == self.digest
 
     def check(self) -> None:
@@ -194,8 +228,38 @@ class Verifier:
                 f"blob {self.digest[:12]} does not match its digest{': ' + self.error if self.error else ''}"
             )
 
+    def close(self) -> None:
+        """Stop and reap a hash still running (a restore that ended before it asked for the result)."""
+        if self._pid and not self._done:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                self._wait()
 
-class Download(Verifier):
+
+class _Threaded(Verifier):
+    """The hash in a thread of this process (a download hashes what it writes, as it writes it)."""
+
+    def __init__(self, fd: int, digest: str) -> None:
+        super().__init__(fd, digest)
+        self._t = threading.Thread(target=self._run, name="bootseer-verify", daemon=True)
+
+    def start(self) -> None:
+        if self._t.ident is None:
+            self._t.start()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _wait(self) -> None:
+        self.start()  # an extraction that failed before its workers ran never started it
+        self._t.join()
+
+    def close(self) -> None:
+        pass
+
+
+class Download(_Threaded):
     """A remote blob downloaded into a temporary file of the node cache, in order and hashed on the way,
     while the extraction reads the frames that have arrived (`extract(arriving=True)`); the metadata is
     read first from the blob's end by a ranged read. Renamed into the cache once restored and matched.
@@ -283,6 +347,8 @@ class Blob:
         """Close the descriptor; a download never kept is removed with it."""
         if isinstance(self.verifier, Download):
             self.verifier.discard()  # a no-op once kept
+        elif self.verifier is not None:
+            self.verifier.close()
         os.close(self.fd)
 
 

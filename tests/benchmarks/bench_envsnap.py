@@ -61,6 +61,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.benchmarks.bench_extract import drop_caches  # noqa: E402
+from tests.benchmarks.freshfs import FreshFs  # noqa: E402
 from tests.support import pkgindex  # noqa: E402
 
 REALISTIC = ["numpy", "pandas", "pyarrow", "scipy"]
@@ -335,6 +336,7 @@ class TarBench:
         self.info = ""
         self.dropped = True
         self.against = ""  # another checkout's src: its restore and capture in the same rounds
+        self.fresh: FreshFs | None = None  # --fresh-fs: each step's target is a new, empty ext4 (freshfs.py)
 
     def config(self) -> Path:
         """The setup creates the venv itself: the snapshot is the whole tree, like tar's archive."""
@@ -356,6 +358,8 @@ class TarBench:
     def prepare(self, index_env: dict[str, str]) -> None:
         """baseline (no target yet) → the setup (venv + pip) → snapshot; tar's own archive of the tree."""
         shutil.rmtree(self.target, ignore_errors=True)
+        if self.fresh is not None:
+            self.fresh.renew()
         self.work.mkdir(parents=True, exist_ok=True)
         cfg = self.config()
         self.cfg = cfg
@@ -391,8 +395,12 @@ class TarBench:
         }
 
     def setup_step(self, name: str, env: dict[str, str]) -> None:
-        """The untimed state before a step: an absent target (restore) or the laid-down tree (capture)."""
-        shutil.rmtree(self.target, ignore_errors=True)
+        """The untimed state before a step: an absent target (restore; with --fresh-fs an empty new
+        filesystem mounted there) or the laid-down tree (capture)."""
+        if self.fresh is not None:
+            self.fresh.renew()
+        else:
+            shutil.rmtree(self.target, ignore_errors=True)
         shutil.rmtree(self.node_cache / "bootseer" / "blobs", ignore_errors=True)
         shutil.rmtree(self.work / "capture-cache", ignore_errors=True)
         (self.work / "out.tar.zst").unlink(missing_ok=True)
@@ -417,11 +425,15 @@ class TarBench:
         return took, cpu, detail
 
 
-def vs_tar(target: Path, reps: int, packages: list[str], json_out: Path | None, against: str = "") -> None:
+def vs_tar(
+    target: Path, reps: int, packages: list[str], json_out: Path | None, against: str = "", fresh_fs: bool = False
+) -> None:
     work = target.parent / "work-vs-tar"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     b = TarBench(work, target, packages)
+    if fresh_fs:
+        b.fresh = FreshFs(target.parent / "fresh-fs.img", target)
     wall: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
     details: dict[str, str] = {}
@@ -450,6 +462,8 @@ def vs_tar(target: Path, reps: int, packages: list[str], json_out: Path | None, 
                         details[name] = detail
                     print(f"rep {rep + 1}: {name}: {took:.2f} s (CPU {c:.2f} s) {detail}", file=sys.stderr, flush=True)
     finally:
+        if b.fresh is not None:
+            b.fresh.close()
         shutil.rmtree(target, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     report_vs_tar(wall, cpu, details, b, reps, load0, json_out)
@@ -468,7 +482,9 @@ def report_vs_tar(
     print(f"\n# env restore and capture against tar, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(
         f"machine: {os.cpu_count()} cores; {' '.join(b.packages)}: {b.info}; {reps} interleaved rounds; page cache "
-        f"{'dropped before every timed step' if b.dropped else 'NOT dropped (not root)'}; load average "
+        f"{'dropped before every timed step' if b.dropped else 'NOT dropped (not root)'}; target: "
+        f"{'a new ext4 per step (--fresh-fs)' if b.fresh else 'the same filesystem, the last tree just deleted'}; "
+        "load average "
         f"{load0[0]:.1f} / {load0[1]:.1f} / {load0[2]:.1f} before, {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} after"
     )
     tars = ["restore: tar -xf (tar's archive)", "restore: tar -xf (bootseer's blob)"]
@@ -516,9 +532,10 @@ def main() -> None:
     ap.add_argument("--vs-tar", action="store_true", help="restore and capture against tar, page cache dropped")
     ap.add_argument("--packages", default=TORCH[0], help="--vs-tar: what pip installs into the tree")
     ap.add_argument("--against", default="", help="--vs-tar: also another checkout's src, same rounds")
+    ap.add_argument("--fresh-fs", action="store_true", help="--vs-tar: each step into a new ext4 (freshfs.py)")
     args = ap.parse_args()
     if args.vs_tar:
-        vs_tar(args.target, max(args.reps, 5), args.packages.split(","), args.json, args.against)
+        vs_tar(args.target, max(args.reps, 5), args.packages.split(","), args.json, args.against, args.fresh_fs)
         return
     if args.extract:
         from tests.benchmarks.bench_extract import extract_bench

@@ -47,9 +47,28 @@ def _check_path(p: object, roots: list[str]) -> str:
     return p
 
 
-def _check_entry(e: ArchiveEntry, roots: list[str], earlier: dict[str, ArchiveEntry]) -> None:
-    """One listed entry: under a root, of a restorable kind, not a duplicate, links well formed."""
-    p = _check_path(e.path, roots)
+def _paths_ok(paths: list[str], roots: list[str]) -> bool:
+    """Whether every path passes `_check_path`, tested on all of them at once: a few scans of one
+    joined string instead of ~3 µs of Python per path (60 ms of a 21k-entry restore's serial start).
+    False means some path fails: `_check_path` then finds it and says why."""
+    if "\0" in "".join(paths):
+        return False
+    if ("\0" + "\0".join(paths)).count("\0/") != len(paths):  # each one absolute
+        return False
+    joined = "/\0".join(paths) + "/\0"  # the '/' closes each path, as `_check_path`'s `p + "/"` does
+    if "//" in joined or "/./" in joined or "/../" in joined:
+        return False
+    if len(roots) == 1:
+        root = roots[0]
+        below = root.rstrip("/") + "/"
+        return all(q.startswith(below) or q == root for q in paths)
+    return all(under(q, roots) for q in paths)
+
+
+def _check_entry(e: ArchiveEntry, roots: list[str], earlier: dict[str, ArchiveEntry], checked: bool = False) -> None:
+    """One listed entry: under a root, of a restorable kind, not a duplicate, links well formed
+    (`checked`: its path already passed `_check_path`)."""
+    p = e.path if checked else _check_path(e.path, roots)
     if e.kind not in (FILE, DIR, SYMLINK, HARDLINK):
         raise UnsafeArchive(f"snapshot entry {p}: kind {e.kind!r} cannot be restored (device node or fifo?)")
     if p in roots and e.kind != DIR:
@@ -86,8 +105,9 @@ def plan(meta: Meta, roots: list[str]) -> Plan:
     """Check the metadata against `roots` (the roots this node restores into) and build the plan."""
     roots = [os.path.normpath(os.path.abspath(r)) for r in roots]
     entries: dict[str, ArchiveEntry] = {}
+    checked = _paths_ok([e.path for e in meta.entries], roots)
     for e in meta.entries:
-        _check_entry(e, roots, entries)
+        _check_entry(e, roots, entries, checked)
         entries[e.path] = e if isinstance(e.extra, str) else ArchiveEntry(e.path, e.kind, e.mode, e.size, e.mtime)
     _check_below_symlinks(entries)
     deletions = []

@@ -41,22 +41,24 @@ def meta_cap(entries: int) -> int:
 ReadAt = Callable[[int, int], bytes]  # (length, offset) -> bytes: a random-access read
 
 
-def _trailer_doc(blob: Path | int | tuple[ReadAt, int], cap: int) -> tuple[Any, int]:
+def _trailer_doc(
+    blob: Path | int | tuple[ReadAt, int], cap: int, read: Callable[[], None] | None = None
+) -> tuple[Any, int]:
     """The decoded JSON of the trailer and its size (IntegrityError when there is none, it is corrupt,
     or it decompresses to more than `cap` bytes). `blob` is a path or an open descriptor (the restore
     reads, hashes and extracts one descriptor, so all three see the same file)."""
     if isinstance(blob, tuple):  # a blob read remotely by ranges (its end, before the rest arrives)
-        return _trailer_from(blob[0], blob[1], "snapshot", cap)
+        return _trailer_from(blob[0], blob[1], "snapshot", cap, read)
     if isinstance(blob, int):
-        return _trailer_from(lambda n, off: os.pread(blob, n, off), os.fstat(blob).st_size, "snapshot", cap)
+        return _trailer_from(lambda n, off: os.pread(blob, n, off), os.fstat(blob).st_size, "snapshot", cap, read)
     fd = os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return _trailer_from(lambda n, off: os.pread(fd, n, off), os.fstat(fd).st_size, blob.name, cap)
+        return _trailer_from(lambda n, off: os.pread(fd, n, off), os.fstat(fd).st_size, blob.name, cap, read)
     finally:
         os.close(fd)
 
 
-def _trailer_from(read_at: ReadAt, end: int, name: str, cap: int) -> tuple[Any, int]:
+def _trailer_from(read_at: ReadAt, end: int, name: str, cap: int, read: Callable[[], None] | None) -> tuple[Any, int]:
     import zstandard
 
     try:
@@ -68,7 +70,10 @@ def _trailer_from(read_at: ReadAt, end: int, name: str, cap: int) -> tuple[Any, 
         (n,) = struct.unpack("<Q", tail[:8])
         if n > end - 24:
             raise IntegrityError(f"{name}: corrupt snapshot trailer")
-        reader = zstandard.ZstdDecompressor().stream_reader(read_at(n, end - 16 - n))
+        comp = read_at(n, end - 16 - n)
+        if read is not None:
+            read()
+        reader = zstandard.ZstdDecompressor().stream_reader(comp)
         raw = reader.read(cap + 1)
         if len(raw) > cap:
             raise IntegrityError(f"{name}: snapshot metadata is larger than {cap} bytes")
@@ -88,15 +93,18 @@ def _frames(rows: list[Any]) -> tuple[Frame, ...]:
     return frames
 
 
-def read_meta(blob: Path | int | tuple[ReadAt, int], entries_hint: int | None = None) -> Meta:
+def read_meta(
+    blob: Path | int | tuple[ReadAt, int], entries_hint: int | None = None, read: Callable[[], None] | None = None
+) -> Meta:
     """The typed metadata of a snapshot blob (checked for shape, not yet for safety: see plan.plan).
 
     `entries_hint` (from the ref) bounds how far the metadata is decompressed; once parsed, its size
     must be proportional to the entries it lists (`meta_cap`), so a small blob cannot claim a huge
-    amount of memory.
+    amount of memory. `read` is called once the trailer's bytes are in, before they are decoded (the
+    restore then starts hashing the blob: earlier, the hash's reads queued ahead of the trailer's).
     """
     cap = meta_cap(entries_hint or 0)
-    doc, size = _trailer_doc(blob, cap)
+    doc, size = _trailer_doc(blob, cap, read)
     name = blob.name if isinstance(blob, Path) else "snapshot"
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         fmt = doc.get("format") if isinstance(doc, dict) else None
@@ -126,7 +134,9 @@ _KINDS = {b"0": FILE, b"\0": FILE, b"5": DIR, b"2": SYMLINK, b"1": HARDLINK}
 
 
 class Reader(Protocol):
-    """What the tar parser reads members from: a decompressed frame, in memory or streamed."""
+    """What the tar parser reads members from: a frame's tar bytes, decompressed as they are read.
+
+    A view it returns may be overwritten by the next read: the parser copies what it keeps."""
 
     def read(self, n: int) -> bytes | memoryview: ...
 
@@ -170,7 +180,7 @@ _ZERO_BLOCK = bytes(BLOCK)
 def _header_block(r: Reader) -> bytes | memoryview | None:
     """The next 512-byte header, checksum verified; None for an end-of-archive (zero) block.
 
-    Read without a copy where the reader hands out views (a decompressed frame in memory)."""
+    Read without a copy where the reader hands out views (valid until its next read)."""
     hdr = r.read(BLOCK)
     if len(hdr) < BLOCK:
         raise IntegrityError("snapshot ends inside a tar header")
@@ -211,7 +221,7 @@ def next_member(r: Reader, limit: int) -> tuple[TarMember | None, int]:
         pos += BLOCK
         if hdr is None:
             continue  # end-of-archive blocks
-        size, flag = _octal(hdr[124:136]), hdr[156:157]
+        size, flag = _octal(hdr[124:136]), bytes(hdr[156:157])
         if flag in (b"L", b"K"):
             padded = size + (-size % BLOCK)
             if size > LONG_NAME_MAX or padded > limit - pos:

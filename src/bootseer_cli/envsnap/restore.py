@@ -193,7 +193,10 @@ def _restore_from(
     from .reader import read_meta
 
     t1 = time.monotonic()
-    meta = read_meta(b.verifier.tail if isinstance(b.verifier, Download) else b.fd, entries_hint(ref))
+    v = b.verifier
+    # the hash starts once the metadata's bytes are read: it runs beside their decoding and the plan, on
+    # a core those leave idle, and reads the blob into the page cache ahead of the workers
+    meta = read_meta(v.tail if isinstance(v, Download) else b.fd, entries_hint(ref), v and v.start)
     if any(not under(r, roots) for r in meta.roots):
         raise IntegrityError(
             f"the snapshot was captured for roots {', '.join(meta.roots)}, which this node's roots "
@@ -203,7 +206,6 @@ def _restore_from(
     remove_stamp(roots)
     planned = replace(meta, deletions=(*meta.deletions, *switch)) if switch else meta
     raw = ref.get("bytes")
-    v = b.verifier
     with byte_bar(raw if isinstance(raw, int) and raw > 0 else None, "restore", enabled=progress) as advance:
         ex = extract(
             b.fd,

@@ -179,7 +179,7 @@ def plan_changes(st: State, undo: Undo) -> None:
                 break
             if p not in moved:
                 st.new.add(p)
-            p = os.path.dirname(p)
+            p = p.rpartition("/")[0] or "/"  # `dirname` of a normal absolute path, at a third of its cost
 
 
 def rollback(st: State, undo: Undo) -> str:
@@ -257,11 +257,12 @@ def _stop_forked_workers() -> None:
 
 
 def journal_doc(st: State, undo: Undo, committed: bool = False) -> dict[str, Any]:
-    """The journal's record of this extraction: what `journal.recover` needs to put a killed restore back."""
-    return {
-        "v": 1,
-        "committed": committed,
-        "undo_dirs": sorted(undo.dirs.values()),
-        "moves": [list(m) for m in undo.planned],
-        "new": sorted(st.new),
-    }
+    """The journal's record of this extraction: what `journal.recover` needs to put a killed restore back.
+
+    A committed journal only has its undo directories removed: it leaves out the moves and the new
+    paths (tens of thousands of them, written and fsynced again on the commit's critical path)."""
+    doc: dict[str, Any] = {"v": 1, "committed": committed, "undo_dirs": sorted(undo.dirs.values())}
+    if not committed:
+        doc["moves"] = [list(m) for m in undo.planned]
+        doc["new"] = sorted(st.new)
+    return doc
