@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from ..errors import BootseerError, IntegrityError
 from .dirfd import DirFds, fd_budget
-from .format import HARDLINK, ArchiveEntry, Frame, Progress, UnsafeArchive
+from .format import BLOCK, HARDLINK, ArchiveEntry, Frame, Progress, UnsafeArchive
 from .manifest import DIR, FILE
 from .plan import Plan
 from .reader import TarMember, next_member
@@ -273,11 +273,12 @@ def _apply_member(st: State, m: TarMember, r: _ChunkReader, room: int) -> int:
     if e.kind == FILE:
         if m.size != e.size:  # the metadata's listed size bounds what a member may write
             raise IntegrityError(f"snapshot member {e.path!r} holds {m.size} bytes, its listing says {e.size}")
-        if m.padded > room:
+        padded = m.size + (-m.size % BLOCK)
+        if padded > room:
             raise IntegrityError(f"snapshot member {e.path!r} overruns its frame")
         _write_file(st, e, r, dfd, name)
-        r.skip(m.padded - m.size)
-        return m.padded
+        r.skip(padded - m.size)
+        return padded
     if e.kind == DIR:
         _put_dir(st, e, dfd, name)
     else:

@@ -61,11 +61,12 @@ def _finish(st: State) -> None:
         missing = [q for q in st.plan.entries if q not in st.seen]
         if missing:
             raise IntegrityError(f"snapshot lacks {len(missing)} listed entries (e.g. {missing[0]})")
-        for path, e in sorted(st.plan.entries.items(), reverse=True):  # children first: a parent may turn 0o555
-            if e.kind == DIR:
-                fd = d.dir(path)
-                os.fchmod(fd, e.mode & MODE_MASK)
-                os.utime(fd, (e.mtime, e.mtime))
+        dirs = sorted((p for p, e in st.plan.entries.items() if e.kind == DIR), reverse=True)
+        for path in dirs:  # children first: a parent may turn 0o555
+            e = st.plan.entries[path]
+            fd = d.dir(path)
+            os.fchmod(fd, e.mode & MODE_MASK)
+            os.utime(fd, (e.mtime, e.mtime))
     finally:
         d.close()
 
