@@ -117,7 +117,9 @@ def _write_file(st: State, e: ArchiveEntry, r: _ChunkReader, dfd: int, name: str
 
 # ---- one frame -------------------------------------------------------------------------------------
 
-CHUNK = 1 << 18  # a frame is decompressed this much at a time, into one reused buffer per worker
+# A frame is decompressed this much at a time, into one reused buffer per worker: within a core's L2
+# (2 MiB here), 1 MiB was ~7 % faster than 256 kB or 4 MiB on the torch venv, 2 MiB alike.
+CHUNK = 1 << 20
 
 
 class _ByteStream(Protocol):
