@@ -17,7 +17,7 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -339,51 +339,72 @@ def _frames_in_threads(st: State, fd: int, frames: tuple[Frame, ...], workers: i
 _ERRORS: dict[str, type[BootseerError]] = {"UnsafeArchive": UnsafeArchive, "IntegrityError": IntegrityError}
 
 
-def _bins(frames: tuple[Frame, ...], workers: int, arriving: bool = False) -> list[list[Frame]]:
-    """The frames spread over `workers`: largest first, onto the least loaded worker; for a blob still
-    arriving, in the order they arrive, dealt round (no worker waits for the end while others idle)."""
-    bins: list[list[Frame]] = [[] for _ in range(workers)]
-    if arriving:
-        for i, f in enumerate(sorted(frames, key=lambda f: f.offset)):
-            bins[i % workers].append(f)
-        return [b for b in bins if b]
+def _order(frames: tuple[Frame, ...], arriving: bool) -> list[Frame]:
+    """The order workers take the frames in: largest first (a large frame taken last would leave its
+    worker alone at the end); for a blob still arriving, the order they arrive in."""
+    return sorted(frames, key=lambda f: f.offset) if arriving else sorted(frames, key=lambda f: -f.raw)
+
+
+def _bins(order: list[Frame], workers: int) -> list[list[int]]:
+    """The frames (their places in `order`) dealt out in advance, for a blob with more frames than a
+    queue holds: each onto the least loaded worker (arriving: dealt round)."""
+    bins: list[list[int]] = [[] for _ in range(workers)]
     loads = [0] * workers
-    for f in sorted(frames, key=lambda f: -f.raw):
+    for j, f in enumerate(order):
         i = loads.index(min(loads))
-        bins[i].append(f)
-        loads[i] += f.raw
+        bins[i].append(j)
+        loads[i] += f.raw or 1
     return [b for b in bins if b]
 
 
+# Workers take frames from one queue (a pipe of 4-byte frame numbers, written whole before they start,
+# read 4 bytes at a time) as they become free: frames of many small files cost more per byte than those
+# of a few large ones, and bins dealt in advance by bytes ended up to 0.5 s apart. A pipe holds 64 kB.
+QUEUE_MAX = 16 << 10
 # The worker holding the largest frame (a frame is decompressed and written by one worker, in order)
 # is the restore's critical path; the others run at this niceness, so on a node with fewer cores than
 # workers it is not left last, alone on one core, after a fair share among all of them.
 BEHIND_NICE = 5
 
 
-def _fork_workers(st: State, fd: int, bins: list[list[Frame]]) -> tuple[list[int], list[int]]:
-    """One forked child per bin; returns their pids and the read ends of their report pipes."""
+def _queue(n: int) -> int:
+    """The read end of a pipe holding the frame numbers 0 … n-1, its write end closed (EOF once taken)."""
+    r, w = os.pipe()
+    try:
+        _write_all(w, b"".join(j.to_bytes(4, "little") for j in range(n)))
+    finally:
+        os.close(w)
+    return r
+
+
+def _taken(q: int) -> Iterator[int]:
+    """The frame numbers this worker takes from the queue, one at a time, until it is empty."""
+    while len(b := os.read(q, 4)) == 4:
+        yield int.from_bytes(b, "little")
+
+
+def _fork_workers(st: State, fd: int, order: list[Frame], workers: int) -> tuple[list[int], list[int]]:
+    """`workers` forked children taking the frames of `order`; returns their pids and the read ends of
+    their report pipes."""
     import gc
 
+    q = _queue(len(order)) if len(order) <= QUEUE_MAX else -1
+    bins = _bins(order, workers) if q < 0 else [[] for _ in range(workers)]
     pids: list[int] = []
     pipes: list[int] = []
     # The plan (tens of thousands of entries) is shared with the children copy-on-write; a collection
     # in a child would touch every object and copy every page: frozen objects are never scanned, and
     # the short-lived children do not collect at all.
     gc.freeze()
-    lead = max(range(len(bins)), key=lambda i: max(f.raw for f in bins[i]))
     try:
-        for i, frames in enumerate(bins):
+        for mine in bins:
             r, w = os.pipe()
             pid = os.fork()
             if pid == 0:  # pragma: no cover - runs in the child
                 try:
                     gc.disable()
                     os.close(r)
-                    if i != lead:
-                        with contextlib.suppress(OSError):
-                            os.nice(BEHIND_NICE)
-                    _child(st, fd, frames, w)
+                    _child(st, fd, order, _taken(q) if q >= 0 else iter(mine), w)
                 finally:
                     os._exit(0)
             os.close(w)
@@ -391,6 +412,8 @@ def _fork_workers(st: State, fd: int, bins: list[list[Frame]]) -> tuple[list[int
             pipes.append(r)
     finally:
         gc.unfreeze()
+        if q >= 0:
+            os.close(q)
     return pids, pipes
 
 
@@ -451,7 +474,7 @@ def _frames_in_processes(
     the paths it created and the entries it saw, or its error. The parent raises the first error
     after every child is done, so the undo sees everything that was written.
     """
-    pids, pipes = _fork_workers(st, fd, _bins(frames, workers, st.arriving))
+    pids, pipes = _fork_workers(st, fd, _order(frames, st.arriving), workers)
     _workers_running(st)
     results = _collect(pipes, progress)
     for pid in pids:
@@ -461,19 +484,25 @@ def _frames_in_processes(
         raise error
 
 
-def _child(st: State, fd: int, frames: list[Frame], w: int) -> None:  # pragma: no cover
-    """The body of one forked worker (see `_frames_in_processes`)."""
+def _child(st: State, fd: int, order: list[Frame], taken: Iterator[int], w: int) -> None:  # pragma: no cover
+    """The body of one forked worker (see `_frames_in_processes`): the frames of `order` it takes."""
     st.created.clear()
     st.made_dirs.clear()
     st.seen.clear()
     st.hardlinks.clear()
     local = threading.local()
+    lead = max(range(len(order)), key=lambda j: order[j].raw)
+    behind = False
     err: list[str] | None = None
     with os.fdopen(w, "w") as out:
         try:
-            for f in frames:
-                _extract_frame(st, fd, f, local)
-                out.write(json.dumps({"p": f.raw}) + "\n")
+            for j in taken:
+                if j != lead and not behind:
+                    behind = True
+                    with contextlib.suppress(OSError):
+                        os.nice(BEHIND_NICE)
+                _extract_frame(st, fd, order[j], local)
+                out.write(json.dumps({"p": order[j].raw}) + "\n")
                 out.flush()
         except BaseException as e:  # reported to the parent, which undoes everything
             err = [type(e).__name__, str(e) or type(e).__name__]
