@@ -154,10 +154,11 @@ class Verifier:
     """Hashes a local blob through an open descriptor in a forked child, while the restore reads the same
     descriptor: its metadata, its plan, then the extraction's workers.
 
-    Started before the metadata is read (`start`), the hash runs on a core the restore's serial first
-    steps leave idle, and it reads the blob into the page cache ahead of the workers; the extraction
-    asks for the result before it commits. A process rather than a thread: no GIL to share with the
-    plan, and no thread in this process while the workers are forked. `Download` keeps a thread.
+    Started once the metadata's bytes are read (`start`), the hash runs on a core the restore's serial
+    first steps (decoding the metadata, the plan) leave idle, and it reads the blob into the page cache
+    ahead of the workers; the extraction asks for the result before it commits. A process rather than a
+    thread: no GIL to share with the plan, and no thread in this process while the workers are forked.
+    `Download` keeps a thread.
     """
 
     def __init__(self, fd: int, digest: str) -> None:
@@ -170,7 +171,7 @@ class Verifier:
         self._done = False
 
     def start(self) -> None:
-        """Begin hashing (idempotent): the restore calls it before it reads the metadata."""
+        """Begin hashing (idempotent): the restore calls it once the metadata's bytes are read."""
         if self._pid or self._done:
             return
         import hashlib
@@ -205,9 +206,10 @@ class Verifier:
             while piece := os.read(self._r, 4096):
                 parts.append(piece)
         finally:
-            os.close(self._r)
-            os.waitpid(self._pid, 0)
             self._done = True
+            os.close(self._r)
+            with contextlib.suppress(ChildProcessError):  # reaped already (an interrupted restore stops its children)
+                os.waitpid(self._pid, 0)
         out = b"".join(parts)
         if out.startswith(b"!"):
             self.error = out[1:].decode("utf-8", "replace")

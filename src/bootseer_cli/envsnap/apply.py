@@ -347,7 +347,7 @@ def _order(frames: tuple[Frame, ...], arriving: bool) -> list[Frame]:
 
 def _bins(order: list[Frame], workers: int) -> list[list[int]]:
     """The frames (their places in `order`) dealt out in advance, for a blob with more frames than a
-    queue holds: each onto the least loaded worker (arriving: dealt round)."""
+    queue holds: each, in order, onto the worker with the fewest bytes so far."""
     bins: list[list[int]] = [[] for _ in range(workers)]
     loads = [0] * workers
     for j, f in enumerate(order):
