@@ -151,10 +151,16 @@ def _big_child(part: Path, paths_fd: int, result_fd: int) -> None:  # pragma: no
             *paths, buf = (buf + chunk).split(b"\0")
             for p in paths:
                 sw.add_now(os.fsdecode(p))
-        payload = json.dumps(sw.end_segment())
+        payload = _payload(*sw.end_segment())
     except BaseException as e:  # reported to the parent, which raises it
         payload = json.dumps({"error": str(e) or type(e).__name__})
     _report(result_fd, payload)
+
+
+def _payload(doc: dict[str, Any], rows_json: str) -> str:
+    """A writer's report: its summary, a newline, its entries' JSON rows (which the parent puts into
+    the trailer as they are). Compact JSON holds no raw newline: the first one is the boundary."""
+    return json.dumps(doc) + "\n" + rows_json
 
 
 def _report(fd: int, payload: str) -> None:  # pragma: no cover - forked child
@@ -277,12 +283,13 @@ def _write_segments(
             pid, r, part = kids[i]
             kids[i] = (pid, -1, part)  # the reader below owns `r` and closes it
             with os.fdopen(r, "rb") as f:
-                doc = json.loads(f.read() or b'{"error": "a capture worker died"}')
+                head, _, rows = f.read().partition(b"\n")
+            doc = json.loads(head or b'{"error": "a capture worker died"}')
             os.waitpid(pid, 0)
             kids[i] = (0, -1, part)
             if "error" in doc:
                 raise BootseerError(str(doc["error"]))
-            w.append_segment(part, doc)
+            w.append_segment(part, doc, rows.decode())
             advance(doc["raw"])
             part.unlink(missing_ok=True)
     finally:
@@ -329,7 +336,7 @@ def _segment_child(  # pragma: no cover - runs in a forked child
         sw = ArchiveWriter(part, threads=threads, segment=True)
         for p in seg:
             sw.add(p, after[p], link_to=links.get(p))
-        payload = json.dumps(sw.end_segment())
+        payload = _payload(*sw.end_segment())
     except BaseException as e:  # reported to the parent, which raises it
         payload = json.dumps({"error": str(e) or type(e).__name__})
     _report(wfd, payload)
