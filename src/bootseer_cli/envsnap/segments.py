@@ -288,7 +288,8 @@ def _write_segments(
                         os.close(r)
                         if part is None:
                             _segment_child(parts, pieces, queue_r, after, links, wfd)
-                        _large_child(part, big, after, links, threads, wfd)
+                        else:
+                            _large_child(part, big, after, links, threads, wfd)
                     os.close(wfd)
                     app.watch(pid, r, part)
             finally:
