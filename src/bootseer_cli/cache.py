@@ -32,11 +32,10 @@ from .cachedir import (
     sha256_fd,
     unlink_at,
 )
-from .settings import StoreSettings
-from .store import Store, blob_path
 
 if TYPE_CHECKING:
-    pass
+    from .settings import StoreSettings
+    from .store import Store
 
 FANOUT = "sha256"
 
@@ -51,6 +50,8 @@ def _touch(name: str, dfd: int) -> None:
 def _link_stored(store: Store, src: Path, digest: str, dfd: int, name: str) -> bool:
     """Replace `src` by a hard link to the store's copy of the blob at `name` in `dfd`; False when
     not possible."""
+    from .store import blob_path
+
     stored = Path(store.path(blob_path(digest)))
     tmp = f".{name}.link-{os.getpid()}-{time.monotonic_ns()}"
     try:
@@ -71,6 +72,10 @@ class BlobCache:
         self.max_bytes = max_bytes
 
     def path(self, digest: str) -> Path:
+        # the store's module is imported here, not with this one: a capture (which only needs
+        # `root`) then does not load it, its transports and its trust (~25 ms before its first read)
+        from .store import blob_path
+
         return self.root / blob_path(digest).removeprefix("blobs/")
 
     def get(self, digest: str) -> Path | None:

@@ -251,7 +251,7 @@ def test_segments_appended_make_one_blob_with_its_digest(
         sw = format.ArchiveWriter(part, threads=1, segment=True)
         for p in seg:
             sw.add(p, after[p])
-        w.append_segment(part, sw.end_segment())
+        w.append_segment(part, *sw.end_segment())
         part.unlink()  # as the capture does, right after handing it over
     written = w.finish({"roots": [str(root)], "deletions": []})
     assert written.digest == hashlib.sha256(blob.read_bytes()).hexdigest()

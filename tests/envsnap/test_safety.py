@@ -169,7 +169,7 @@ def test_device_nodes_are_refused(world: dict, devtype: bytes) -> None:
         extract.extract(world["tmp"] / "blob", meta, [str(root)])
     assert_untouched(world)
     # and listed as a device: refused before anything is written
-    device = dataclasses.replace(meta.entries[1], kind="c")
+    device = meta.entries[1]._replace(kind="c")
     meta = dataclasses.replace(meta, entries=(meta.entries[0], device))
     with pytest.raises(format.UnsafeArchive, match="cannot be restored"):
         extract.extract(world["tmp"] / "blob", meta, [str(root)])

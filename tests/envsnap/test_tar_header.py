@@ -58,3 +58,34 @@ def test_the_writers_own_headers_parse(tmp_path: object) -> None:
         hdr = format._tar_header("/opt/venv/x/" + "n" * 120, "f", 0o644, 1_700_000_000, size)
         m, _ = reader.next_member(_Bytes(hdr), len(hdr))
         assert m is not None and m.size == size and m.path == "/opt/venv/x/" + "n" * 120
+
+
+def test_the_writers_headers_are_tarfiles_on_random_entries() -> None:
+    """The writer's headers (one `struct` pack, the checksum summed beforehand) are byte for byte
+    what tarfile's GNU_FORMAT writes: names and links around the 100-byte field (long-name records),
+    non-ASCII and undecodable bytes (the checksum's widest sums), every kind, mode bits beyond 0o777."""
+    from bootseer_cli.envsnap import format, manifest
+
+    rng = random.Random(2028)
+    alphabet = ["a", "Z", "_", ".", "é", "€", "\U0001f40d", "\udcff", "/"]
+    kinds = [manifest.FILE, manifest.DIR, manifest.SYMLINK, format.HARDLINK]
+    for i in range(3000):
+        name = "/" + "".join(rng.choice(alphabet) for _ in range(rng.choice([1, 20, 50, 99, 100, 101, 140])))
+        link = "/" + "".join(rng.choice(alphabet) for _ in range(rng.choice([0, 30, 99, 100, 120])))
+        kind = kinds[i % 4]
+        mode = rng.choice([0o644, 0o755, 0o4755, 0o100600, 0o40777, 0o7777])
+        mtime = rng.choice([0, 1, 1_700_000_000, 8**11 - 1])
+        size = rng.choice([0, 1, 511, 512, 4 << 20, 8**11 - 1]) if kind == manifest.FILE else 0
+        args = (name, kind, mode, mtime, size, link if kind in (manifest.SYMLINK, format.HARDLINK) else "")
+        assert format._tar_header(*args) == format._tarfile_header(*args), args
+
+
+def test_a_header_of_the_widest_bytes_has_the_spec_checksum() -> None:
+    """Names and links of 100 bytes of 0xff (as surrogate escapes): the largest sums the checksum
+    can see; tar's own byte sum must match what the header stores."""
+    from bootseer_cli.envsnap import format
+
+    hdr = format._tar_header("/" + "\udcff" * 100, format.HARDLINK, 0o7777, 8**11 - 1, 0, "/" + "\udcff" * 100)
+    assert len(hdr) == 512 and int(hdr[148:154], 8) == spec_sum(hdr)
+    m, _ = reader.next_member(_Bytes(hdr), len(hdr))
+    assert m is not None and m.kind == "h"

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # Kinds of entries.
 FILE, DIR, SYMLINK, OTHER = "f", "d", "l", "o"
@@ -28,9 +28,11 @@ JOURNAL_NAME = ".bootseer-env.journal"
 UNDO_PREFIX = ".bootseer-undo-"
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One path's state. `target` is a symlink's target; dev/ino/nlink find hardlinks."""
+class Entry(NamedTuple):
+    """One path's state. `target` is a symlink's target; dev/ino/nlink find hardlinks.
+
+    A NamedTuple: the scan builds one per entry on the capture's serial path (and a baseline's load
+    one per row), ~0.4 µs where a frozen dataclass of eight fields cost ~1.3 µs."""
 
     kind: str
     mode: int
@@ -167,8 +169,11 @@ def scan(
                 with os.scandir(fd) as it:
                     for e in it:
                         p = base + e.name
-                        ours = e.name in (STAMP_NAME, CARRIED_NAME) or e.name.startswith((UNDO_PREFIX, JOURNAL_NAME))
-                        if (top and ours) or p in skip:
+                        if top and (
+                            e.name in (STAMP_NAME, CARRIED_NAME) or e.name.startswith((UNDO_PREFIX, JOURNAL_NAME))
+                        ):
+                            continue  # bootseer's own names at the top of a root
+                        if p in skip:
                             continue
                         try:
                             st = e.stat(follow_symlinks=False)

@@ -2,14 +2,14 @@
 that starts while the scan still runs.
 
 On 2 cores a capture is CPU-bound like `tar -I 'zstd -T0' -cf`, so what decides is how much of the
-time both cores work. The small files are cut into contiguous segments, one forked writer each
-(Python's per-file work runs in parallel, not only zstd's); the large files (more than half a frame)
-go to one more writer whose zstd uses every core. That writer is started by the scan itself, at the
-first large changed file it meets (`BigWriter.offer`), so the heaviest work (a 434 MB
-`libtorch_cpu.so`) runs on the core the scan leaves idle while it waits for inodes, instead of after
-it. The small files' parts are appended to the blob in their order; the large files' part goes in as
-soon as it is done, before or after them (`_append_order`), so the blob has the one format whichever
-writer made which part.
+time both cores work. The small files are cut into contiguous pieces that forked writers take from
+a queue, one after the other (Python's per-file work runs in parallel, not only zstd's, and the
+writers end together); the large files (more than half a frame) go to one more writer whose zstd
+uses every core. That writer is started by the scan itself, at the first large changed file it
+meets (`BigWriter.offer`), so the heaviest work (a 434 MB `libtorch_cpu.so`) runs on the core the
+scan leaves idle while it waits for inodes, instead of after it. The small files' pieces are
+appended to the blob in their order; the large files' part goes in as soon as it is done, before,
+between or after them (`_Appender`), so the blob has the one format whichever writer made which part.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import contextlib
 import gc
 import json
 import os
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,13 @@ SEGMENT_MIN_ENTRIES = 2000  # fewer entries per worker than this: forking costs 
 # alone at the end, its zstd keeps only ~1.2 of 2 cores busy, where the small writers (independent
 # processes) fill both; so it goes first, and they take every cycle it leaves.
 SMALL_NICE = 5
+# What a small file costs a writer beyond its bytes, counted as bytes: its open, stat, read (cold:
+# a disk read each) and header, ~50 µs, against ~6 ms per MiB of zstd and reading. Timed on the
+# torch venv's small files, cold: 11,456 files of 79 MiB took 1.08 s, 868 files of 84 MiB 0.55 s.
+# At 512 bytes (a header block) the torch venv's two segments were 7,683 and 12,324 files, and the
+# second writer ran alone for the last 0.3-0.5 s of a capture, on one core of two.
+FILE_COST = 8 << 10
+PIECES_PER_WORKER = 4  # the small files' pieces per writer (see `_write_segments`)
 
 
 def is_big(e: Entry) -> bool:
@@ -151,10 +157,16 @@ def _big_child(part: Path, paths_fd: int, result_fd: int) -> None:  # pragma: no
             *paths, buf = (buf + chunk).split(b"\0")
             for p in paths:
                 sw.add_now(os.fsdecode(p))
-        payload = json.dumps(sw.end_segment())
+        payload = _payload(*sw.end_segment())
     except BaseException as e:  # reported to the parent, which raises it
         payload = json.dumps({"error": str(e) or type(e).__name__})
     _report(result_fd, payload)
+
+
+def _payload(doc: dict[str, Any], rows_json: str) -> str:
+    """A writer's report: its summary, a newline, its entries' JSON rows (which the parent puts into
+    the trailer as they are). Compact JSON holds no raw newline: the first one is the boundary."""
+    return json.dumps(doc) + "\n" + rows_json
 
 
 def _report(fd: int, payload: str) -> None:  # pragma: no cover - forked child
@@ -210,8 +222,9 @@ def write_blob(
 
 
 def _segments(after: Manifest, changed: list[str], n: int) -> list[list[str]]:
-    """`changed` cut into `n` contiguous runs of about equal bytes (each entry counts a header block)."""
-    weight = [(after[p].size if after[p].kind == FILE else 0) + 512 for p in changed]
+    """`changed` cut into `n` contiguous runs of about equal work: a file's bytes plus FILE_COST, any
+    other entry a header block."""
+    weight = [after[p].size + FILE_COST if after[p].kind == FILE else 512 for p in changed]
     share = sum(weight) / n
     out: list[list[str]] = [[]]
     acc = 0.0
@@ -233,21 +246,21 @@ def _write_segments(
     advance: Callable[[int], None],
     early: BigWriter | None,
 ) -> None:
-    """Fork one writer per segment, then append their outputs to `w` in order as each finishes.
-
-    A hardlink's target is in its own or an earlier segment, so it stays ahead of the link."""
+    """Fork the writers, then append their parts to `w` as they come: the small files' pieces in
+    their order (a hardlink's target is in its own or an earlier piece, so it stays ahead of the
+    link), the large files' part as soon as it is done (`_Appender`)."""
     targets = set(links.values())
     big = [p for p in changed if is_big(after[p]) and p not in links and p not in targets]
     big_set = set(big)
     small = [p for p in changed if p not in big_set] if big else changed
-    # the small files in `workers` segments, one thread each; the large ones last, in one more worker
-    # whose zstd uses every core (a 434 MB libtorch_cpu.so on one thread would outlast all the rest)
-    plan = [(seg, 1) for seg in _segments(after, small, workers)] if small else []
+    # The small files in PIECES_PER_WORKER pieces per writer, taken from a queue: a writer that is
+    # done early takes the next piece, so the writers end together (with one fixed segment each, the
+    # one with more small files ran alone, on one core of two, for the capture's last 0.1-0.4 s).
+    pieces = _segments(after, small, min(255, workers * PIECES_PER_WORKER)) if small else []
     early_started = early is not None and early.started
-    if big and not early_started:
-        plan.append((big, os.cpu_count() or 1))
-    kids: list[tuple[int, int, Path]] = []
-    last: list[tuple[int, int, Path]] = []  # the large files' writer: appended after the small ones
+    parts = [tmp.with_name(f"{tmp.name}.part{k}") for k in range(len(pieces))]
+    late = tmp.with_name(f"{tmp.name}.partlarge")
+    app = _Appender(w, parts, advance)
     try:
         if early is not None and early_started:
             # its input ends before any other writer is forked: a fork would inherit the pipe's write
@@ -255,81 +268,162 @@ def _write_segments(
             if not early.sent <= big_set:  # the scan's rule and this one differ: a bug, not the tree
                 raise BootseerError("capture: the large-file writer was sent a file the blob does not hold")
             early.finish_input([p for p in big if p not in early.sent])
-            last.append((early.pid, early.result_fd, early.part))
-            early.pid, early.result_fd = 0, -1  # reaped below, like the others
-        gc.freeze()  # the manifest stays shared copy-on-write: no child's collection walks (copies) it
+            app.watch(early.pid, early.result_fd, early.part, eager=True)
+            early.pid, early.result_fd = 0, -1  # reaped by the appender, like the others
+        queue_r, queue_w = os.pipe()
         try:
-            for k, (seg, threads) in enumerate(plan):
-                part = tmp.with_name(f"{tmp.name}.part{k}")
-                r, wfd = os.pipe()
-                pid = os.fork()
-                if pid == 0:  # pragma: no cover - runs in the child
-                    gc.disable()
-                    os.close(r)
-                    _segment_child(part, seg, after, links, threads, wfd)
-                os.close(wfd)
-                kids.append((pid, r, part))
+            os.write(queue_w, bytes(range(len(pieces))))  # at most 255 bytes: within the pipe's buffer
+            os.close(queue_w)
+            queue_w = -1
+            gc.freeze()  # the manifest stays shared copy-on-write: no child's collection walks (copies) it
+            try:
+                jobs: list[tuple[Path | None, int]] = [(None, 1)] * min(workers, len(pieces))
+                if big and not early_started:  # whose zstd uses every core (a 434 MB libtorch_cpu.so)
+                    jobs.append((late, os.cpu_count() or 1))
+                for part, threads in jobs:
+                    r, wfd = os.pipe()
+                    pid = os.fork()
+                    if pid == 0:  # pragma: no cover - runs in the child
+                        gc.disable()
+                        os.close(r)
+                        if part is None:
+                            _segment_child(parts, pieces, queue_r, after, links, wfd)
+                        else:
+                            _large_child(part, big, after, links, threads, wfd)
+                    os.close(wfd)
+                    app.watch(pid, r, part)
+            finally:
+                gc.unfreeze()
         finally:
-            gc.unfreeze()
-        kids += last
-        last.clear()
-        for i in _append_order(kids, big_at=len(plan) if early_started else -1):
-            pid, r, part = kids[i]
-            kids[i] = (pid, -1, part)  # the reader below owns `r` and closes it
-            with os.fdopen(r, "rb") as f:
-                doc = json.loads(f.read() or b'{"error": "a capture worker died"}')
-            os.waitpid(pid, 0)
-            kids[i] = (0, -1, part)
+            os.close(queue_r)
+            if queue_w >= 0:
+                os.close(queue_w)
+        app.run()
+    finally:
+        app.stop()
+        for part in [*parts, late]:
+            part.unlink(missing_ok=True)
+
+
+class _Appender:
+    """Reads the writers' reports as they come and appends each part once it may go: a small files'
+    piece when every earlier piece is in, the large files' part at once. A small writer reports each
+    piece it wrote (summary, newline, entries, newline); the large one reports once, at its end."""
+
+    def __init__(self, w: ArchiveWriter, parts: list[Path], advance: Callable[[int], None]) -> None:
+        self.w, self.parts, self.advance = w, parts, advance
+        self.kids: dict[int, tuple[int, Path | None, bytearray]] = {}  # fd -> (pid, its part if large, buffer)
+        self.done: dict[int, tuple[dict[str, Any], str]] = {}  # small pieces reported, not yet appended
+        self.next = 0  # the next piece to append
+        self.large: dict[Path, bool] = {}  # large parts still expected: appended as soon as done?
+        self.held: list[tuple[Path, dict[str, Any], str]] = []  # large parts done, to go after the pieces
+
+    def watch(self, pid: int, fd: int, large: Path | None, eager: bool = False) -> None:
+        """Read the writer `pid`'s reports on `fd`; `large`: its one part, appended as soon as it is
+        done where `eager` (the scan's writer), else after the small files' pieces (a squash's)."""
+        self.kids[fd] = (pid, large, bytearray())
+        if large is not None:
+            self.large[large] = eager
+
+    def run(self) -> None:
+        import select
+
+        while self.kids:
+            for fd in select.select(list(self.kids), [], [])[0]:
+                pid, large, buf = self.kids[fd]
+                data = os.read(fd, 1 << 20)
+                if data:
+                    buf += data
+                    if large is None:
+                        self._pieces(buf)
+                    continue
+                del self.kids[fd]
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.waitpid(pid, 0)
+                if large is None:
+                    if buf:
+                        raise BootseerError("a capture worker died")  # part of a report: it was cut off
+                    continue
+                head, _, rows = bytes(buf).partition(b"\n")
+                doc = json.loads(head or b'{"error": "a capture worker died"}')
+                if self.large.pop(large) or "error" in doc:
+                    self._append(large, doc, rows.decode())
+                else:
+                    self.held.append((large, doc, rows.decode()))
+            while self.next in self.done:
+                doc, rows = self.done.pop(self.next)
+                self._append(self.parts[self.next], doc, rows)
+                self.next += 1
+        if self.next < len(self.parts) or self.large:
+            raise BootseerError("a capture worker died")  # it took a piece and never reported it
+        for part, doc, rows in self.held:
+            self._append(part, doc, rows)
+
+    def _pieces(self, buf: bytearray) -> None:
+        """The complete reports in `buf` (taken out of it): into `done`; an error raises."""
+        while (i := buf.find(b"\n")) >= 0:
+            doc = json.loads(buf[:i])
             if "error" in doc:
                 raise BootseerError(str(doc["error"]))
-            w.append_segment(part, doc)
-            advance(doc["raw"])
-            part.unlink(missing_ok=True)
-    finally:
-        for pid, r, part in kids + last:
-            if r >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(r)
-            _stop(pid)  # a failure part way: no writer goes on in the background
-            part.unlink(missing_ok=True)
+            j = buf.find(b"\n", i + 1)
+            if j < 0:
+                return  # its entries are still coming
+            self.done[doc["piece"]] = (doc, buf[i + 1 : j].decode())
+            del buf[: j + 1]
 
+    def _append(self, part: Path, doc: dict[str, Any], rows: str) -> None:
+        if "error" in doc:
+            raise BootseerError(str(doc["error"]))
+        self.w.append_segment(part, doc, rows)
+        self.advance(doc["raw"])
+        part.unlink(missing_ok=True)
 
-def _append_order(kids: list[tuple[int, int, Path]], big_at: int) -> Iterator[int]:
-    """The order the writers' parts go into the blob: the small files' parts in their order (a
-    hardlink's target before the link), and the large files' part (at `big_at`; -1: none of its own)
-    as soon as it is done, wherever that falls between them. Whatever is appended after the last
-    writer ends is the capture's serial tail; the large files' part is the biggest, and no restore
-    depends on where it lies (directories are made on demand and get their modes at the end; GNU tar
-    makes a missing parent too)."""
-    import select
-
-    small = deque(i for i in range(len(kids)) if i != big_at)
-    big = big_at >= 0
-    while small or big:
-        if small and big:
-            ready = select.select([kids[small[0]][1], kids[big_at][1]], [], [])[0]
-            if kids[big_at][1] in ready:
-                big = False
-                yield big_at
-                continue
-        if small:
-            yield small.popleft()
-        else:
-            big = False
-            yield big_at
+    def stop(self) -> None:
+        """A failure part way: no writer goes on in the background (each is stopped and reaped)."""
+        for fd, (pid, _, _) in self.kids.items():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            _stop(pid)
+        self.kids.clear()
 
 
 def _segment_child(  # pragma: no cover - runs in a forked child
-    part: Path, seg: list[str], after: Manifest, links: dict[str, str], threads: int, wfd: int
+    parts: list[Path],
+    pieces: list[list[str]],
+    queue_fd: int,
+    after: Manifest,
+    links: dict[str, str],
+    wfd: int,
 ) -> None:
-    """Write one segment and report it (or the error) as JSON on `wfd`; never returns."""
+    """A small files' writer: takes piece after piece from the queue (one byte each, its index) and
+    reports each as it is written (or the error) on `wfd`; never returns."""
     try:
-        if threads == 1:
-            os.nice(SMALL_NICE)  # a small files' writer (see SMALL_NICE)
+        os.nice(SMALL_NICE)  # see SMALL_NICE
+        with os.fdopen(wfd, "w") as out:
+            try:
+                while k := os.read(queue_fd, 1):
+                    sw = ArchiveWriter(parts[k[0]], threads=1, segment=True)
+                    for p in pieces[k[0]]:
+                        sw.add(p, after[p], link_to=links.get(p))
+                    doc, rows = sw.end_segment()
+                    out.write(json.dumps(dict(doc, piece=k[0])) + "\n" + rows + "\n")
+                    out.flush()
+            except BaseException as e:  # reported to the parent, which raises it
+                out.write(json.dumps({"error": str(e) or type(e).__name__}) + "\n")
+    finally:
+        os._exit(0)
+
+
+def _large_child(  # pragma: no cover - runs in a forked child
+    part: Path, paths: list[str], after: Manifest, links: dict[str, str], threads: int, wfd: int
+) -> None:
+    """The large files' writer when the scan started none: one part, one report; never returns."""
+    try:
         sw = ArchiveWriter(part, threads=threads, segment=True)
-        for p in seg:
+        for p in paths:
             sw.add(p, after[p], link_to=links.get(p))
-        payload = json.dumps(sw.end_segment())
+        payload = _payload(*sw.end_segment())
     except BaseException as e:  # reported to the parent, which raises it
         payload = json.dumps({"error": str(e) or type(e).__name__})
     _report(wfd, payload)
