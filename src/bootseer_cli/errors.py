@@ -93,6 +93,35 @@ def run_guarded(fn: Callable[[], Any]) -> Any:
         sys.exit(130)
 
 
+# Descriptors a run may hold at once: a restore's directory caches (`envsnap.dirfd.fd_budget`, at
+# most 4096) and its other files
+FD_RESERVE = 4096 + 256
+
+
+def _reserve_fds(fd: int) -> None:
+    """Grow this process's descriptor table, once, to what a run may hold: before it has a second thread.
+
+    The kernel grows the table on demand, and in a process with more than one thread every growth
+    waits out an RCU grace period (`expand_fdtable` calls synchronize_rcu): 10-20 ms each on a small
+    VM. A restore's last step opens every directory it made (1,700 for the torch venv), so the table
+    grew three times there: 45 ms of a 1.9 s restore asleep (perf, sched_switch). A single-threaded
+    process grows it without that wait, and a table never shrinks; a slot costs 8 bytes. `fd` is
+    duplicated to the lowest free number at or above the top (never over a descriptor in use), and
+    the copy closed."""
+    try:
+        import fcntl
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return
+    top = FD_RESERVE if soft == resource.RLIM_INFINITY else min(FD_RESERVE, soft)
+    if top <= 64:
+        return
+    with contextlib.suppress(OSError):
+        os.close(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, top - 1))
+
+
 def _watch_interrupts() -> None:
     """Make Ctrl-C effective while the main thread is inside a C call that does not return.
 
@@ -109,6 +138,7 @@ def _watch_interrupts() -> None:
         return
     _watching = True
     r, w = os.pipe()  # close-on-exec: the launcher `exec` becomes inherits neither end
+    _reserve_fds(r)
     os.set_blocking(w, False)
     try:
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
