@@ -402,6 +402,46 @@ def test_a_restore_killed_part_way_is_recovered(tmp_path: Path, point: str) -> N
     assert left == [], f"left behind: {left}"
 
 
+def test_a_first_restore_killed_after_its_last_write_is_restored_again(tmp_path: Path) -> None:
+    """A restore that moved nothing aside writes no commit: killed between its last write and the
+    journal's removal, its journal is the first, uncommitted one, and the next start removes the tree
+    it made and restores it again, whole (before: a committed journal, an fsync on the critical path)."""
+    root = project(tmp_path, (tmp_path / "store").as_uri(), setup="sh many.sh")
+    s = root / SITE
+    (tmp_path / "many.sh").write_text(
+        f"set -e\nfor d in $(seq 1 20); do mkdir -p {s}/new_$d; for f in $(seq 1 10); do "
+        f"echo $d-$f > {s}/new_$d/f$f.py; done; done\nhead -c 3000000 /dev/urandom > {s}/new.bin\n"
+    )
+    assert cli(tmp_path, "baseline").returncode == 0
+    subprocess.run(["sh", "many.sh"], cwd=tmp_path, check=True)
+    r = cli(tmp_path, "snapshot")
+    assert r.returncode == 0 and "published" in r.stdout, r.stderr
+    want = tree_state(root)
+
+    make_base(root)  # the image alone: the env only adds, so the restore moves nothing aside
+    env = {k: v for k, v in pkgindex.clean_env().items() if not k.startswith("BOOTSEER_")}
+    env.update({"XDG_CACHE_HOME": str(tmp_path / "node-cache"), "BOOTSEER_TEST_RESTORE_FAULT": "committed"})
+    killed = subprocess.run(
+        [sys.executable, "-m", "bootseer_cli", "restore"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    doc = json.loads((root / ".bootseer-env.journal").read_text())
+    assert doc["committed"] is False and doc["new"], "a restore that moved nothing aside wrote a commit"
+    assert (s / "new_20" / "f10.py").exists(), "killed before its last write"
+
+    r = run_cli(["exec", "--", "true"], tmp_path, tmp_path / "node-cache")
+    assert r.returncode == 0, r.stderr
+    assert "interrupted restore was undone" in r.stderr and "restored" in r.stderr, r.stderr
+    assert tree_state(root) == want, "the tree differs from what the setup produces"
+    assert [n for n in os.listdir(root) if n.startswith(OURS)] == []
+
+
 def test_a_dead_workers_files_are_removed(tmp_path: Path) -> None:
     """In-process rollback after a worker died: the paths it created go too (the journal's plan)."""
     root = tmp_path / "env"

@@ -134,7 +134,12 @@ def extract(
         if err is e:
             raise
         raise err from None
-    journal.write(p.roots, journal_doc(st, undo, committed=True))
+    if undo.planned:
+        # What was moved aside goes for good next: a crash from here on must keep the new tree. With
+        # nothing moved aside (a first restore) there is nothing to drop, and a crash before the journal
+        # is gone just removes a whole tree that the next start restores again: no commit (a json
+        # write and an fsync that waited for the journal to hold ~20k new inodes: ~15 ms).
+        journal.write(p.roots, journal_doc(st, undo, committed=True))
     fault("committed")
     undo.discard()
     journal.remove(p.roots)
