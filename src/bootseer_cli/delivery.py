@@ -18,7 +18,6 @@ import contextlib
 import os
 import signal
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,7 +277,7 @@ class Download(_Threaded):
         # The part file lives in the fan-out directory, entered no-follow: created, renamed and removed
         # by name in that descriptor (a user's `sha256/86 -> /etc` is refused, never written through).
         self._dfd = cache.dir_fd(digest)
-        self.part = f".{self.dest.name}.part-{uuid.uuid4().hex[:8]}"
+        self.part = f".{self.dest.name}.part-{os.urandom(4).hex()}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             self._w = os.open(self.part, flags, 0o600, dir_fd=self._dfd)
@@ -395,7 +394,7 @@ def link_into_cache(cache: BlobCache, b: Blob, digest: str) -> None:
     if b.store_path is None:
         return
     dest = cache.path(digest)
-    tmp = f".{dest.name}.link-{uuid.uuid4().hex[:8]}"
+    tmp = f".{dest.name}.link-{os.urandom(4).hex()}"
     try:
         dfd = cache.dir_fd(digest)  # no-follow: a linked fan-out directory is refused, not written through
     except (OSError, BootseerError):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import sys
 import sysconfig
 from collections.abc import Mapping
@@ -38,6 +37,15 @@ __all__ = [
     "keys_for",
     "resolve_image",
 ]
+
+
+def _machine() -> str:
+    """`platform.machine()` without importing `platform` at every start: the same field of uname(2)."""
+    if hasattr(os, "uname"):
+        return os.uname().machine
+    import platform
+
+    return platform.machine()
 
 
 def resolve_image(image: ImageSettings) -> ImageIdentity:
@@ -120,7 +128,7 @@ def keys_for(settings: Settings, environ: Mapping[str, str] | None = None, roots
         resolve_image(settings.image),
         digest_files(env_file_names(env), env.base_dir),
         key_env_values(env, environ),
-        platform.machine(),
+        _machine(),
         env_roots(env) if roots is None else roots,
     )
 
@@ -160,7 +168,7 @@ def gather_rootfs_fingerprint() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "cache_tag": sys.implementation.cache_tag,
         "soabi": sysconfig.get_config_var("SOABI") or "",
-        "machine": platform.machine(),
+        "machine": _machine(),
         "executable": [exe, exe_size],
         "base_distributions": hashlib.sha256("\n".join(_dist_names(site_dirs)).encode()).hexdigest(),
     }

@@ -31,10 +31,8 @@ import copy
 import hashlib
 import json
 import os
-import socket
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,6 +330,8 @@ class Store(StoreFS):
         return f"leases/{_safe_key(key)}"
 
     def _lease_doc(self, key: str, owner: str, expires: float, ttl_s: float) -> bytes:
+        import socket
+
         doc = {"owner": owner, "expires": expires, "ttl": ttl_s, "host": socket.gethostname(), "pid": os.getpid()}
         return json.dumps(self.trust.sign(self.domain, self._lease_rel(key), doc)).encode()
 
@@ -393,6 +393,9 @@ class Store(StoreFS):
 
     def try_lease(self, key: str, ttl_s: float) -> Lease | None:
         """Take the single-flight lease for `key`, or None if another live owner holds it."""
+        import socket
+        import uuid  # lazily: it imports platform
+
         owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         expires = time.time() + ttl_s
         doc = self._lease_doc(key, owner, expires, ttl_s)
@@ -447,6 +450,8 @@ class Store(StoreFS):
     @staticmethod
     def _move_aside(full: Path) -> Path | None:
         """Rename the lease file to a private name: of several processes, exactly one gets it."""
+        import uuid  # lazily: it imports platform
+
         aside = full.with_name(f".{full.name}.aside-{uuid.uuid4().hex[:8]}")
         try:
             os.rename(full, aside)
@@ -493,6 +498,8 @@ class Store(StoreFS):
 
     def _swap_local(self, lease: Lease, doc: bytes | None) -> bool:
         """Atomically replace (or, `doc` None, remove) our own lease file; False: it was not ours."""
+        import uuid  # lazily: it imports platform
+
         full = Path(self.path(self._lease_rel(lease.key)))
         aside = self._move_aside(full)
         if aside is None:
@@ -542,6 +549,8 @@ class Store(StoreFS):
     # ---- health --------------------------------------------------------------------------------
     def check_writable(self) -> None:
         """Write, read back and delete a probe object (used by `doctor`)."""
+        import uuid  # lazily: it imports platform
+
         rel = f"leases/.probe-{uuid.uuid4().hex[:12]}"
         payload = uuid.uuid4().bytes
         self.put_bytes(rel, payload)

@@ -10,7 +10,6 @@ every reader of a blob verifies its digest and refs are written last, a partial 
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +160,8 @@ class StoreFS:
     @contextlib.contextmanager
     def _atomic_output(self, rel: str) -> Iterator[IO[bytes]]:
         """A stream that appears at `rel` whole or not at all (see the module docstring)."""
+        import uuid  # lazily: it imports platform
+
         self._ensure_parent(rel)
         final = self.path(rel)
         direct = self.kind in _OBJECT_STORES

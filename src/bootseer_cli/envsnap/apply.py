@@ -18,7 +18,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -324,6 +323,8 @@ def _frames_here(st: State, fd: int, frames: tuple[Frame, ...], progress: Progre
 
 def _frames_in_threads(st: State, fd: int, frames: tuple[Frame, ...], workers: int, progress: Progress | None) -> None:
     local = threading.local()
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(workers, thread_name_prefix="bootseer-restore") as pool:
         futs = [pool.submit(_extract_frame, st, fd, f, local) for f in frames]
         try:

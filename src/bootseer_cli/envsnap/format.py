@@ -25,7 +25,6 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -35,6 +34,8 @@ from ..errors import BootseerError, IntegrityError
 from .manifest import DIR, FILE, SYMLINK, Entry, open_regular_stat
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import zstandard
 
 FORMAT = 1
@@ -151,6 +152,8 @@ class _Sink:
         self.f = open(path, "wb")  # noqa: SIM115 - closed in ArchiveWriter.finish/abort
         self.h = hashlib.sha256() if digest else None
         self.offset = 0
+        from concurrent.futures import ThreadPoolExecutor
+
         self._io = ThreadPoolExecutor(1, thread_name_prefix="bootseer-sink")
         self._last: Future[None] | None = None
 
@@ -352,6 +355,8 @@ class ArchiveWriter:
         self.level = level
         self.threads = max(1, threads or os.cpu_count() or 1)
         self._sink = _Sink(path, digest=not segment)
+        from concurrent.futures import ThreadPoolExecutor
+
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bootseer-zstd")
         self._pending: deque[tuple[Future[tuple[bytes, list[str]]], int, list[int], bytearray]] = deque()
         # The chunk being built: `_n` bytes of `_buf`, a buffer of CHUNK_ROOM that files are read

@@ -16,7 +16,6 @@ import shutil
 import signal
 import stat
 import sys
-import uuid
 from typing import Any
 
 from ..errors import interrupts_deferred
@@ -35,6 +34,8 @@ class Undo:
     """
 
     def __init__(self, roots: list[str]) -> None:
+        import uuid  # lazily: it imports platform
+
         self.roots = roots
         self.tag = uuid.uuid4().hex[:10]
         self.dirs: dict[str, str] = {r: os.path.join(r, f"{UNDO_PREFIX}{self.tag}") for r in roots}
