@@ -49,6 +49,7 @@ class PrefetchTask:
     file: str
     threads: int = 16
     mbps: float = 0.0
+    into_loader: bool = False  # the extents fill a loader's own cache (replay.run: no readahead)
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,7 @@ def prefetch_task(task: PrefetchTask, agent: Agent) -> None:
     path = Path(task.file)
     work = [(str(p), int(o), int(n)) for p, o, n in json.loads(path.read_text())]
     t0 = time.time()
-    res = run(work, threads=task.threads, mbps=task.mbps, stop=agent.stopping.is_set)
+    res = run(work, threads=task.threads, mbps=task.mbps, stop=agent.stopping.is_set, into_loader=task.into_loader)
     agent.log(
         f"hot-prefetch: {res.bytes_read} bytes in {fmt_seconds(res.seconds)}, {len(res.remaining)} extents not read"
     )

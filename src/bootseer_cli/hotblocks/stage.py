@@ -52,6 +52,7 @@ COVERED_FILE = "hot-covered.json"
 EVICT_BUDGET_S = 3.0
 _SAID: set[tuple[str, str]] = set()  # (mount, record) whose loader's own cache this process announced
 _WARMING: list[threading.Thread] = []  # the stats `_warm_metadata` started, for `_replay` to wait for
+_INTO_LOADER: set[str] = set()  # records this process replays into a loader's own cache (replay.run(into_loader))
 
 
 def run_stage(ctx: StageContext) -> StageResult:
@@ -112,6 +113,7 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
         ctx.info(f"image: not replaying: {skip[1]}")
         _judge_later(ctx, rec.image_key, str(doc.get("blob", "")), replayed=False, started=started)
         return StageResult(outcome="skipped", summary=f"no replay ({skip[0]})", cache="hit", reason=skip[1])
+    into_loader = str(doc.get("blob", "")) in _INTO_LOADER
     res = run(
         work,
         threads=image.prefetch_threads,
@@ -119,13 +121,14 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
         deadline=deadline,
         stats=None if warming is not None else sources_of(rec, staleness),
         wide=True,  # the program waits for this replay: every stream at once (replay.run)
+        into_loader=into_loader,
     )
     if warming is not None:
         warming.join(max(0.0, deadline - time.monotonic()))
     res.staleness = staleness
     parts = [f"replayed {fmt_bytes(res.bytes_read)}"]
     if res.remaining:
-        parts.append(_hand_on_remaining(ctx, res.remaining))
+        parts.append(_hand_on_remaining(ctx, res.remaining, into_loader))
     if staleness.stale_files:
         parts.append(f"{len(staleness.stale_files)} stale file(s) skipped")
     _judge_later(ctx, rec.image_key, str(doc.get("blob", "")), replayed=True, started=started)
@@ -240,6 +243,7 @@ def _not_into_loader(
 
     found = [decide(ctx.store, image_key, blob, p.root, samples) for p in drops]
     if all(j.own_cache for j in found):
+        _INTO_LOADER.add(blob)
         if (found[0].mount, blob) not in _SAID:  # once, though the stage asks before and after loading
             _SAID.add((found[0].mount, blob))
             ctx.info(f"image: {drops[0].line()}, but {found[0].line()}: replaying into it")
@@ -262,6 +266,7 @@ def _announce_known(ctx: StageContext, image_key: str, blob: str, roots: list[st
         return False
     if known is None:
         return False
+    _INTO_LOADER.add(blob)
     if (known.mount, blob) not in _SAID:
         _SAID.add((known.mount, blob))
         ctx.info(f"image: {known.mount.split(' ')[0]}: {known.line()}: replaying into it")
@@ -312,7 +317,7 @@ def _judge_later(ctx: StageContext, image_key: str, blob: str, replayed: bool, s
         remember(ctx.store, image_key, blob, loader)
 
 
-def _hand_on_remaining(ctx: StageContext, remaining: list[Extent]) -> str:
+def _hand_on_remaining(ctx: StageContext, remaining: list[Extent], into_loader: bool = False) -> str:
     """Give what the deadline cut short to the agent (a "hot-prefetch" task); returns the summary part."""
     left = fmt_bytes(sum(n for _, _, n in remaining))
     if not ctx.settings.exec.agent:
@@ -320,7 +325,8 @@ def _hand_on_remaining(ctx: StageContext, remaining: list[Extent]) -> str:
     path = ctx.run.run_dir / REMAINING_FILE
     _write_json(path, remaining)
     image = ctx.settings.image
-    ctx.add_agent_task(PrefetchTask(file=str(path), threads=image.prefetch_threads, mbps=image.prefetch_mbps))
+    task = PrefetchTask(file=str(path), threads=image.prefetch_threads, mbps=image.prefetch_mbps)
+    ctx.add_agent_task(replace(task, into_loader=True) if into_loader else task)
     return f"{left} to the agent"
 
 
