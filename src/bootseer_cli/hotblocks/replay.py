@@ -86,6 +86,7 @@ class ReplayResult:
     staleness: Staleness = field(default_factory=Staleness)
     remaining: list[Extent] = field(default_factory=list)
     streams: list[int] = field(default_factory=list)  # the gate's limits, in the order it took them
+    stats_left: bool = False  # the stats beside the reads (`run(stats=)`) had not all ended by the deadline
 
     @property
     def done(self) -> bool:
@@ -387,7 +388,7 @@ def run(
     if stat_thread is not None:
         stat_thread.start()
     if not work:
-        return ReplayResult()
+        return _joined(stat_thread, deadline, ReplayResult())
     start = threads if wide else START_STREAMS
     pool = _Pool(work, threads, mbps, deadline, stop, start, longest_first=wide and into_loader, random=into_loader)
     n = pool.gate.most
@@ -396,13 +397,19 @@ def run(
         t.start()
     for t in readers:
         t.join()
-    if stat_thread is not None:
-        stat_thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-    result = pool.result
+    result = _joined(stat_thread, deadline, pool.result)
     result.files = len(pool.opened)
     result.streams = pool.gate.steps
     result.remaining = sorted(pool.left) + [e for pieces in pool.jobs[pool.next_index :] for e in pieces]
     result.seconds = time.monotonic() - t0
+    return result
+
+
+def _joined(stat_thread: threading.Thread | None, deadline: float | None, result: ReplayResult) -> ReplayResult:
+    """`result`, once `stat_thread` has ended or the deadline passed (`stats_left` says which)."""
+    if stat_thread is not None:
+        stat_thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        result.stats_left = stat_thread.is_alive()
     return result
 
 
