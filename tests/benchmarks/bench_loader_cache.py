@@ -91,6 +91,8 @@ def measure_mode(mode: str, tree: Path, proxy: DelayProxy, server: Any, args: ar
     cfg = bh.write_cfg(WORK / f"{mode}.toml", [mount.mountpoint], record="never", **common)
     ld = bh.Loader(f"rclone-{mode}", mount, mount.mountpoint, proxy=proxy, server=server)
     out: dict[str, Any] = {"times": {c: [] for c in CASES}, "gets": {c: [] for c in CASES}, "lines": []}
+    out["mb"] = {c: [] for c in CASES}  # what the bucket sent (at the proxy), MB
+    out["cached_mb"] = []  # what rclone's cache held after each replay start: what it fetched and kept
     try:
         mount.start()
         bh.measure(ld, "record", [*bh.BS, "exec", "-c", str(cfg_rec), "--", *prog], env, home)
@@ -102,23 +104,32 @@ def measure_mode(mode: str, tree: Path, proxy: DelayProxy, server: Any, args: ar
                     continue  # measured right after its cold run, below
                 cmd = prog if case == "cold" else [*bh.BS, "exec", "-c", str(cfg), "--", *prog]
                 ld.cold()
-                before = proxy.requests
+                before, sent = proxy.requests, proxy.bytes_down
                 dt, err = bh.timed(cmd, env, bh.RUN_TIMEOUT_S, ld.stop)
                 out["times"][case].append(dt)
                 out["gets"][case].append(proxy.requests - before)
+                out["mb"][case].append((proxy.bytes_down - sent) / 1e6)
                 if case == "replay":
+                    out["cached_mb"].append(cache_mb(mount))
                     out["lines"].append(next((x for x in err.splitlines() if "image " in x and "|" in x), ""))
                     out["lines"].append(next((x for x in err.splitlines() if "cache of its own" in x), ""))
                 else:  # the warm mount: the same program again, nothing restarted or dropped
-                    before = proxy.requests
+                    before, sent = proxy.requests, proxy.bytes_down
                     dt, _ = bh.timed(prog, env, bh.RUN_TIMEOUT_S, ld.stop)
                     out["times"]["warm mount"].append(dt)
                     out["gets"]["warm mount"].append(proxy.requests - before)
+                    out["mb"]["warm mount"].append((proxy.bytes_down - sent) / 1e6)
                 bh.wait_agents(home)
             print(f"rclone {mode}: round {rnd + 1}/{args.rounds} done", flush=True)
     finally:
         mount.stop()
     return out
+
+
+def cache_mb(mount: RcloneMount) -> float:
+    """MB in the mount's disk cache (the blocks of its sparse files): what rclone fetched and kept."""
+    root = mount.workdir / f"rclone-cache-{mount.mountpoint.name}" / "vfs"
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file()) / 1e6
 
 
 def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
@@ -144,6 +155,9 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
         )
         for case in CASES:
             print(f"{'':6}   {case:11} runs: {' '.join(f'{t:.2f}' for t in r['times'][case])}")
+        sent = "/".join(f"{statistics.median(r['mb'][c]):.0f}" for c in CASES)
+        kept = f"{statistics.median(r['cached_mb']):.0f} MB" if r["cached_mb"] else "-"
+        print(f"{'':6}   MB the bucket sent cold/warm/replay: {sent}; rclone's cache after the replay start: {kept}")
         for line in dict.fromkeys(x for x in r["lines"] if x):
             print(f"{'':6}   {line.strip()[:160]}")
     print("share: replay speed-up / warm-mount speed-up (issue 28's goal on rclone full: >= 80 %)")

@@ -258,3 +258,44 @@ def test_what_a_ref_names_is_used_only_under_the_configured_roots(tree: Path, tm
     assert st is not None and st.fresh_files == 1 and not st.stale_files  # the outside file is not counted
     assert check_ref({"deps": [[inside, "x", 0, 1]]}, [str(tree)]) is None  # malformed: load and check instead
     assert check_ref({}, [str(tree)]) is None  # a ref from before deps
+
+
+@pytest.mark.integration
+@needs_rclone
+def test_what_the_deadline_leaves_of_a_replay_into_a_loaders_cache_goes_to_the_agent_with_the_sources_stats(
+    synth_bucket: tuple[str, DelayProxy], tmp_path: Path
+) -> None:
+    """`foreground_s = 0`: the program starts at once and the agent replays behind it. Into a loader's own
+    cache the stage also stats the source of every `.pyc` (a request per module on rclone, which the
+    program would otherwise make one by one); those stats ran on a thread of the stage's process and
+    died with exec. Now what the deadline left of them goes to the agent with the extents, which reads
+    without readahead (replay.run `into_loader`): after it, the program asks the bucket for nothing."""
+    _, proxy = synth_bucket
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    with _mount(synth_bucket, tmp_path, "full") as m:
+        program = [sys.executable, str(prog), str(m.mountpoint)]
+        _record(write_config(tmp_path / "bootseer.toml", [m.mountpoint], ready="call"), tmp_path, program)
+        now = write_config(tmp_path / "now.toml", [m.mountpoint], ready="call", record="never", foreground_s=0.0)
+        m.restart()
+        idle = [sys.executable, "-c", "import time; time.sleep(1)"]  # reads nothing of the mount
+        _, out = _timed([sys.executable, "-m", "bootseer_cli", "exec", "-c", str(now), "--", *idle], tmp_path)
+        assert "replaying into it" in out and "to the agent" in out, out
+        runs = tmp_path / "xdg-cache" / "bootseer" / "runs"
+        (task,) = [
+            t
+            for a in runs.glob("*/agent.json")
+            for t in json.loads(a.read_text())["tasks"]
+            if t.get("kind") == "hot-prefetch"
+        ]
+        assert task.get("into_loader") is True and task.get("stats"), task
+        wait_for(
+            lambda: any("hot-prefetch" in e.read_text() for e in runs.glob("*/events.jsonl")),
+            timeout=60,
+            what="the agent's replay",
+        )
+        heads = {x.split()[1] for x in proxy.lines if x.startswith("HEAD ") and x.split()[1].endswith(".py")}
+        assert sum(1 for h in heads if "/synth/m" in h) >= MODULES, len(heads)
+        before = proxy.requests
+        _timed(program, tmp_path)
+        assert proxy.requests - before <= 2, proxy.lines[before:][:10]

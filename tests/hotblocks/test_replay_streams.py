@@ -108,3 +108,30 @@ def test_on_a_bandwidth_bound_backend_the_streams_settle_where_a_doubling_stops_
     assert res.bytes_read == 80 * 512 * 1024
     assert time.monotonic() - t0 >= 0.9  # the cap held: 42 MB at 40 MB/s
     assert res.streams == [replay.START_STREAMS, 2 * replay.START_STREAMS, replay.START_STREAMS], res.streams
+
+
+def _first_read(work: list[replay.Extent], **kw: bool) -> str:
+    """The one file a single-stream replay starts on before it is stopped: `stop()` says stop from its
+    second call on (the first is the pool's first `take`; the rest of a long file is left unread)."""
+    calls: list[int] = []
+    res = replay.run(work, threads=1, stop=lambda: bool(calls.append(1)) or len(calls) > 1, **kw)
+    assert res.files == 1 and res.errors == 0
+    (read,) = {e[0] for e in work if e[1] == 0} - {e[0] for e in res.remaining if e[1] == 0}
+    return read
+
+
+def test_a_replay_into_a_loaders_cache_that_holds_the_program_back_reads_the_longest_streams_first(
+    tmp_path: Path,
+) -> None:
+    """What counts before exec is when the last stream ends. Issue 28: in record order `import torch`'s two
+    libraries (62 MB in 7 streams) started after its 754 small files, 1.3-3.0 s into the replay. Behind
+    the program, or into the page cache, the record's order stays (the order the program asks)."""
+    files = []
+    for i, size in enumerate([4000, 9000, 3 * MiB, 5000]):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(os.urandom(size))
+        files.append(path)
+    work = _plan(_whole(files))
+    assert _first_read(work, wide=True, into_loader=True) == str(files[2])
+    assert _first_read(work, wide=True) == str(files[0])
+    assert _first_read(work, into_loader=True) == str(files[0])

@@ -49,6 +49,8 @@ class PrefetchTask:
     file: str
     threads: int = 16
     mbps: float = 0.0
+    into_loader: bool = False  # the extents fill a loader's own cache (replay.run: no readahead)
+    stats: str | None = None  # a JSON list of paths to stat beside the reads (the sources the stage left)
 
 
 @dataclass(frozen=True)
@@ -221,10 +223,14 @@ def prefetch_task(task: PrefetchTask, agent: Agent) -> None:
 
     path = Path(task.file)
     work = [(str(p), int(o), int(n)) for p, o, n in json.loads(path.read_text())]
+    stats = [str(p) for p in json.loads(Path(task.stats).read_text())] if task.stats else None
     t0 = time.time()
-    res = run(work, threads=task.threads, mbps=task.mbps, stop=agent.stopping.is_set)
+    stop = agent.stopping.is_set
+    res = run(work, threads=task.threads, mbps=task.mbps, stop=stop, stats=stats, into_loader=task.into_loader)
     agent.log(
         f"hot-prefetch: {res.bytes_read} bytes in {fmt_seconds(res.seconds)}, {len(res.remaining)} extents not read"
     )
     record_event(agent.run, "hot-prefetch", t0, time.time(), "done", bytes=res.bytes_read)
     path.unlink(missing_ok=True)
+    if task.stats:
+        Path(task.stats).unlink(missing_ok=True)

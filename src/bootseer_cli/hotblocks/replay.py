@@ -22,10 +22,31 @@ stops taking new work; what is left is returned so the agent can finish it behin
 
 Stale files (size or mtime changed, gone, no longer regular) are skipped before any read, so a
 stale record costs one `stat` per file and nothing else.
+
+Into a loader's own disk cache (`into_loader`: rclone `--vfs-cache-mode full` and the like, where the
+kernel drops a file's pages at every open) two things change, both measured on `import torch`'s record
+(80 MB, 756 files) through rclone v1.75.2 (issue 28, docs/hotblocks.md run 12):
+
+- The longest streams first where the replay holds the program back (`wide`): what counts there is
+  when the last stream ends, and in record order `import torch`'s two libraries (62 MB in 7 streams)
+  started after its 754 small files, 1.3-3.0 s into a 3-5 s replay. Elsewhere the record's order stays
+  (a replay into the page cache, or behind the program, follows the order the program asks).
+- `POSIX_FADV_RANDOM` on every fd: the kernel's readahead past the end of each extent is a request to
+  the loader, which fetches it into its cache for nobody (the pages themselves are dropped at the
+  program's open). rclone fetched 9.4 MB for 6.3 MB of sparse 256 KiB extents 2 MiB apart, the 6.3 MB
+  with the advice; 3 MB less on torch's record.
+- What rclone fetches beyond that is its own doing, and no read order removes it without sending more
+  over the wire: a read within 1 MiB past where a download stream stands joins that stream, which
+  fetches the gap too (torch's record: 32 MB of gaps under 1 MiB); a read anywhere else starts a new
+  ranged GET and leaves the old stream's response in flight (up to the rest of its chunk, 4-5 MB with
+  rclone's default 128 MiB chunks). Each file's extents in descending order kept rclone's own fetches
+  to 85 MB (from 114) but the bucket sent 690 MB (from 269 MB) with default chunks: ascending, one
+  stream per file or segment, moves the fewest bytes over the wire, so it stays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
@@ -65,6 +86,7 @@ class ReplayResult:
     staleness: Staleness = field(default_factory=Staleness)
     remaining: list[Extent] = field(default_factory=list)
     streams: list[int] = field(default_factory=list)  # the gate's limits, in the order it took them
+    stats_left: bool = False  # the stats beside the reads (`run(stats=)`) had not all ended by the deadline
 
     @property
     def done(self) -> bool:
@@ -226,7 +248,7 @@ def _segments(pieces: list[Extent]) -> list[list[Extent]]:
 
 class _Pool:
     """The state the reader threads share: the streams still to read (a file, or a segment of a large
-    one, in record order), the gate, and the tallies.
+    one, in record order, or the longest first: `longest_first`), the gate, and the tallies.
 
     One lock guards it; it is held only to take the next stream or to count, never across a read.
     """
@@ -239,11 +261,16 @@ class _Pool:
         deadline: float | None,
         stop: Callable[[], bool] | None,
         start: int = START_STREAMS,
+        longest_first: bool = False,
+        random: bool = False,
     ) -> None:
         by_file: dict[str, list[Extent]] = {}
         for extent in work:
             by_file.setdefault(extent[0], []).append(extent)
         self.jobs = [seg for pieces in by_file.values() for seg in _segments(sorted(pieces, key=lambda e: e[1]))]
+        if longest_first:  # stable: equal streams keep the record's order
+            self.jobs.sort(key=lambda pieces: -sum(e[2] for e in pieces))
+        self.random = random
         self.deadline = deadline
         self.stop = stop
         self.throttle = _Throttle(mbps)
@@ -281,6 +308,8 @@ class _Pool:
                     with self.lock:
                         self.result.errors += 1
                     continue
+                if self.random:
+                    _no_readahead(fd)
                 try:
                     self._read_stream(fd, pieces, view)
                 finally:
@@ -315,6 +344,12 @@ class _Pool:
             self.gate.count(got, time.monotonic() - t0)
 
 
+def _no_readahead(fd: int) -> None:
+    """Tell the kernel not to read ahead on `fd` (`into_loader` in the module doc); advice only."""
+    with contextlib.suppress(OSError):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+
 def _open_regular(path: str) -> int | None:
     """An fd for reading `path`, or None when it cannot be opened or is not a regular file."""
     try:
@@ -338,6 +373,7 @@ def run(
     stop: Callable[[], bool] | None = None,
     stats: list[str] | None = None,
     wide: bool = False,
+    into_loader: bool = False,
 ) -> ReplayResult:
     """Read `work` file by file on up to `threads` threads; stop at `deadline` (monotonic) or when `stop()`.
     `stats`: paths to stat on a thread beside the reads (`sources_of`), waited for until `deadline`.
@@ -345,27 +381,35 @@ def run(
     back (the stage's, before exec), where nothing else wants the link and every round trip the gate
     spends finding its width is the start's (issue 28: beside the stage's own stats, the gate judged a
     latency-bound rclone "full" at 32 streams by the stats' load, settled at 16, and 402 small files took
-    0.9 s)."""
+    0.9 s). `into_loader`: the replay fills a loader's own disk cache, not the page cache: no readahead,
+    and with `wide` the longest streams first (module doc)."""
     t0 = time.monotonic()
     stat_thread = threading.Thread(target=stat_many, args=(stats,), name="replay-stat", daemon=True) if stats else None
     if stat_thread is not None:
         stat_thread.start()
     if not work:
-        return ReplayResult()
-    pool = _Pool(work, threads, mbps, deadline, stop, threads if wide else START_STREAMS)
+        return _joined(stat_thread, deadline, ReplayResult())
+    start = threads if wide else START_STREAMS
+    pool = _Pool(work, threads, mbps, deadline, stop, start, longest_first=wide and into_loader, random=into_loader)
     n = pool.gate.most
     readers = [threading.Thread(target=pool.worker, name=f"replay-{i}", daemon=True) for i in range(n)]
     for t in readers:
         t.start()
     for t in readers:
         t.join()
-    if stat_thread is not None:
-        stat_thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-    result = pool.result
+    result = _joined(stat_thread, deadline, pool.result)
     result.files = len(pool.opened)
     result.streams = pool.gate.steps
     result.remaining = sorted(pool.left) + [e for pieces in pool.jobs[pool.next_index :] for e in pieces]
     result.seconds = time.monotonic() - t0
+    return result
+
+
+def _joined(stat_thread: threading.Thread | None, deadline: float | None, result: ReplayResult) -> ReplayResult:
+    """`result`, once `stat_thread` has ended or the deadline passed (`stats_left` says which)."""
+    if stat_thread is not None:
+        stat_thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        result.stats_left = stat_thread.is_alive()
     return result
 
 

@@ -46,12 +46,14 @@ if TYPE_CHECKING:
 # A record whose fresh part is less than half of its bytes describes another image: take it again.
 STALE_RERECORD = 0.5
 REMAINING_FILE = "hot-remaining.json"
+STATS_FILE = "hot-stats.json"
 COVERED_FILE = "hot-covered.json"
 # Without fanotify, the eviction walk before exec stops after this long (issue 16: a first start
 # must cost little); the record then covers the files the walk reached.
 EVICT_BUDGET_S = 3.0
 _SAID: set[tuple[str, str]] = set()  # (mount, record) whose loader's own cache this process announced
 _WARMING: list[threading.Thread] = []  # the stats `_warm_metadata` started, for `_replay` to wait for
+_INTO_LOADER: set[str] = set()  # records this process replays into a loader's own cache (replay.run(into_loader))
 
 
 def run_stage(ctx: StageContext) -> StageResult:
@@ -112,6 +114,7 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
         ctx.info(f"image: not replaying: {skip[1]}")
         _judge_later(ctx, rec.image_key, str(doc.get("blob", "")), replayed=False, started=started)
         return StageResult(outcome="skipped", summary=f"no replay ({skip[0]})", cache="hit", reason=skip[1])
+    into_loader = str(doc.get("blob", "")) in _INTO_LOADER
     res = run(
         work,
         threads=image.prefetch_threads,
@@ -119,13 +122,19 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
         deadline=deadline,
         stats=None if warming is not None else sources_of(rec, staleness),
         wide=True,  # the program waits for this replay: every stream at once (replay.run)
+        into_loader=into_loader,
     )
     if warming is not None:
         warming.join(max(0.0, deadline - time.monotonic()))
+        res.stats_left = warming.is_alive()
     res.staleness = staleness
     parts = [f"replayed {fmt_bytes(res.bytes_read)}"]
-    if res.remaining:
-        parts.append(_hand_on_remaining(ctx, res.remaining))
+    # Into a loader's own cache the sources' stats are requests the program would make one by one
+    # (`_warm_metadata`), on a thread that dies with exec: where the deadline cut the replay or them
+    # short they go to the agent with the extents (a stat already answered is not asked again).
+    stats = sources_of(rec, staleness) if into_loader and (res.remaining or res.stats_left) else []
+    if res.remaining or stats:
+        parts.append(_hand_on_remaining(ctx, res.remaining, into_loader, stats))
     if staleness.stale_files:
         parts.append(f"{len(staleness.stale_files)} stale file(s) skipped")
     _judge_later(ctx, rec.image_key, str(doc.get("blob", "")), replayed=True, started=started)
@@ -240,6 +249,7 @@ def _not_into_loader(
 
     found = [decide(ctx.store, image_key, blob, p.root, samples) for p in drops]
     if all(j.own_cache for j in found):
+        _INTO_LOADER.add(blob)
         if (found[0].mount, blob) not in _SAID:  # once, though the stage asks before and after loading
             _SAID.add((found[0].mount, blob))
             ctx.info(f"image: {drops[0].line()}, but {found[0].line()}: replaying into it")
@@ -262,6 +272,7 @@ def _announce_known(ctx: StageContext, image_key: str, blob: str, roots: list[st
         return False
     if known is None:
         return False
+    _INTO_LOADER.add(blob)
     if (known.mount, blob) not in _SAID:
         _SAID.add((known.mount, blob))
         ctx.info(f"image: {known.mount.split(' ')[0]}: {known.line()}: replaying into it")
@@ -312,16 +323,26 @@ def _judge_later(ctx: StageContext, image_key: str, blob: str, replayed: bool, s
         remember(ctx.store, image_key, blob, loader)
 
 
-def _hand_on_remaining(ctx: StageContext, remaining: list[Extent]) -> str:
-    """Give what the deadline cut short to the agent (a "hot-prefetch" task); returns the summary part."""
+def _hand_on_remaining(
+    ctx: StageContext, remaining: list[Extent], into_loader: bool = False, stats: list[str] | None = None
+) -> str:
+    """Give what the deadline cut short (extents, and `stats` to make beside them) to the agent (a
+    "hot-prefetch" task); returns the summary part."""
     left = fmt_bytes(sum(n for _, _, n in remaining))
+    said = f"{left} and {len(stats)} stats" if stats else left
     if not ctx.settings.exec.agent:
-        return f"{left} left unread (no agent)"
+        return f"{said} left undone (no agent)"
     path = ctx.run.run_dir / REMAINING_FILE
     _write_json(path, remaining)
     image = ctx.settings.image
-    ctx.add_agent_task(PrefetchTask(file=str(path), threads=image.prefetch_threads, mbps=image.prefetch_mbps))
-    return f"{left} to the agent"
+    task = PrefetchTask(file=str(path), threads=image.prefetch_threads, mbps=image.prefetch_mbps)
+    if into_loader:
+        task = replace(task, into_loader=True)
+    if stats:
+        _write_json(ctx.run.run_dir / STATS_FILE, stats)
+        task = replace(task, stats=str(ctx.run.run_dir / STATS_FILE))
+    ctx.add_agent_task(task)
+    return f"{said} to the agent"
 
 
 def _write_json(path: Path, doc: object) -> None:
