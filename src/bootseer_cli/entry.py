@@ -55,4 +55,25 @@ def _fast_restore(opts: ExecOptions) -> None:
         cfg = load(opts.config, {("store", "uri"): opts.store})
         return restore_verb(cfg, print, lambda m: print(m, file=sys.stderr))
 
-    sys.exit(run_guarded(body))
+    _exit_now(run_guarded(body))
+
+
+def _exit_now(code: int) -> None:
+    """Exit with `code` without tearing the interpreter down, once nothing is left to wait for.
+
+    A restore ends holding its plan (tens of thousands of entries); freeing them one by one at
+    interpreter shutdown took ~20 ms of a 1.8 s restore, in front of the job that waits for it. The
+    exit handlers still run (the p2p session's shutdown) and the output is flushed; a thread still
+    running (a download that outlived its restore) gets the normal exit, which waits for it."""
+    import atexit
+    import contextlib
+    import os
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can be said
+            stream.flush()
+    os._exit(code)
