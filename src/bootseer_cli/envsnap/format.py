@@ -10,10 +10,8 @@ restore fast: each worker decompresses its own frames (zstandard releases the GI
 zstd stream would serialise everything behind one decompressor, as `tar -I zstd` does.
 
 This module holds the format's constants, its typed records (`ArchiveEntry`, `Frame`, `Meta`) and
-the writer. The reading side (the metadata reader, which turns the JSON rows on disk into those
-typed records at the read boundary, and the tar member parser) is `reader.py`; what is done with a
-blob's contents, safely, is `extract.py`.
-"""
+the writer. The reading side (the metadata reader, which types the JSON rows on disk, and the tar
+member parser) is `reader.py`; what is done with a blob's contents, safely, is `extract.py`."""
 
 from __future__ import annotations
 
@@ -55,8 +53,7 @@ class UnsafeArchive(BootseerError):
     """The archive tries to write outside its roots, or holds something that cannot be restored safely.
 
     Not a StoreError: the blob matched its digest, the store did its job; what it holds is hostile
-    or malformed. Nothing is written (or everything is undone) when this is raised.
-    """
+    or malformed. Nothing is written (or everything is undone) when this is raised."""
 
 
 # ---- typed metadata ----------------------------------------------------------------------------
@@ -70,8 +67,7 @@ class ArchiveEntry(NamedTuple):
 
     A NamedTuple, not a frozen dataclass: built once per entry by a capture and a restore (21k for a
     torch env), it costs ~0.4 µs where the dataclass cost ~1 µs; as immutable, and `json` writes it
-    as its row.
-    """
+    as its row."""
 
     path: str
     kind: str  # FILE, DIR, SYMLINK or HARDLINK (anything else is refused by the extraction plan)
@@ -152,7 +148,7 @@ class _Sink:
         self.f = open(path, "wb")  # noqa: SIM115 - closed in ArchiveWriter.finish/abort
         self.h = hashlib.sha256() if digest else None
         self.offset = 0
-        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import ThreadPoolExecutor  # here: it imports logging, a restore never needs it
 
         self._io = ThreadPoolExecutor(1, thread_name_prefix="bootseer-sink")
         self._last: Future[None] | None = None
@@ -328,8 +324,7 @@ def _tarfile_header(name: str, kind: str, mode: int, mtime: int, size: int = 0, 
 class ArchiveWriter:
     """Build a snapshot blob at `path`: `add()` entries in order (parents first), then `finish()`.
 
-    `progress` is called with the size of each regular file once it is in the stream.
-    """
+    `progress` is called with the size of each regular file once it is in the stream."""
 
     def __init__(
         self,
