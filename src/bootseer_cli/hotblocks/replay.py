@@ -21,7 +21,8 @@ shared by the threads) keeps replay from starving the program when they run side
 stops taking new work; what is left is returned so the agent can finish it behind the program.
 
 Stale files (size or mtime changed, gone, no longer regular) are skipped before any read, so a
-stale record costs one `stat` per file and nothing else.
+stale record costs one `stat` per file and nothing else. Into a loader's own cache the stage checks
+beside the reads (`run(ready=)`, freshness.py): each stream waits for its own file's stat, not all.
 
 Into a loader's own disk cache (`into_loader`: rclone `--vfs-cache-mode full` and the like, where the
 kernel drops a file's pages at every open) two things change, both measured on `import torch`'s record
@@ -96,16 +97,21 @@ class ReplayResult:
 def plan(rec: Record) -> tuple[list[Extent], Staleness]:
     """The reads to do for `rec` (stale files left out, long extents cut at READ_MAX), and the staleness."""
     staleness, fresh = check(rec)
+    return cut(rec, fresh), staleness
+
+
+def cut(rec: Record, keep: set[str] | None = None) -> list[Extent]:
+    """`rec`'s extents (only those of the files in `keep`, unless None) cut at READ_MAX boundaries."""
     work: list[Extent] = []
     for path, off, n in rec.extents:
-        if path not in fresh:
+        if keep is not None and path not in keep:
             continue
         while n > 0:
             step = min(n, READ_MAX - off % READ_MAX)  # aligned pieces: one per chunk of a lazy image
             work.append((path, off, step))
             off += step
             n -= step
-    return work, staleness
+    return work
 
 
 def sources_of(rec: Record, staleness: Staleness) -> list[str]:
@@ -263,6 +269,7 @@ class _Pool:
         start: int = START_STREAMS,
         longest_first: bool = False,
         random: bool = False,
+        ready: Callable[[str], bool] | None = None,
     ) -> None:
         by_file: dict[str, list[Extent]] = {}
         for extent in work:
@@ -271,6 +278,7 @@ class _Pool:
         if longest_first:  # stable: equal streams keep the record's order
             self.jobs.sort(key=lambda pieces: -sum(e[2] for e in pieces))
         self.random = random
+        self.ready = ready
         self.deadline = deadline
         self.stop = stop
         self.throttle = _Throttle(mbps)
@@ -303,6 +311,8 @@ class _Pool:
                 pieces = self.take()
                 if pieces is None:
                     return
+                if self.ready is not None and not self._fresh(pieces):
+                    continue
                 fd = _open_regular(pieces[0][0])
                 if fd is None:
                     with self.lock:
@@ -316,6 +326,18 @@ class _Pool:
                     os.close(fd)
             finally:
                 self.gate.leave()
+
+    def _fresh(self, pieces: list[Extent]) -> bool:
+        """Wait for the check of this stream's file (`run(ready=)`): False for a stale file (never read)
+        and for a fresh one the deadline passed while waiting for (left for later, as not taken)."""
+        assert self.ready is not None
+        if not self.ready(pieces[0][0]):
+            return False
+        if self.stopped():
+            with self.lock:
+                self.left.extend(pieces)
+            return False
+        return True
 
     def _read_stream(self, fd: int, pieces: list[Extent], view: memoryview) -> None:
         """Read one stream's extents front to back; a deadline in the middle leaves the rest for later."""
@@ -374,6 +396,7 @@ def run(
     stats: list[str] | None = None,
     wide: bool = False,
     into_loader: bool = False,
+    ready: Callable[[str], bool] | None = None,
 ) -> ReplayResult:
     """Read `work` file by file on up to `threads` threads; stop at `deadline` (monotonic) or when `stop()`.
     `stats`: paths to stat on a thread beside the reads (`sources_of`), waited for until `deadline`.
@@ -382,7 +405,10 @@ def run(
     spends finding its width is the start's (issue 28: beside the stage's own stats, the gate judged a
     latency-bound rclone "full" at 32 streams by the stats' load, settled at 16, and 402 small files took
     0.9 s). `into_loader`: the replay fills a loader's own disk cache, not the page cache: no readahead,
-    and with `wide` the longest streams first (module doc)."""
+    and with `wide` the longest streams first (module doc). `ready(path)`: the staleness check running
+    beside the reads (`freshness.Check.fresh`), asked before a stream's file is opened: it waits for that
+    file's stat and says whether it is still fresh; a stale file is skipped, never read. Without it `work`
+    holds fresh files only (`plan`)."""
     t0 = time.monotonic()
     stat_thread = threading.Thread(target=stat_many, args=(stats,), name="replay-stat", daemon=True) if stats else None
     if stat_thread is not None:
@@ -390,7 +416,7 @@ def run(
     if not work:
         return _joined(stat_thread, deadline, ReplayResult())
     start = threads if wide else START_STREAMS
-    pool = _Pool(work, threads, mbps, deadline, stop, start, longest_first=wide and into_loader, random=into_loader)
+    pool = _Pool(work, threads, mbps, deadline, stop, start, wide and into_loader, into_loader, ready)
     n = pool.gate.most
     readers = [threading.Thread(target=pool.worker, name=f"replay-{i}", daemon=True) for i in range(n)]
     for t in readers:

@@ -1,0 +1,138 @@
+"""The record's staleness check beside the replay's reads (issue 28, item 5; `freshness.Check`).
+
+Into a loader's own cache the stage no longer waits for the whole check before reading: it stats the
+files with the most recorded bytes first, and reads each file once its own stat says it is fresh, while
+the rest are checked. The loader is a real `rclone mount --vfs-cache-mode full` of a bucket on the
+loopback S3 server, behind the delaying proxy, whose log of request lines gives the order in which
+rclone asked the bucket (a HEAD per file stat'ed, a ranged GET per read).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.commands.options import load_settings
+from bootseer_cli.hotblocks import loadercache, probe
+from bootseer_cli.hotblocks.freshness import Check
+from bootseer_cli.hotblocks.record import REF_KIND
+from bootseer_cli.store import open_store
+from tests.support.delayproxy import DelayProxy
+from tests.support.rclonemount import RcloneMount, upload
+from tests.support.s3server import delayed
+
+from .conftest import MiB, bootseer, wait_for, write_config
+
+SMALL = 400  # small files beside the large one: a HEAD each when the check stats them
+needs_rclone = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("rclone") is None, reason="needs root, FUSE and rclone"
+)
+
+PROGRAM = """
+import os, sys, bootseer_cli
+root = sys.argv[1]
+for d, _, names in sorted(os.walk(root)):
+    for n in sorted(names):
+        with open(os.path.join(d, n), "rb") as f:
+            f.read()
+bootseer_cli.ready()
+"""
+
+
+def test_the_verdict_comes_from_the_longest_files_and_is_exact(tmp_path: Path) -> None:
+    """The mostly-stale answer is given as soon as the files checked settle it, never guessed: a fresh
+    large file settles "no" whatever the small ones are; a stale one "yes"; an even split waits for all."""
+    big, small = tmp_path / "big", tmp_path / "small"
+    big.write_bytes(b"x" * 1000)
+    small.write_bytes(b"y" * 10)
+    deps = [(str(p), p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_size) for p in (small, big)]
+    check = Check(deps, 0.5, threads=1)
+    assert [d[0] for d in check.deps] == [str(big), str(small)]  # the most recorded bytes first
+    assert check.start().mostly_stale() is False
+    staleness, fresh = check.wait()
+    assert fresh == {str(big), str(small)} and staleness.fresh_bytes == 1010
+    stale_big = [(str(big), 999, deps[1][2], 1000), deps[0]]
+    check = Check(stale_big, 0.5).start()
+    assert check.mostly_stale() is True and not check.fresh(str(big)) and check.fresh(str(small))
+    assert check.wait()[0].stale_bytes == 1000
+    assert not check.fresh(str(tmp_path / "elsewhere"))  # not in the record: never read
+    even = [(str(small), 10, deps[0][2], 50), (str(big), 1, 0, 50)]  # 50 % stale: not above the threshold
+    assert Check(even, 0.5).start().mostly_stale() is False
+    assert Check([], 0.5).start().mostly_stale() is False
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, DelayProxy]]:
+    base = tmp_path_factory.mktemp("checkbeside")
+    tree = base / "tree"
+    (tree / "small").mkdir(parents=True)
+    (tree / "big.bin").write_bytes(os.urandom(24 * MiB))
+    for i in range(SMALL):
+        (tree / "small" / f"s{i:03d}.bin").write_bytes(os.urandom(4096))
+    with delayed(base / "s3", delay_ms=4.0) as (_, proxy):
+        upload(tree, proxy.endpoint, "bootseer/tree")
+        yield "bootseer/tree", proxy
+
+
+def _exec(cfg: Path, cwd: Path, program: list[str]) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", *program],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stderr
+
+
+@pytest.mark.integration
+@needs_rclone
+def test_a_replay_into_a_loaders_cache_reads_the_longest_file_while_the_rest_are_checked(
+    bucket: tuple[str, DelayProxy], tmp_path: Path
+) -> None:
+    """The first GET of the record's longest file comes before the last HEAD of the check (before the
+    change every file was stat'ed, one HEAD each, before the first read), and a file whose recorded
+    mtime no longer matches is never read (no GET of it at all)."""
+    remote, proxy = bucket
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    probe.forget()
+    loadercache.forget()
+    with RcloneMount(proxy.endpoint, remote, tmp_path / "mnt", "full", tmp_path) as m:
+        program = [sys.executable, str(prog), str(m.mountpoint)]
+        cfg = write_config(tmp_path / "bootseer.toml", [m.mountpoint], ready="call", foreground_s=60.0)
+        assert "recording this start" in _exec(cfg, tmp_path, program)
+        show = lambda: json.loads(bootseer("hot", "show", "--json", "-c", str(cfg), cwd=tmp_path).stdout)  # noqa: E731
+        wait_for(lambda: show()["record"], timeout=60, what="the record")
+        m.restart()
+        assert "replaying into it" in _exec(cfg, tmp_path, program)  # judged: rclone keeps a cache
+        store = open_store(load_settings(cfg).store.uri)
+        key = show()["image_key"]
+        wait_for(lambda: (store.read_ref(loadercache.KIND, key) or {}).get("mounts"), timeout=60, what="the decision")
+
+        ref = store.read_ref(REF_KIND, key)
+        assert ref is not None
+        named = {s[0] for s in ref.get("samples") or []} | {str((ref.get("probe") or [""])[0])}
+        stale = next(d for d in ref["deps"] if "/small/" in d[0] and d[0] not in named)
+        stale[2] += 7 * 1_000_000_000  # as if the file had changed since the record
+        store.write_ref(REF_KIND, key, ref)
+        m.restart()  # rclone's cache and its metadata empty
+        first = len(proxy.lines)
+        out = _exec(cfg, tmp_path, [sys.executable, "-c", "import time; time.sleep(0.5)"])  # reads nothing itself
+        lines = proxy.lines[first:]
+    assert "replayed" in out and "1 stale file(s) skipped" in out, out
+    name = lambda line: line.split()[1].split("?")[0]  # noqa: E731
+    heads = [i for i, x in enumerate(lines) if x.startswith("HEAD ") and "/tree/small/" in name(x)]
+    gets = [i for i, x in enumerate(lines) if x.startswith("GET ") and name(x).endswith("/tree/big.bin")]
+    assert len(heads) >= SMALL and gets, (len(heads), len(gets))
+    assert gets[0] < heads[-1], f"the first read of big.bin came after the check's last HEAD ({gets[0]}, {heads[-1]})"
+    stale_key = "/tree/" + stale[0].split(str(m.mountpoint) + "/", 1)[1]
+    assert not [x for x in lines if x.startswith("GET ") and name(x).endswith(stale_key)], "a stale file was read"
