@@ -322,9 +322,9 @@ def _frames_here(st: State, fd: int, frames: tuple[Frame, ...], progress: Progre
 
 
 def _frames_in_threads(st: State, fd: int, frames: tuple[Frame, ...], workers: int, progress: Progress | None) -> None:
-    local = threading.local()
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor  # here: it imports logging
 
+    local = threading.local()
     with ThreadPoolExecutor(workers, thread_name_prefix="bootseer-restore") as pool:
         futs = [pool.submit(_extract_frame, st, fd, f, local) for f in frames]
         try:
