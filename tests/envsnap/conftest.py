@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -59,3 +60,20 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def killed_restore(cwd: Path, cache: Path, point: str) -> subprocess.CompletedProcess[str]:
+    """`bootseer restore` killed (SIGKILL to its whole process group) at the fault point `point`."""
+    env = {k: v for k, v in pkgindex.clean_env().items() if not k.startswith("BOOTSEER_")}
+    env.update({"XDG_CACHE_HOME": str(cache), "BOOTSEER_TEST_RESTORE_FAULT": point})
+    killed = subprocess.run(
+        [sys.executable, "-m", "bootseer_cli", "restore"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,  # its own process group: the fault kills the restore and its workers only
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    return killed

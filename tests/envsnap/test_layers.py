@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.envsnap.conftest import run_cli, tree_state
+from tests.envsnap.conftest import killed_restore, run_cli, tree_state
 from tests.envsnap.test_cycle import PY, make_venv
 from tests.support import pkgindex
 
@@ -232,19 +231,7 @@ def test_a_killed_layered_restore_is_recovered_by_the_next_start(tmp_path: Path,
     job.reqs("bslayer==1.0", "six==1.17.0")
     job.exec("n2")  # this node carries the parent: the restore below applies only the layer
     job.reqs("bslayer==1.1", "six==1.17.0", "idna==3.20")
-    env = pkgindex.clean_env()
-    env = {k: v for k, v in env.items() if not k.startswith("BOOTSEER_")}
-    env.update({"XDG_CACHE_HOME": str(tmp_path / "n2-cache"), "BOOTSEER_TEST_RESTORE_FAULT": "member:3"})
-    killed = subprocess.run(
-        [sys.executable, "-m", "bootseer_cli", "restore"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        start_new_session=True,
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    killed_restore(tmp_path, tmp_path / "n2-cache", "member:3")
     assert (job.venv / ".bootseer-env.journal").exists()
 
     r = job.exec("n2")

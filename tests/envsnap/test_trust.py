@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tarfile
@@ -23,7 +22,7 @@ from bootseer_cli.envsnap import apply, extract, format, plan, reader
 from bootseer_cli.envsnap import undo as undo_mod
 from bootseer_cli.errors import IntegrityError
 from bootseer_cli.store import Store, blob_path
-from tests.envsnap.conftest import run_cli, tree_state
+from tests.envsnap.conftest import killed_restore, run_cli, tree_state
 from tests.envsnap.test_cli import SITE, cli, make_base, project
 from tests.envsnap.test_safety import craft, reg, rel
 from tests.support import pkgindex
@@ -376,19 +375,7 @@ def test_a_restore_killed_part_way_is_recovered(tmp_path: Path, point: str) -> N
 
     make_base(root)
     (root / SITE / "pkg_a" / "keep.txt").write_text("image file the setup deletes\n")
-    base_env = pkgindex.clean_env()
-    env = {k: v for k, v in base_env.items() if not k.startswith("BOOTSEER_")}
-    env.update({"XDG_CACHE_HOME": str(tmp_path / "node-cache"), "BOOTSEER_TEST_RESTORE_FAULT": point})
-    killed = subprocess.run(
-        [sys.executable, "-m", "bootseer_cli", "restore"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        start_new_session=True,  # its own process group: the fault kills the restore and its workers only
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    killed_restore(tmp_path, tmp_path / "node-cache", point)
     assert (root / ".bootseer-env.journal").exists(), "the restore wrote its journal before its first change"
     assert not (root / ".bootseer-env.json").exists()
     if point != "journal":  # killed after the moves: originals aside, (some) new files in place
@@ -420,18 +407,7 @@ def test_a_first_restore_killed_after_its_last_write_is_restored_again(tmp_path:
     want = tree_state(root)
 
     make_base(root)  # the image alone: the env only adds, so the restore moves nothing aside
-    env = {k: v for k, v in pkgindex.clean_env().items() if not k.startswith("BOOTSEER_")}
-    env.update({"XDG_CACHE_HOME": str(tmp_path / "node-cache"), "BOOTSEER_TEST_RESTORE_FAULT": "committed"})
-    killed = subprocess.run(
-        [sys.executable, "-m", "bootseer_cli", "restore"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        start_new_session=True,
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    killed_restore(tmp_path, tmp_path / "node-cache", "committed")
     doc = json.loads((root / ".bootseer-env.journal").read_text())
     assert doc["committed"] is False and doc["new"], "a restore that moved nothing aside wrote a commit"
     # the journal lists the new paths whose parent is not new: recovery removes a new directory whole
