@@ -14,6 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from bootseer_cli.hotblocks.freshness import Check
 from bootseer_cli.hotblocks.record import REF_KIND
 from bootseer_cli.store import open_store
 from tests.support.delayproxy import DelayProxy
+from tests.support.lazyfs import HANG_S, LazyMount
 from tests.support.rclonemount import RcloneMount, upload
 from tests.support.s3server import delayed
 
@@ -44,6 +47,36 @@ for d, _, names in sorted(os.walk(root)):
             f.read()
 bootseer_cli.ready()
 """
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root and FUSE")
+def test_a_stat_that_never_answers_holds_no_wait_past_the_deadline(tmp_path: Path) -> None:
+    """A dead mount: the stat of one file (the largest, checked first) does not return for `HANG_S`.
+    Every wait of the check ends at its deadline, 1 s (before: the verdict waited for that stat, for
+    ever on a mount that never answers, and the start with it); the file is not called fresh, and the
+    check says it is not complete."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(b"x" * 4000)
+    (src / "small.bin").write_bytes(b"y" * 10)
+    with LazyMount(src, tmp_path / "lazy", delay_ms=1, hang="big.bin") as lazy:
+        root = lazy.mountpoint
+        small = root / "small.bin"
+        st = os.stat(small)
+        deps = [(str(root / "big.bin"), 4000, st.st_mtime_ns, 4000), (str(small), 10, st.st_mtime_ns, 10)]
+        t0 = time.monotonic()
+        check = Check(deps, 0.5, threads=2, deadline=t0 + 1.0).start()
+        answers: list[object] = []
+        waiter = threading.Thread(
+            target=lambda: answers.extend([check.mostly_stale(), check.fresh(str(root / "big.bin"))])
+        )
+        waiter.start()
+        waiter.join(HANG_S - 2)
+        assert not waiter.is_alive(), "a wait of the check outlasted its deadline"
+        assert answers == [False, False]  # undecided: not mostly stale; the unanswered file: not fresh
+        staleness, fresh = check.wait()
+        assert time.monotonic() - t0 < HANG_S - 1
+        assert not check.complete and fresh == {str(small)} and staleness.fresh_files == 1
 
 
 def test_the_verdict_comes_from_the_longest_files_and_is_exact(tmp_path: Path) -> None:

@@ -34,9 +34,10 @@ from .fuseproc import FuseProcess
 
 CHUNK = 1 << 20
 MAX_THREADS = 64
+HANG_S = 6.0  # how long the stat of `--hang`'s file takes (bounded: the server must still exit)
 
 
-def _make_ops(source: str, delay_s: float, chunk: int, mbps: float, log: str | None) -> Any:
+def _make_ops(source: str, delay_s: float, chunk: int, mbps: float, log: str | None, hang: str = "") -> Any:
     import mfusepy
 
     class LazyFS(mfusepy.Operations):
@@ -65,6 +66,8 @@ def _make_ops(source: str, delay_s: float, chunk: int, mbps: float, log: str | N
             return os.path.join(source, path.lstrip("/"))
 
         def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+            if hang and os.path.basename(path) == hang:  # a dead mount: this stat answers late
+                time.sleep(HANG_S)
             try:
                 st = os.lstat(self._real(path))
             except OSError as e:
@@ -125,10 +128,12 @@ def _make_ops(source: str, delay_s: float, chunk: int, mbps: float, log: str | N
     return LazyFS()
 
 
-def serve(source: str, mountpoint: str, delay_ms: float, chunk: int, mbps: float, log: str | None) -> None:
+def serve(
+    source: str, mountpoint: str, delay_ms: float, chunk: int, mbps: float, log: str | None, hang: str = ""
+) -> None:
     import mfusepy
 
-    ops = _make_ops(os.path.realpath(source), delay_ms / 1000.0, chunk, mbps, log)
+    ops = _make_ops(os.path.realpath(source), delay_ms / 1000.0, chunk, mbps, log, hang)
     mfusepy.FUSE(
         ops,
         mountpoint,
@@ -148,17 +153,24 @@ class LazyMount(FuseProcess):
     name = "lazyfs"
 
     def __init__(
-        self, source: Path, mountpoint: Path, delay_ms: float = 10.0, chunk: int = CHUNK, mbps: float = 0.0
+        self,
+        source: Path,
+        mountpoint: Path,
+        delay_ms: float = 10.0,
+        chunk: int = CHUNK,
+        mbps: float = 0.0,
+        hang: str = "",
     ) -> None:
         super().__init__(mountpoint, mountpoint.parent)
         self.source = source
         self.delay_ms, self.chunk, self.mbps = delay_ms, chunk, mbps
+        self.hang = hang  # a file name whose stat answers only after HANG_S (a dead mount, for a while)
         self.log = mountpoint.parent / f".{mountpoint.name}.fetches"
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "tests.support.lazyfs", str(self.source), str(self.mountpoint)]
         argv += ["--delay-ms", str(self.delay_ms), "--chunk", str(self.chunk), "--mbps", str(self.mbps)]
-        return [*argv, "--log", str(self.log)]
+        return [*argv, "--log", str(self.log), "--hang", self.hang]
 
     def env(self) -> dict[str, str]:
         root = str(Path(__file__).resolve().parents[2])
@@ -191,8 +203,9 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=CHUNK)
     p.add_argument("--mbps", type=float, default=0.0, help="per-fetch bandwidth in MB/s (0: only the delay)")
     p.add_argument("--log")
+    p.add_argument("--hang", default="", help="a file name whose stat answers only after HANG_S")
     a = p.parse_args()
-    serve(a.source, a.mountpoint, a.delay_ms, a.chunk, a.mbps, a.log)
+    serve(a.source, a.mountpoint, a.delay_ms, a.chunk, a.mbps, a.log, a.hang)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,19 @@ recorded bytes first, and answers two questions as soon as they are known:
   The replay opens a file after this says yes, and never reads a stale one.
 
 `wait()` gives the complete `Staleness` (what the stage reports), once every file is checked.
+
+Every wait ends at `deadline` (the stage gives the start's `[image] foreground_s`): a stat can hang on a
+dead mount, and the job must start anyway. Past it, an undecided verdict is "not mostly stale" (nothing
+is read unless its own file was found fresh), a file not yet checked is not fresh (never read), and
+`wait()` gives what was checked (`complete` says whether that is all).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .record import STAT_THREADS, Staleness, _count
@@ -40,7 +47,9 @@ class _State:
 class Check:
     """Stat `deps` longest first on up to `threads` threads (`start`); answers as in the module doc."""
 
-    def __init__(self, deps: list[Dep], threshold: float, threads: int = STAT_THREADS) -> None:
+    def __init__(
+        self, deps: list[Dep], threshold: float, threads: int = STAT_THREADS, deadline: float | None = None
+    ) -> None:
         self.deps = sorted(deps, key=lambda d: -d[3])  # stable: equal files keep the record's order
         self.paths = {d[0] for d in self.deps}
         self.threshold = threshold
@@ -51,6 +60,7 @@ class Check:
         self.next_index = 0
         self.left = len(self.deps)
         self.workers: list[threading.Thread] = []
+        self.deadline = deadline  # monotonic: no wait below goes past it
 
     def start(self) -> Check:
         self.workers = [
@@ -89,27 +99,39 @@ class Check:
             return False
         return None
 
+    def _until(self, done: Callable[[], bool]) -> bool:
+        """Wait (holding `cond`) until `done()` or the deadline; whether `done()` came first."""
+        while not done():
+            left = None if self.deadline is None else self.deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self.cond.wait(left)
+        return True
+
     def mostly_stale(self) -> bool:
-        """Whether the record's stale share is above the threshold, as soon as that is certain."""
+        """Whether the record's stale share is above the threshold, as soon as that is certain (False
+        when the deadline comes first)."""
         with self.cond:
-            while (answer := self._settled()) is None:
-                self.cond.wait()
-            return answer
+            return self._until(lambda: self._settled() is not None) and bool(self._settled())
 
     def fresh(self, path: str) -> bool:
-        """Whether `path` is a file of the record that still has its size and mtime (after its stat)."""
+        """Whether `path` is a file of the record that still has its size and mtime (after its stat; False
+        when the deadline comes first)."""
         if path not in self.paths:
             return False
         with self.cond:
-            while path not in self.state.checked:
-                self.cond.wait()
-            return path in self.state.fresh
+            return self._until(lambda: path in self.state.checked) and path in self.state.fresh
+
+    @property
+    def complete(self) -> bool:
+        """Whether every file has been checked."""
+        with self.cond:
+            return self.left == 0
 
     def wait(self) -> tuple[Staleness, set[str]]:
-        """The complete check: (counts, fresh paths), once every file is stat'ed."""
+        """The check: (counts, fresh paths), once every file is stat'ed or the deadline passed."""
         with self.cond:
-            while self.left:
-                self.cond.wait()
+            self._until(lambda: self.left == 0)
             return self.state.staleness, set(self.state.fresh)
 
     def agrees(self, files: dict[str, tuple[int, int]]) -> bool:

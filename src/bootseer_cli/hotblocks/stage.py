@@ -178,7 +178,8 @@ def _mostly_stale(ctx: StageContext, ref: dict[str, Any], roots: list[str]) -> b
     deps = ref_deps(ref, roots)
     if deps is None:
         return False
-    check = Check(deps, STALE_RERECORD).start()
+    # a stat can hang on a dead mount: no wait on the check outlasts what a replay may hold the start back
+    check = Check(deps, STALE_RERECORD, deadline=time.monotonic() + ctx.settings.image.foreground_s).start()
     if not check.mostly_stale():
         _CHECKING[:] = [check]
         return False
