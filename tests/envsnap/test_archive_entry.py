@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bootseer_cli.envsnap.format import ArchiveEntry, UnsafeArchive, entries_of_rows
+from bootseer_cli.envsnap.format import ArchiveEntry, UnsafeArchive, entries_from_rows, entries_of_rows
 
 
 def test_a_good_row_becomes_the_typed_entry_and_writes_back_as_the_row() -> None:
@@ -54,3 +54,16 @@ def test_an_entry_cannot_be_changed() -> None:
 def test_a_malformed_row_is_refused(row: object) -> None:
     with pytest.raises(UnsafeArchive, match="malformed snapshot entry"):
         ArchiveEntry.from_row(row)
+    # the metadata's rows are checked column by column, all at once: the same refusal, wherever it sits
+    good = [[f"/v/{i}", "f", 0o644, i, 1_700_000_000, ""] for i in range(50)]
+    with pytest.raises(UnsafeArchive, match="malformed snapshot entry") as e:
+        entries_from_rows([*good[:20], row, *good[20:]])
+    assert str(row)[:200] in str(e.value)
+
+
+def test_the_metadata_rows_become_the_entries_one_row_would() -> None:
+    rows = [["/v", "d", 0o755, 0, 5, ""], ["/v/a", "f", 0o644, 3, 6, ""], ["/v/l", "l", 0o777, 0, 7, "a"]]
+    got = entries_from_rows(rows)
+    assert got == tuple(ArchiveEntry.from_row(r) for r in rows)
+    assert all(type(e) is ArchiveEntry for e in got)
+    assert entries_from_rows([]) == ()

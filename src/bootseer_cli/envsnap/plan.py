@@ -47,21 +47,21 @@ def _check_path(p: object, roots: list[str]) -> str:
     return p
 
 
-def _paths_ok(paths: list[str], roots: list[str]) -> bool:
-    """Whether every path passes `_check_path`, tested on all of them at once: a few scans of one
-    joined string instead of ~3 µs of Python per path (60 ms of a 21k-entry restore's serial start).
+def _paths_ok(paths: list[str] | tuple[str, ...], roots: list[str]) -> bool:
+    """Whether every path passes `_check_path`, tested on all of them at once: a few scans of joined
+    strings instead of ~3 µs of Python per path (60 ms of a 21k-entry restore's serial start).
     False means some path fails: `_check_path` then finds it and says why."""
     if "\0" in "".join(paths):
         return False
-    if ("\0" + "\0".join(paths)).count("\0/") != len(paths):  # each one absolute
+    starts = "\0" + "\0".join(paths)  # each path starts after a NUL
+    if starts.count("\0/") != len(paths):  # each one absolute
         return False
     joined = "/\0".join(paths) + "/\0"  # the '/' closes each path, as `_check_path`'s `p + "/"` does
-    if "//" in joined or "/./" in joined or "/../" in joined:
+    if "//" in joined or ("/." in joined and ("/./" in joined or "/../" in joined)):  # few paths hold "/."
         return False
-    if len(roots) == 1:
+    if len(roots) == 1:  # each path is the root or starts with it and a slash
         root = roots[0]
-        below = root.rstrip("/") + "/"
-        return all(q.startswith(below) or q == root for q in paths)
+        return starts.count("\0" + root.rstrip("/") + "/") + paths.count(root) == len(paths)
     return all(under(q, roots) for q in paths)
 
 
@@ -106,16 +106,20 @@ def _check_below_symlinks(entries: dict[str, ArchiveEntry]) -> None:
 def plan(meta: Meta, roots: list[str]) -> Plan:
     """Check the metadata against `roots` (the roots this node restores into) and build the plan."""
     roots = [os.path.normpath(os.path.abspath(r)) for r in roots]
-    entries: dict[str, ArchiveEntry] = {}
-    checked = _paths_ok([e.path for e in meta.entries], roots)
-    files = raw = 0
-    allowed = 20 * BLOCK * max(1, len(meta.frames))  # see `_check_frames_bound`
-    for e in meta.entries:
-        _check_entry(e, roots, entries, checked)
-        entries[e.path] = e if isinstance(e.extra, str) else ArchiveEntry(e.path, e.kind, e.mode, e.size, e.mtime)
-        files += e.kind != DIR
-        raw += e.size
-        allowed += e.size + (-e.size % BLOCK) + 5 * BLOCK + 2 * (len(e.path) + len(e.extra))
+    fast = _plan_columns(meta, roots)
+    if fast is not None:
+        entries, files, raw, allowed = fast
+    else:  # some entry fails a check (or is unusual): one at a time, which says which and why
+        entries = {}
+        checked = _paths_ok([e.path for e in meta.entries], roots)
+        files = raw = 0
+        allowed = 20 * BLOCK * max(1, len(meta.frames))  # see `_check_frames_bound`
+        for e in meta.entries:
+            _check_entry(e, roots, entries, checked)
+            entries[e.path] = e if isinstance(e.extra, str) else ArchiveEntry(e.path, e.kind, e.mode, e.size, e.mtime)
+            files += e.kind != DIR
+            raw += e.size
+            allowed += e.size + (-e.size % BLOCK) + 5 * BLOCK + 2 * (len(e.path) + len(e.extra))
     _check_below_symlinks(entries)
     deletions = []
     for p in meta.deletions:
@@ -125,6 +129,29 @@ def plan(meta: Meta, roots: list[str]) -> Plan:
         deletions.append(p)
     _check_frames_bound(meta.frames, allowed)
     return Plan(roots, entries, deletions, meta.frames, files, raw)
+
+
+def _plan_columns(meta: Meta, roots: list[str]) -> tuple[dict[str, ArchiveEntry], int, int, int] | None:
+    """`plan`'s checks and sums for all entries at once, column by column (`map`, `set`, `sum` run in
+    C): the entries by path, the count of non-directories, the bytes, the bound on the frames.
+
+    None when any entry would fail a check of `_check_entry`, or is a hardlink (rare): `plan` then takes
+    them one at a time. The loop over 21k entries cost ~40 ms of a restore's serial start."""
+    if not meta.entries:
+        return None
+    paths, kinds, _, sizes, _, extras = zip(*meta.entries, strict=True)
+    if not set(kinds) <= {FILE, DIR, SYMLINK} or set(map(type, extras)) != {str} or not _paths_ok(paths, roots):
+        return None
+    entries = dict(zip(paths, meta.entries, strict=True))
+    if len(entries) != len(paths) or any(r in entries and entries[r].kind != DIR for r in roots):
+        return None  # a duplicate, or a root replaced by a file
+    if SYMLINK in kinds and not all(x and "\0" not in x for x, k in zip(extras, kinds, strict=True) if k == SYMLINK):
+        return None
+    raw = sum(sizes)
+    padding = sum((-s) % BLOCK for s in sizes)
+    allowed = 20 * BLOCK * max(1, len(meta.frames)) + raw + padding + 5 * BLOCK * len(paths)
+    allowed += 2 * (sum(map(len, paths)) + sum(map(len, extras)))
+    return entries, len(paths) - kinds.count(DIR), raw, allowed
 
 
 def _check_frames_bound(frames: tuple[Frame, ...], allowed: int) -> None:

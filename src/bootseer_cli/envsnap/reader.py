@@ -23,9 +23,9 @@ from .format import (
     META_FLOOR,
     META_PER_ENTRY,
     TRAILER_MAGIC,
-    ArchiveEntry,
     Frame,
     Meta,
+    entries_from_rows,
 )
 from .manifest import DIR, FILE, SYMLINK
 
@@ -121,7 +121,7 @@ def read_meta(
     return Meta(
         roots=tuple(doc["roots"]),
         deletions=tuple(doc["deletions"]),
-        entries=tuple(ArchiveEntry.from_row(r) for r in doc["entries"]),
+        entries=entries_from_rows(doc["entries"]),
         frames=_frames(doc["chunks"]),
         info=info,
     )
