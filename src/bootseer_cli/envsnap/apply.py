@@ -68,6 +68,7 @@ class State:
     member_fault: int = -1  # the member at which the test hook kills the restore (-1: never)
     on_workers: Callable[[], None] | None = None  # called once the workers run (after any fork)
     new: set[str] = field(default_factory=set)  # what the journal says this extraction creates
+    new_tops: list[str] | None = None  # the maximal paths of `new`, where the plan of changes knew them
     arriving: bool = False  # the blob is still being downloaded into the file: wait for each frame
     # each worker thread's no-follow directory descriptors (see dirfd.py), all of them to close at the end
     local: threading.local = field(default_factory=threading.local)

@@ -34,10 +34,8 @@ class Undo:
     """
 
     def __init__(self, roots: list[str]) -> None:
-        import uuid  # lazily: it imports platform
-
         self.roots = roots
-        self.tag = uuid.uuid4().hex[:10]
+        self.tag = os.urandom(5).hex()  # 10 hex digits, as uuid4's first ten (without importing uuid)
         self.dirs: dict[str, str] = {r: os.path.join(r, f"{UNDO_PREFIX}{self.tag}") for r in roots}
         self.planned: list[tuple[str, str]] = []
         self.moved: list[tuple[str, str]] = []
@@ -156,6 +154,7 @@ def plan_changes(st: State, undo: Undo) -> None:
             undo.plan_move(path)
             moved.add(path)
     absent: set[str] = set()
+    tops: list[str] = []  # the absent entries whose parent is not an absent entry
     for path, e in st.plan.entries.items():
         if path.rpartition("/")[0] in absent:
             absent.add(path)
@@ -166,12 +165,32 @@ def plan_changes(st: State, undo: Undo) -> None:
             cur = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             absent.add(path)
+            tops.append(path)
             continue
         if e.kind == DIR and stat.S_ISDIR(cur.st_mode):
             continue
         undo.plan_move(path)
         moved.add(path)
     kept: set[str] = set(st.plan.roots)
+    if not moved and absent.isdisjoint(kept):
+        # Nothing replaced and every root there (a first restore, or one that only adds): every absent
+        # entry is new, and so is each missing directory above one, up to the first that exists. Only
+        # the `tops` need that walk up: the walk over every entry cost ~25 ms of a 21k-entry restore's
+        # start, and finding the maximal new paths for the journal among them another ~10 ms.
+        st.new |= absent
+        highest: dict[str, None] = {}
+        for path in tops:
+            top, p = path, path.rpartition("/")[0] or "/"
+            while p not in kept and p not in st.new:
+                if os.path.lexists(p):
+                    kept.add(p)
+                    break
+                st.new.add(p)
+                top, p = p, p.rpartition("/")[0] or "/"
+            if p in kept:  # `top`'s parent exists: `top` is a maximal new path
+                highest[top] = None
+        st.new_tops = list(highest)
+        return
     for path in st.plan.entries:
         p = path
         while p not in kept and p not in st.new:
@@ -270,5 +289,6 @@ def journal_doc(st: State, undo: Undo, committed: bool = False) -> dict[str, Any
         # first path that exists). A first restore of the torch venv listed 21,759 paths (a 2 MB
         # journal written and fsynced before the first change); it lists the root's new children.
         new = st.new
-        doc["new"] = sorted(p for p in new if p.rpartition("/")[0] not in new)
+        tops = st.new_tops if st.new_tops is not None else (p for p in new if p.rpartition("/")[0] not in new)
+        doc["new"] = sorted(tops)
     return doc
