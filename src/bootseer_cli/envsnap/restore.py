@@ -19,13 +19,12 @@ from ..delivery import Blob, DigestMismatch, Download, link_into_cache, open_blo
 from ..errors import BootseerError, IntegrityError
 from .catalog import FORMAT, REF_KIND
 from .manifest import under
-from .stamp import remove_stamp, switch_deletions, write_stamp
+from .stamp import StampDraft, remove_stamp, switch_deletions, write_drafted_stamp
 
 if TYPE_CHECKING:
     from ..cache import BlobCache
     from ..settings import P2PSettings
     from ..store import Store
-    from .format import Meta
 
 
 @dataclass
@@ -69,8 +68,11 @@ def restore(
     digest = ref.get("blob") if isinstance(ref, dict) else None
     if not isinstance(digest, str) or ref.get("format") != FORMAT:
         raise IntegrityError(f"ref env/{env_key[:16]} is malformed or of an unknown format")
+    from ..gcpause import collector_paused
+
     try:
-        return _restore_chain(p2p, store, cache, env_key, roots, ref, progress, extra_keys)
+        with collector_paused():  # tens of thousands of objects that form no cycles (see gcpause.py)
+            return _restore_chain(p2p, store, cache, env_key, roots, ref, progress, extra_keys)
     except BootseerError:
         raise
     except Exception as e:  # whatever a malformed ref or blob provokes: the snapshot is unusable
@@ -152,14 +154,12 @@ def _restore(
     digest mismatch found at the end undoes the tree, drops a bad cached copy and tries the store.
 
     `over`: the carried doc of the parent env this layer applies over (no switch, a merged stamp)."""
-    from .stamp import merged_carried
-
     size = ref.get("size") if isinstance(ref.get("size"), int) else None
     for attempt in range(2):
         t0 = time.monotonic()
         b = open_blob(p2p, store, cache, digest, size, progress, cached=attempt == 0)
         try:
-            restored, meta = _restore_from(b, roots, ref, digest, progress, t0, switching=over is None)
+            restored, draft = _restore_from(b, roots, ref, digest, progress, t0, over)
             link_into_cache(cache, b, digest)
             if isinstance(b.verifier, Download):
                 b.verifier.keep(cache)
@@ -178,16 +178,22 @@ def _restore(
             raise DigestMismatch(f"blob {digest[:12]} does not match its digest ({e})") from None
         finally:
             b.close()
-        merged = merged_carried(over, meta.entries, meta.deletions) if over is not None else None
-        write_stamp(roots, [env_key, *extra_keys], digest, meta.entries, meta.deletions, carried=merged)
+        write_drafted_stamp(roots, [env_key, *extra_keys], draft)
         return restored
     raise DigestMismatch(f"blob {digest[:12]} does not match its digest")
 
 
 def _restore_from(
-    b: Blob, roots: list[str], ref: dict[str, Any], digest: str, progress: bool | None, t0: float, switching: bool
-) -> tuple[Restored, Meta]:
-    """Read the metadata (bounded, checked for safety by the plan) and extract from the open blob."""
+    b: Blob,
+    roots: list[str],
+    ref: dict[str, Any],
+    digest: str,
+    progress: bool | None,
+    t0: float,
+    over: dict[str, Any] | None,
+) -> tuple[Restored, StampDraft]:
+    """Read the metadata (bounded, checked for safety by the plan) and extract from the open blob; the
+    stamp's draft is made beside the workers. `over`: as for `_restore` (no switch: a layer)."""
     from ..progress import byte_bar
     from .extract import extract
     from .reader import read_meta
@@ -202,7 +208,14 @@ def _restore_from(
             f"the snapshot was captured for roots {', '.join(meta.roots)}, which this node's roots "
             f"({', '.join(roots)}) do not contain; nothing restored"
         )
-    switch = switch_deletions(roots, meta, digest) if switching else []
+    switch = switch_deletions(roots, meta, digest) if over is None else []
+    draft = StampDraft(digest, meta.entries, meta.deletions, over=over)
+
+    def beside_workers() -> None:  # called once the workers are forked: no thread here at a fork
+        if v is not None:
+            v.start()  # (started at the metadata's read already, but for a download)
+        draft.start()
+
     remove_stamp(roots)
     planned = replace(meta, deletions=(*meta.deletions, *switch)) if switch else meta
     raw = ref.get("bytes")
@@ -213,7 +226,7 @@ def _restore_from(
             roots,
             progress=advance,
             verify=v and v.check,
-            start_verify=v and v.start,
+            start_verify=beside_workers,
             arriving=isinstance(v, Download),
         )
     t2 = time.monotonic()
@@ -221,4 +234,4 @@ def _restore_from(
     restored = Restored(
         digest, ex.files, ex.raw_bytes, f.source, f.bytes_from_store, f.bytes_from_peers, t1 - t0, t2 - t1, f.note
     )
-    return restored, meta
+    return restored, draft

@@ -18,6 +18,7 @@ import os
 import shutil
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -233,8 +234,12 @@ def switch_deletions(roots: list[str], meta: Meta, digest: str, say: Callable[[s
 
 def _replace_json(path: Path, doc: dict[str, Any]) -> None:
     """Write by temporary name and rename, so a reader sees the old file or the new one."""
+    _replace_text(path, json.dumps(doc, check_circular=False))  # a tree of plain rows: 30 % faster unchecked
+
+
+def _replace_text(path: Path, text: str) -> None:
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, check_circular=False))  # a tree of plain rows: 30 % faster unchecked
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -264,6 +269,58 @@ class Carried:
     deletions: list[str]
 
 
+class StampDraft:
+    """What a stamp says that is known before the tree is written: the paths file's JSON text and which
+    files stand as sentinels (their sizes and mtimes are read once the tree is written).
+
+    A restore makes it on a thread of its own while its workers write (`start`), instead of after
+    them: building and encoding 21k rows took ~50 ms of a torch venv's restore, at its serial end
+    where one core of two was idle. `finish` waits for it (or makes it here, if never started)."""
+
+    def __init__(
+        self,
+        digest: str | None,
+        entries: Sequence[ArchiveEntry],
+        deletions: Sequence[str] | None = None,
+        over: dict[str, Any] | None = None,
+        carried: Carried | None = None,
+    ) -> None:
+        """`over`: the carried doc of the parent env a layer applies over (its rows are merged in);
+        `carried`: what the tree carries, already merged (it replaces `entries` and `deletions`)."""
+        self.digest = digest
+        self._inputs = (entries, deletions, over, carried)
+        self._thread: threading.Thread | None = None
+        self._made = False
+        self.text = ""
+        self.sentinel_paths: list[str] = []
+
+    def start(self) -> None:
+        """Make it on a thread (a daemon: a restore that fails half way never waits for it)."""
+        if self._thread is None and not self._made:
+            self._thread = threading.Thread(target=self._make, name="bootseer-stamp", daemon=True)
+            self._thread.start()
+
+    def _make(self) -> None:
+        entries, deletions, over, carried = self._inputs
+        if carried is None and over is not None:
+            carried = merged_carried(over, entries, deletions or ())
+        rows = carried.rows if carried is not None else carried_rows(entries)
+        dels = carried.deletions if carried is not None else list(deletions or [])
+        # a tree of plain rows: 30 % faster unchecked
+        self.text = json.dumps({"blob": self.digest, "entries": rows, "deletions": dels}, check_circular=False)
+        files = (
+            [ArchiveEntry(r[0], FILE, 0, 0, 0, "") for r in rows if r[1] == FILE] if carried is not None else entries
+        )
+        self.sentinel_paths = _sentinels(files)
+        self._made = True
+
+    def finish(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if not self._made:  # never started, or its thread failed: made here, where an error is raised
+            self._make()
+
+
 def write_stamp(
     roots: list[str],
     keys: list[str],
@@ -275,19 +332,21 @@ def write_stamp(
     """Say, last of all, that this tree carries the env for `keys` (and what the env put in it).
 
     `carried` replaces what `entries`/`deletions` say the env put there (a layer over its parent)."""
+    write_drafted_stamp(roots, keys, StampDraft(digest, entries, deletions, carried=carried))
+
+
+def write_drafted_stamp(roots: list[str], keys: list[str], draft: StampDraft) -> None:
+    """`write_stamp` from a draft: the paths file, then the stamp with its sentinels as they are now."""
+    draft.finish()
     cpath = carried_path(roots)
-    rows = carried.rows if carried is not None else carried_rows(entries)
-    dels = carried.deletions if carried is not None else list(deletions or [])
     if cpath.parent.is_dir():
-        doc = {"blob": digest, "entries": rows, "deletions": dels}
-        _replace_json(cpath, doc)
+        _replace_text(cpath, draft.text)
     sentinels: dict[str, list[int]] = {}
-    files = [ArchiveEntry(r[0], FILE, 0, 0, 0, "") for r in rows if r[1] == FILE] if carried is not None else entries
-    for p in _sentinels(files):
+    for p in draft.sentinel_paths:
         with contextlib.suppress(OSError):
             st = os.lstat(p)
             sentinels[p] = [st.st_size, st.st_mtime_ns]
-    doc = {"env_keys": list(dict.fromkeys(keys)), "blob": digest, "written": time.time(), "sentinels": sentinels}
+    doc = {"env_keys": list(dict.fromkeys(keys)), "blob": draft.digest, "written": time.time(), "sentinels": sentinels}
     path = stamp_path(roots)
     if path.parent.is_dir():
         _replace_json(path, doc)
