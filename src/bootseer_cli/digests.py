@@ -7,6 +7,12 @@ import os
 from pathlib import Path
 
 CHUNK = 1 << 20
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_digest(v: object) -> bool:
+    """Whether `v` is a sha256 digest as bootseer writes them: 64 lowercase hex digits."""
+    return isinstance(v, str) and len(v) == 64 and set(v) <= _HEX
 
 
 def sha256_file(path: str | os.PathLike[str] | Path) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .digests import is_digest
 from .errors import BootseerError, ConfigError, IntegrityError, StoreError
 
 if TYPE_CHECKING:
@@ -26,7 +27,6 @@ DAY_S = 86400.0
 DEFAULT_KEEP_DAYS = 30.0
 DEFAULT_KEEP_TAGS = 5
 GRACE_S = 3600.0
-_HEX = frozenset("0123456789abcdef")
 
 
 # ---- gc ----------------------------------------------------------------------------------------------
@@ -83,10 +83,6 @@ class Scan:
     lease_digests: set[str] = field(default_factory=set)
     leased_env: set[str] = field(default_factory=set)  # env keys whose build lease is live
     gone_stripes: list[tuple[str, str, int]] = field(default_factory=list)  # (target, digest, size) of doomed tags
-
-
-def is_digest(v: object) -> bool:
-    return isinstance(v, str) and len(v) == 64 and set(v) <= _HEX
 
 
 def digests_in(doc: object) -> Iterator[str]:

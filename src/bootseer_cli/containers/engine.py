@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 import sys
-import tarfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -243,14 +241,14 @@ def own_image_digest() -> str | None:
 
 
 def owner_label() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return f"{os.uname().nodename}:{os.getpid()}"  # gethostname(2)'s name: no `socket` import at every start
 
 
 def is_leftover(labels: dict[str, str], now: float | None = None) -> bool:
     """A labelled container whose prewarm is gone: same host and a dead pid, or another host and old."""
     owner = labels.get(LABEL, "")
     host, _, pid = owner.rpartition(":")
-    if host == socket.gethostname() and pid.isdigit():
+    if host == os.uname().nodename and pid.isdigit():
         return int(pid) != os.getpid() and not pid_alive(int(pid))
     try:
         created = float(labels.get(LABEL_CREATED, "0"))
@@ -291,6 +289,8 @@ def remove_leftovers(client: DockerClient, warn: Callable[[str], None] | None = 
 
 def tar_of(files: Iterable[tuple[str, Path | bytes, int]]) -> bytes:
     """A tar archive of (path in container, source file or bytes, mode) for `put_archive` at /."""
+    import tarfile  # here: this module is imported at every start (the image's identity), tarfile rarely
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         dirs: set[str] = set()

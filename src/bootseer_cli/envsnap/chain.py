@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..digests import is_digest
 from ..errors import IntegrityError
-from ..upkeep import is_digest
 from .stamp import stamped_blob
 
 MAX_CHAIN = 64  # links a ref may list, whatever it says: bounds the work a forged-but-signed ref can cause
