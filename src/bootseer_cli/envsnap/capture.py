@@ -320,6 +320,23 @@ def capture(
     info: Callable[[str], None] | None = None,
 ) -> Captured:
     """Write the snapshot of what changed under `roots` since `baseline` into the node cache."""
+    from ..gcpause import collector_paused
+
+    with collector_paused():  # the scan's and the diff's tens of thousands of entries form no cycles
+        return _capture(store, roots, baseline, env_key, cache, warn, since, progress, info)
+
+
+def _capture(
+    store: StoreSettings,
+    roots: list[str],
+    baseline: Manifest,
+    env_key: str,
+    cache: BlobCache,
+    warn: Callable[[str], None],
+    since: float | None,
+    progress: bool | None,
+    info: Callable[[str], None] | None,
+) -> Captured:
     from .manifest import diff, scan
 
     exclude = excluded_paths(store)
