@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 def main() -> None:
     """`bootseer …`: exec and restore by hand-parsed arguments when they are plain, else the typer app."""
     argv = sys.argv[1:]
+    if argv[:1] in (["exec"], ["restore"]):
+        from .readahead import read_ahead_modules
+
+        read_ahead_modules()
     if argv[:1] == ["exec"]:
         from .errors import run_guarded
         from .verbs.exec import parse_exec, run_exec

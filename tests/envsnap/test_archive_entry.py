@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from bootseer_cli.envsnap.format import ArchiveEntry, UnsafeArchive, entries_from_rows, entries_of_rows
+from bootseer_cli.envsnap.format import ArchiveEntry, UnsafeArchive, entries_of_rows
+from bootseer_cli.envsnap.reader import entries_from_rows
 
 
 def test_a_good_row_becomes_the_typed_entry_and_writes_back_as_the_row() -> None:

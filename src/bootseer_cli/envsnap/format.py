@@ -24,7 +24,6 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from zlib import adler32
@@ -103,21 +102,6 @@ class ArchiveEntry(NamedTuple):
 
 
 _tuple_new = tuple.__new__
-_new_entry = partial(tuple.__new__, ArchiveEntry)  # a row as an entry, all in C (`map` calls it per row)
-
-
-def entries_from_rows(rows: list[Any]) -> tuple[ArchiveEntry, ...]:
-    """The typed entries of metadata rows read back from a blob, each checked as `from_row` checks it.
-
-    Column by column, in C (`map`, `zip`, `set`): one Python call per row cost ~25 ms of a 21k-entry
-    restore's serial start. Any row that fails goes through `from_row`, which says which and why."""
-    if rows and set(map(type, rows)) == {list} and set(map(len, rows)) == {6}:
-        paths, kinds, modes, sizes, mtimes, extras = zip(*rows, strict=True)
-        texts = set(map(type, paths)) | set(map(type, kinds)) | set(map(type, extras))
-        numbers = set(map(type, modes)) | set(map(type, sizes)) | set(map(type, mtimes))
-        if texts == {str} and numbers == {int} and min(sizes) >= 0:  # `type`, so a bool is no int here
-            return tuple(map(_new_entry, rows))
-    return tuple(ArchiveEntry.from_row(r) for r in rows)
 
 
 def entries_of_rows(rows: list[list[Any]]) -> list[ArchiveEntry]:

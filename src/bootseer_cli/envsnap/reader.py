@@ -11,6 +11,7 @@ import json
 import os
 import struct
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 from zlib import adler32
@@ -23,9 +24,9 @@ from .format import (
     META_FLOOR,
     META_PER_ENTRY,
     TRAILER_MAGIC,
+    ArchiveEntry,
     Frame,
     Meta,
-    entries_from_rows,
 )
 from .manifest import DIR, FILE, SYMLINK
 
@@ -79,6 +80,24 @@ def _trailer_from(read_at: ReadAt, end: int, name: str, cap: int, read: Callable
         return json.loads(raw), len(raw)
     except (ValueError, RecursionError, zstandard.ZstdError) as e:
         raise IntegrityError(f"{name}: corrupt snapshot metadata: {type(e).__name__}: {e}"[:300]) from None
+
+
+_new_entry = partial(tuple.__new__, ArchiveEntry)  # a row as an entry, all in C (`map` calls it per row)
+
+
+def entries_from_rows(rows: list[Any]) -> tuple[ArchiveEntry, ...]:
+    """The typed entries of metadata rows read back from a blob, each checked as `from_row` checks it.
+
+    Column by column, in C (`map`, `zip`, `set`): ~18 ms for a 21k-entry restore, where one Python call
+    per row took ~23 ms of its serial start. Any row that fails goes through `from_row`, which says
+    which and why."""
+    if rows and set(map(type, rows)) == {list} and set(map(len, rows)) == {6}:
+        paths, kinds, modes, sizes, mtimes, extras = zip(*rows, strict=True)
+        texts = set(map(type, paths)) | set(map(type, kinds)) | set(map(type, extras))
+        numbers = set(map(type, modes)) | set(map(type, sizes)) | set(map(type, mtimes))
+        if texts == {str} and numbers == {int} and min(sizes) >= 0:  # `type`, so a bool is no int here
+            return tuple(map(_new_entry, rows))
+    return tuple(ArchiveEntry.from_row(r) for r in rows)
 
 
 def _frames(rows: list[Any]) -> tuple[Frame, ...]:
