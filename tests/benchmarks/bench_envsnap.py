@@ -71,6 +71,11 @@ MACHINE_ENV = dict(os.environ)  # before main() clears the pip settings: torch c
 
 CAPTURE_ONLY = """
 import json, sys
+try:  # as `bootseer exec` does at its start, long before its capture (a checkout without it: skipped)
+    from bootseer_cli.readahead import read_ahead_modules
+    read_ahead_modules()
+except ImportError:
+    pass
 from pathlib import Path
 from bootseer_cli.cache import BlobCache
 from bootseer_cli.envsnap import capture, manifest
