@@ -145,11 +145,17 @@ def test_a_replay_into_a_loaders_cache_reads_the_longest_file_while_the_rest_are
         assert "recording this start" in _exec(cfg, tmp_path, program)
         show = lambda: json.loads(bootseer("hot", "show", "--json", "-c", str(cfg), cwd=tmp_path).stdout)  # noqa: E731
         wait_for(lambda: show()["record"], timeout=60, what="the record")
-        m.restart()
-        assert "replaying into it" in _exec(cfg, tmp_path, program)  # judged: rclone keeps a cache
         store = open_store(load_settings(cfg).store.uri)
-        key = show()["image_key"]
-        wait_for(lambda: (store.read_ref(loadercache.KIND, key) or {}).get("mounts"), timeout=60, what="the decision")
+        shown = show()
+        key = shown["image_key"]
+        # rclone full keeps what it fetched, as an earlier start would have judged: the judgement is
+        # timed, and on 2 shared cores a busy moment made rclone's cached re-read look fetched again
+        # (a full suite, 2026-11-27); it has tests of its own (test_loader_cache.py), this one is the order
+        kept = {"own_cache": True, "first_ms": [], "again_ms": [], "at": time.time()}
+        mounts = {loadercache.mount_key(str(m.mountpoint)): kept}
+        store.write_ref(loadercache.KIND, key, {"record": shown["record"], "mounts": mounts})
+        m.restart()
+        assert "replaying into it" in _exec(cfg, tmp_path, program)
 
         ref = store.read_ref(REF_KIND, key)
         assert ref is not None

@@ -68,11 +68,8 @@ def restore(
     digest = ref.get("blob") if isinstance(ref, dict) else None
     if not isinstance(digest, str) or ref.get("format") != FORMAT:
         raise IntegrityError(f"ref env/{env_key[:16]} is malformed or of an unknown format")
-    from ..gcpause import collector_paused
-
     try:
-        with collector_paused():  # tens of thousands of objects that form no cycles (see gcpause.py)
-            return _restore_chain(p2p, store, cache, env_key, roots, ref, progress, extra_keys)
+        return _restore_chain(p2p, store, cache, env_key, roots, ref, progress, extra_keys)
     except BootseerError:
         raise
     except Exception as e:  # whatever a malformed ref or blob provokes: the snapshot is unusable
@@ -154,12 +151,17 @@ def _restore(
     digest mismatch found at the end undoes the tree, drops a bad cached copy and tries the store.
 
     `over`: the carried doc of the parent env this layer applies over (no switch, a merged stamp)."""
+    from ..gcpause import collector_paused
+
     size = ref.get("size") if isinstance(ref.get("size"), int) else None
     for attempt in range(2):
         t0 = time.monotonic()
-        b = open_blob(p2p, store, cache, digest, size, progress, cached=attempt == 0)
+        b = open_blob(p2p, store, cache, digest, size, progress, cached=attempt == 0)  # a fetch: collected as usual
         try:
-            restored, draft = _restore_from(b, roots, ref, digest, progress, t0, over)
+            # the metadata, the plan, the workers' reports and the stamp: tens of thousands of objects
+            # that form no cycles (see gcpause.py)
+            with collector_paused():
+                restored, draft = _restore_from(b, roots, ref, digest, progress, t0, over)
             link_into_cache(cache, b, digest)
             if isinstance(b.verifier, Download):
                 b.verifier.keep(cache)
@@ -178,7 +180,8 @@ def _restore(
             raise DigestMismatch(f"blob {digest[:12]} does not match its digest ({e})") from None
         finally:
             b.close()
-        write_drafted_stamp(roots, [env_key, *extra_keys], draft)
+        with collector_paused():
+            write_drafted_stamp(roots, [env_key, *extra_keys], draft)
         return restored
     raise DigestMismatch(f"blob {digest[:12]} does not match its digest")
 
