@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import BootseerError
+from ..gcpause import collector_paused
 from .format import ArchiveEntry
 from .manifest import FILE, Manifest, read_small, under
 from .segments import BigWriter, write_blob
@@ -308,6 +309,7 @@ def _refuse_unportable(after: Manifest, changed: list[str], roots: list[str]) ->
         )
 
 
+@collector_paused()
 def capture(
     store: StoreSettings,
     roots: list[str],
@@ -319,24 +321,10 @@ def capture(
     progress: bool | None = None,
     info: Callable[[str], None] | None = None,
 ) -> Captured:
-    """Write the snapshot of what changed under `roots` since `baseline` into the node cache."""
-    from ..gcpause import collector_paused
+    """Write the snapshot of what changed under `roots` since `baseline` into the node cache.
 
-    with collector_paused():  # the scan's and the diff's tens of thousands of entries form no cycles
-        return _capture(store, roots, baseline, env_key, cache, warn, since, progress, info)
-
-
-def _capture(
-    store: StoreSettings,
-    roots: list[str],
-    baseline: Manifest,
-    env_key: str,
-    cache: BlobCache,
-    warn: Callable[[str], None],
-    since: float | None,
-    progress: bool | None,
-    info: Callable[[str], None] | None,
-) -> Captured:
+    The cyclic collector is paused meanwhile: the scan's and the diff's tens of thousands of entries
+    form no cycles (gcpause.py)."""
     from .manifest import diff, scan
 
     exclude = excluded_paths(store)
