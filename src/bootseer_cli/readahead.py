@@ -3,8 +3,9 @@
 On a node whose page cache does not hold the interpreter's modules (a fresh node, or one whose cache
 the job's data pushed out), each import waits for its own disk reads, one file after the other:
 40-60 ms of a torch venv's restore before its first worker, on the serial path in front of the job.
-`posix_fadvise(WILLNEED)` on all of them first only queues the reads and returns (~2 ms): the imports
-then find their files in the page cache, or arriving.
+`posix_fadvise(WILLNEED)` on all of them first only queues the reads and returns (2-5 ms): the imports
+then find their files in the page cache, or arriving. The entry point asks for it only when one of them
+has left the page cache (`entry._modules_cold`), so a warm start does not pay it.
 """
 
 from __future__ import annotations
