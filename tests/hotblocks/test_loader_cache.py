@@ -181,7 +181,7 @@ def test_a_loader_without_a_cache_of_its_own_stays_judged_no_replay(
         judged, out = requests([sys.executable, "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", *program])
         assert "no replay (pages dropped at open)" in out and "keeps no cache of its own" in out, out
         assert "replayed" not in out
-        assert judged <= plain + 3 * loadercache.SAMPLES + 2, (plain, judged)
+        assert judged <= plain + (1 + loadercache.AGAIN_READS) * loadercache.SAMPLES + 2, (plain, judged)
         wait_for(lambda: _kept(cfg, tmp_path), timeout=60, what="the agent keeping the decision")
         later, out = requests([sys.executable, "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", *program])
         assert "decided by an earlier start" in out and "no replay (pages dropped at open)" in out, out
@@ -219,6 +219,39 @@ def test_the_judgement_votes_on_timed_reads() -> None:
     assert loadercache._vote(0.025, 0.008) is False  # rclone off: the first read also opened the connection
     assert loadercache._vote(0.0006, 0.0004) is None  # a warm loader cache (or a network as fast as one)
     assert loadercache._vote(0.012, 0.0025) is None  # neither clearly
+
+
+def test_a_re_read_slowed_by_a_busy_node_does_not_judge_a_loaders_cache_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fastest of several re-reads counts, and they stop at the first that shows a cache.
+
+    The timings are shaped on what a real rclone full mount gave on a busy node (its judgement beside 6
+    busy loops and 2 fsync loops on 2 cores): a first read of 51.8 ms, a re-read of 12.1 ms, the other
+    re-reads 0.2-0.3 ms. Before, the faster of two re-reads voted, so two samples whose first two
+    re-reads were slowed judged "keeps no cache", which the store keeps for 6 hours, for every node."""
+    script = {
+        "a": [0.0400, 0.0121, 0.0125, 0.0003, 0.0003],
+        "b": [0.0350, 0.0110, 0.0098, 0.0002, 0.0002],
+        "c": [0.0200, 0.0003, 0.0003],
+    }
+    calls: list[str] = []
+
+    def timed(path: str, offset: int, length: int) -> float:
+        calls.append(path)
+        return script[path][sum(1 for c in calls if c == path) - 1]
+
+    monkeypatch.setattr(loadercache, "_timed_read", timed)
+    j = loadercache.judge("m", [("a", 0, 1), ("b", 0, 1), ("c", 0, 1)])
+    assert j.own_cache is True, j.line()
+    assert calls == ["a"] * 4 + ["b"] * 4, calls  # each stopped at its fast re-read; two votes decided
+
+    # a loader that fetches again stays judged so, after AGAIN_READS chances on each sample
+    calls.clear()
+    script = {k: [0.025, 0.008, 0.007, 0.009, 0.0075] for k in "abc"}
+    j = loadercache.judge("m", [("a", 0, 1), ("b", 0, 1), ("c", 0, 1)])
+    assert j.own_cache is False and j.again_ms == (7.0, 7.0), j.line()
+    assert len(calls) == 2 * (1 + loadercache.AGAIN_READS)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="fanotify mount marks need root")
