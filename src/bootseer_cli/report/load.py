@@ -102,8 +102,8 @@ def _read_file(store: Store, rel: str, schema: pa.Schema) -> pa.Table:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with store.open_input(rel) as f:
-        table = pq.ParquetFile(f).read()
+    with store.open_input(rel) as f:  # on this thread: pyarrow's own pool aborted `hot show` at exit (3bb6041)
+        table = pq.ParquetFile(f).read(use_threads=False)
     names = [n for n in schema.names if n in table.column_names]
     table = table.select(names).cast(pa.schema([schema.field(n) for n in names]))
     for i, field in enumerate(schema):
