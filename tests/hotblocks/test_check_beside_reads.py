@@ -114,6 +114,12 @@ def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Dela
         yield "bootseer/tree", proxy
 
 
+def _stage_s(out: str) -> float:
+    """The image stage's seconds, from its summary line ("image 1.1 s replayed …")."""
+    line = next(x for x in out.splitlines() if "bootseer: image " in x and "|" in x)
+    return float(line.split("image ", 1)[1].split(" s", 1)[0])
+
+
 def _exec(cfg: Path, cwd: Path, program: list[str]) -> str:
     r = subprocess.run(
         [sys.executable, "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", *program],
@@ -128,12 +134,18 @@ def _exec(cfg: Path, cwd: Path, program: list[str]) -> str:
 
 @pytest.mark.integration
 @needs_rclone
+@pytest.mark.parametrize("record", ["auto", "never"])
 def test_a_replay_into_a_loaders_cache_reads_the_longest_file_while_the_rest_are_checked(
-    bucket: tuple[str, DelayProxy], tmp_path: Path
+    bucket: tuple[str, DelayProxy], tmp_path: Path, record: str
 ) -> None:
     """The first GET of the record's longest file comes before the last HEAD of the check (before the
     change every file was stat'ed, one HEAD each, before the first read), and a file whose recorded
-    mtime no longer matches is never read (no GET of it at all)."""
+    mtime no longer matches is never read (no GET of it at all).
+
+    With `record = "never"` too: no verdict is wanted there (the record is never taken again), and the
+    reads waited for the whole check (`replay.plan`) until this was found by a traced benchmark run,
+    whose replay starts use "never" to keep one record across rounds (1.4 s of HEADs before the first
+    GET of `import torch`'s libraries)."""
     remote, proxy = bucket
     prog = tmp_path / "prog.py"
     prog.write_text(PROGRAM)
@@ -164,6 +176,8 @@ def test_a_replay_into_a_loaders_cache_reads_the_longest_file_while_the_rest_are
         stale[2] += 7 * 1_000_000_000  # as if the file had changed since the record
         store.write_ref(REF_KIND, key, ref)
         m.restart()  # rclone's cache and its metadata empty
+        if record != "auto":
+            cfg = write_config(tmp_path / "replay.toml", [m.mountpoint], ready="call", foreground_s=60.0, record=record)
         first = len(proxy.lines)
         out = _exec(cfg, tmp_path, [sys.executable, "-c", "import time; time.sleep(0.5)"])  # reads nothing itself
         lines = proxy.lines[first:]
@@ -175,3 +189,56 @@ def test_a_replay_into_a_loaders_cache_reads_the_longest_file_while_the_rest_are
     assert gets[0] < heads[-1], f"the first read of big.bin came after the check's last HEAD ({gets[0]}, {heads[-1]})"
     stale_key = "/tree/" + stale[0].split(str(m.mountpoint) + "/", 1)[1]
     assert not [x for x in lines if x.startswith("GET ") and name(x).endswith(stale_key)], "a stale file was read"
+
+
+@pytest.mark.integration
+@needs_rclone
+@pytest.mark.parametrize("record", ["auto", "never"])
+def test_a_file_the_check_has_not_answered_by_the_deadline_still_goes_to_the_agent(
+    bucket: tuple[str, DelayProxy], tmp_path: Path, record: str
+) -> None:
+    """`foreground_s = 1` and one small file whose stat (rclone's HEAD of it) takes 6 s: the check's waits
+    end at the deadline with that file not checked, and the stage ends. The file's extents go to the
+    agent with the rest of what the deadline left. Before: with "auto" a file not known fresh was dropped
+    like a stale one, neither read nor handed on (the program fetched it itself); with "never" the stage
+    checked the whole record before reading (`replay.plan`, no deadline) and took the 6 s itself."""
+    remote, proxy = bucket
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    probe.forget()
+    loadercache.forget()
+    with RcloneMount(proxy.endpoint, remote, tmp_path / "mnt", "full", tmp_path) as m:
+        program = [sys.executable, str(prog), str(m.mountpoint)]
+        cfg = write_config(tmp_path / "bootseer.toml", [m.mountpoint], ready="call", foreground_s=60.0)
+        assert "recording this start" in _exec(cfg, tmp_path, program)
+        show = lambda: json.loads(bootseer("hot", "show", "--json", "-c", str(cfg), cwd=tmp_path).stdout)  # noqa: E731
+        wait_for(lambda: show()["record"], timeout=60, what="the record")
+        store = open_store(load_settings(cfg).store.uri)
+        shown = show()
+        kept = {"own_cache": True, "first_ms": [], "again_ms": [], "at": time.time()}
+        mounts = {loadercache.mount_key(str(m.mountpoint)): kept}
+        store.write_ref(loadercache.KIND, shown["image_key"], {"record": shown["record"], "mounts": mounts})
+        ref = store.read_ref(REF_KIND, shown["image_key"])
+        assert ref is not None
+        named = {s[0] for s in ref.get("samples") or []} | {str((ref.get("probe") or [""])[0])}
+        late = next(d[0] for d in ref["deps"] if "/small/" in d[0] and d[0] not in named)
+        slow_cfg = write_config(tmp_path / "slow.toml", [m.mountpoint], ready="call", foreground_s=1.0, record=record)
+        m.restart()  # rclone's cache and its metadata empty
+        key = "/" + remote + "/" + late.split(str(m.mountpoint) + "/", 1)[1]
+        proxy.slow["HEAD " + key] = 6.0
+        first = len(proxy.lines)
+        try:
+            out = _exec(slow_cfg, tmp_path, [sys.executable, "-c", "import time; time.sleep(0.5)"])  # reads nothing
+        finally:
+            proxy.slow.clear()
+        # the stage no longer waits for the slow stat (its line), though exec still does: a thread whose
+        # FUSE request the daemon has read is waited out by the kernel before execve replaces the process
+        assert "to the agent" in out and _stage_s(out) < 4.0, out
+        runs = tmp_path / "xdg-cache" / "bootseer" / "runs"
+        wait_for(
+            lambda: any("hot-prefetch" in e.read_text() for e in runs.glob("*/events.jsonl")),
+            timeout=60,
+            what="the agent's replay",
+        )
+        gets = [x for x in proxy.lines[first:] if x.startswith("GET ") and x.split()[1].split("?")[0] == key]
+    assert gets, f"{late} was not handed to the agent: nothing read it"

@@ -49,6 +49,7 @@ class DelayProxy:
         self.requests = 0
         self.lines: list[str] = []  # the request line of each chunk that starts one (what was asked, for messages)
         self.bytes_down = 0  # response bytes relayed (approximate under concurrency: for benchmarks)
+        self.slow: dict[str, float] = {}  # request-line substring -> seconds that request waits instead
         self._conns: set[_Conn] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -89,9 +90,12 @@ class DelayProxy:
             while data := src.recv(1 << 16):
                 if delayed:
                     self.requests += 1
+                    delay = self.delay_s
                     if data[:4] in (b"GET ", b"PUT ", b"HEAD", b"POST", b"DELE"):
-                        self.lines.append(data.split(b"\r\n", 1)[0][:160].decode("latin-1"))
-                    time.sleep(self.delay_s)
+                        line = data.split(b"\r\n", 1)[0][:160].decode("latin-1")
+                        self.lines.append(line)
+                        delay = next((s for k, s in self.slow.items() if k in line), delay)
+                    time.sleep(delay)
                 else:
                     self.bytes_down += len(data)  # one pump thread per connection: += races only across them
                 dst.sendall(data)

@@ -14,7 +14,8 @@ recorded bytes first, and answers two questions as soon as they are known:
   files (torch: after its two libraries); on a record of many equal small files it waits for about
   half of them. The replay starts no read before this answer, so a mostly stale record is read nothing.
 - `fresh(path)`: whether `path` still has its recorded size and mtime, waiting for its own stat only.
-  The replay opens a file after this says yes, and never reads a stale one.
+  The replay opens a file after this says yes, and never reads a stale one. `answer(path)` tells "not
+  known by the deadline" (None) from stale: such a file is left to the agent with the rest.
 
 `wait()` gives the complete `Staleness` (what the stage reports), once every file is checked.
 
@@ -117,10 +118,17 @@ class Check:
     def fresh(self, path: str) -> bool:
         """Whether `path` is a file of the record that still has its size and mtime (after its stat; False
         when the deadline comes first)."""
+        return bool(self.answer(path))
+
+    def answer(self, path: str) -> bool | None:
+        """`fresh(path)`, but None where the deadline came before its stat answered: not known stale, so
+        what the stage could not read of it may still go to the agent (`replay.run(ready=)`)."""
         if path not in self.paths:
             return False
         with self.cond:
-            return self._until(lambda: path in self.state.checked) and path in self.state.fresh
+            if not self._until(lambda: path in self.state.checked):
+                return None
+            return path in self.state.fresh
 
     @property
     def complete(self) -> bool:

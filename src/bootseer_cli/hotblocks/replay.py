@@ -269,7 +269,7 @@ class _Pool:
         start: int = START_STREAMS,
         longest_first: bool = False,
         random: bool = False,
-        ready: Callable[[str], bool] | None = None,
+        ready: Callable[[str], bool | None] | None = None,
     ) -> None:
         by_file: dict[str, list[Extent]] = {}
         for extent in work:
@@ -328,12 +328,14 @@ class _Pool:
                 self.gate.leave()
 
     def _fresh(self, pieces: list[Extent]) -> bool:
-        """Wait for the check of this stream's file (`run(ready=)`): False for a stale file (never read)
-        and for a fresh one the deadline passed while waiting for (left for later, as not taken)."""
+        """Wait for the check of this stream's file (`run(ready=)`): False for a stale file (never read),
+        and for one the deadline passed while waiting for, fresh or not yet checked (left for later, as not
+        taken: the stage hands the agent all of it but the files found stale)."""
         assert self.ready is not None
-        if not self.ready(pieces[0][0]):
+        fresh = self.ready(pieces[0][0])
+        if fresh is False:
             return False
-        if self.stopped():
+        if fresh is None or self.stopped():
             with self.lock:
                 self.left.extend(pieces)
             return False
@@ -396,7 +398,7 @@ def run(
     stats: list[str] | None = None,
     wide: bool = False,
     into_loader: bool = False,
-    ready: Callable[[str], bool] | None = None,
+    ready: Callable[[str], bool | None] | None = None,
 ) -> ReplayResult:
     """Read `work` file by file on up to `threads` threads; stop at `deadline` (monotonic) or when `stop()`.
     `stats`: paths to stat on a thread beside the reads (`sources_of`), waited for until `deadline`.
@@ -406,9 +408,10 @@ def run(
     latency-bound rclone "full" at 32 streams by the stats' load, settled at 16, and 402 small files took
     0.9 s). `into_loader`: the replay fills a loader's own disk cache, not the page cache: no readahead,
     and with `wide` the longest streams first (module doc). `ready(path)`: the staleness check running
-    beside the reads (`freshness.Check.fresh`), asked before a stream's file is opened: it waits for that
-    file's stat and says whether it is still fresh; a stale file is skipped, never read. Without it `work`
-    holds fresh files only (`plan`)."""
+    beside the reads (`freshness.Check.answer`), asked before a stream's file is opened: it waits for that
+    file's stat and says whether it is still fresh; a stale file is skipped, never read, and one not
+    checked by the deadline (None) is left in `remaining`. Without it `work` holds fresh files only
+    (`plan`)."""
     t0 = time.monotonic()
     stat_thread = threading.Thread(target=stat_many, args=(stats,), name="replay-stat", daemon=True) if stats else None
     if stat_thread is not None:

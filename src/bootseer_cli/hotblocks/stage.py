@@ -56,7 +56,7 @@ EVICT_BUDGET_S = 3.0
 _SAID: set[tuple[str, str]] = set()  # (mount, record) whose loader's own cache this process announced
 _WARMING: list[threading.Thread] = []  # the stats `_warm_metadata` started, for `_replay` to wait for
 _INTO_LOADER: set[str] = set()  # records this process replays into a loader's own cache (replay.run(into_loader))
-_CHECKING: list[Check] = []  # the ref's staleness check, still running beside the load (`_mostly_stale`)
+_CHECKING: list[Check] = []  # the ref's staleness check, still running beside the load (`_start_check`)
 
 
 def run_stage(ctx: StageContext) -> StageResult:
@@ -72,7 +72,8 @@ def run_stage(ctx: StageContext) -> StageResult:
     _CHECKING.clear()  # a check is this start's own
     try:
         ref = ctx.store.read_ref(REF_KIND, image_key)
-        if ref is not None and mode == "auto" and _mostly_stale(ctx, ref, roots):
+        check = _start_check(ctx, ref, roots) if ref is not None and mode != "always" else None
+        if check is not None and mode == "auto" and _mostly_stale(ctx, check):
             return _arrange_recording(ctx, image_key, roots, "record mostly stale", True)
         skipped = _skip_before_load(ctx, image_key, ref, roots)
         if skipped is not None:
@@ -116,7 +117,7 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
     if check is not None and not (str(doc.get("blob", "")) in _INTO_LOADER and check.agrees(rec.files)):
         check.wait()
         check = None
-    if check is not None:  # its verdict was "not mostly stale" (`_mostly_stale`); its stats go on beside the reads
+    if check is not None:  # "not mostly stale", or no verdict asked (record = never); its stats go on beside the reads
         work, staleness = cut(rec), Staleness()
     else:
         work, staleness = plan(rec)
@@ -141,11 +142,11 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
         stats=sources,
         wide=True,  # the program waits for this replay: every stream at once (replay.run)
         into_loader=into_loader,
-        ready=check.fresh if check is not None else None,
+        ready=check.answer if check is not None else None,
     )
     if check is not None:  # the complete check: what the stage reports, and no stale file handed on
-        staleness, fresh = check.wait()
-        res.remaining = [e for e in res.remaining if e[0] in fresh]
+        staleness, _ = check.wait()
+        res.remaining = _not_known_stale(res.remaining, staleness)
     if warming is not None:
         warming.join(max(0.0, deadline - time.monotonic()))
         res.stats_left = warming.is_alive()
@@ -163,33 +164,41 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
     return _replayed_result(res, doc, ", ".join(parts))
 
 
-def _mostly_stale(ctx: StageContext, ref: dict[str, Any], roots: list[str]) -> bool:
-    """Whether the ref's own list of sizes and mtimes (`deps`) shows the record mostly stale: then it is
-    taken again without loading it (no Parquet, no pyarrow). False when the ref has no such list.
+def _start_check(ctx: StageContext, ref: dict[str, Any], roots: list[str]) -> Check | None:
+    """Start the check of the ref's own list of sizes and mtimes (`deps`) and keep it (`_CHECKING`);
+    None when the ref has no such list.
 
-    The check (`freshness.Check`) stats the files with the most recorded bytes first and answers as soon
-    as the answer is certain; where it is "no", the rest of its stats go on (`_CHECKING`): a replay into a
-    loader's own cache reads each file as soon as its own stat says fresh (issue 28: the check of `import
-    torch`'s record was ~1,067 requests on rclone, 0.6-2.0 s before the first read); any other start
-    waits for the whole check after the probe (`_checked`), as before."""
+    The check (`freshness.Check`) stats the files with the most recorded bytes first. A replay into a
+    loader's own cache reads each file as soon as its own stat says fresh, beside the rest of the check
+    (issue 28: the check of `import torch`'s record was ~1,067 requests on rclone, 0.6-2.0 s before the
+    first read); any other start waits for the whole check after the probe (`_checked`), as before. It is
+    started whether or not the record may be taken again: with `record = "never"` no verdict is asked
+    (`_mostly_stale`), and the replay's reads still go beside the check."""
     from .freshness import Check
     from .record import ref_deps
 
     deps = ref_deps(ref, roots)
     if deps is None:
-        return False
+        return None
     # a stat can hang on a dead mount: no wait on the check outlasts what a replay may hold the start back
     check = Check(deps, STALE_RERECORD, deadline=time.monotonic() + ctx.settings.image.foreground_s).start()
+    _CHECKING[:] = [check]
+    return check
+
+
+def _mostly_stale(ctx: StageContext, check: Check) -> bool:
+    """Whether the check shows the record mostly stale, as soon as that is certain: then it is taken
+    again without loading it (no Parquet, no pyarrow), and the check is forgotten."""
     if not check.mostly_stale():
-        _CHECKING[:] = [check]
         return False
+    _CHECKING.clear()
     staleness, _ = check.wait()  # the warning counts every file
     _warn_stale(ctx, staleness)
     return True
 
 
 def _checked() -> None:
-    """Wait for the ref's staleness check to end (`_mostly_stale`), and forget it."""
+    """Wait for the ref's staleness check to end (`_start_check`), and forget it."""
     while _CHECKING:
         _CHECKING.pop().wait()
 
@@ -349,6 +358,15 @@ def _why_not_replay(ctx: StageContext, rec: Record, blob: str) -> tuple[str, str
             "without it and the never-slower rule compares the two"
         )
     return None
+
+
+def _not_known_stale(remaining: list[Extent], staleness: Staleness) -> list[Extent]:
+    """What the agent may read of what the deadline left: all but the files the check found stale. A
+    file whose stat had not answered by the deadline (a short `foreground_s`, a slow loader) is handed
+    on too: the agent's read of it is what a replay without the check did, while dropping it left the
+    program to fetch it (the check's threads die with exec)."""
+    stale = set(staleness.stale_files)
+    return [e for e in remaining if e[0] not in stale]
 
 
 def _judge_later(ctx: StageContext, image_key: str, blob: str, replayed: bool, started: float) -> None:
