@@ -96,7 +96,7 @@ class _LabStop:
         self.lab.destroy()
 
 
-def capped_server(root: Path, backend: str, rate_mbit: float, stack: list[Any]) -> S3Server:
+def capped_server(root: Path, backend: str, rate_mbit: float, stack: list[Any], queue_ms: float = 400.0) -> S3Server:
     """The S3 server, on loopback (`rate_mbit` 0) or in a lab namespace whose egress is tbf-capped at
     `rate_mbit`: what it sends (every GET's body) pays the cap, as from a remote bucket. The root
     namespace joins the lab so the delaying proxy here reaches the server's lab address."""
@@ -108,7 +108,7 @@ def capped_server(root: Path, backend: str, rate_mbit: float, stack: list[Any]) 
         raise SystemExit("--rate-mbit needs ip netns and tc (or pass --rate-mbit 0)")
     lab = Lab(LAB_PREFIX, subnet=LAB_SUBNET)
     stack.append(_LabStop(lab))  # first in: destroyed last, after the server and mounts stopped
-    host = lab.add_host(rate_mbit=rate_mbit)
+    host = lab.add_host(rate_mbit=rate_mbit, queue_ms=queue_ms)
     lab.attach_root()
     server = S3Server(root, host=host.ip, netns=host.name, backend=backend).start()
     stack.append(server)

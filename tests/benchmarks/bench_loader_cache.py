@@ -16,7 +16,8 @@ upload) behind the delaying proxy (`--delay-ms` per request); the network is cap
 `--bwlimit` (default 50M, i.e. 400 mbit) or, with `--rate-mbit`, by tbf in a network namespace.
 
     python tests/benchmarks/bench_loader_cache.py [--payload synth|venv] [--rounds 3] [--delay-ms 4]
-        [--bwlimit 50M] [--rate-mbit 0] [--program "import torch"] [--packages torch==2.13.0 ...] [--modes full,off]
+        [--bwlimit 50M] [--rate-mbit 0] [--queue-ms 400] [--program "import torch"]
+        [--packages torch==2.13.0 ...] [--modes full,off]
 
 Needs root (drop_caches, FUSE, fanotify). Cleans up its mounts, server, proxy and namespace however it ends.
 """
@@ -27,10 +28,13 @@ import argparse
 import compileall
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +56,118 @@ class CappedRclone(RcloneMount):
 
     def argv(self) -> list[str]:
         return [*super().argv(), *(["--bwlimit", self.bwlimit] if self.bwlimit else [])]
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy_s() -> float:
+    """CPU-seconds every core has spent busy since boot (/proc/stat: all but idle, iowait and steal)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, *_ = (int(x) for x in f.readline().split()[1:])
+    return (user + nice + system + irq + softirq) / TICK
+
+
+def _proc_cpu_s(pid: int | None) -> float:
+    """CPU-seconds of one process and its reaped children so far (0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / TICK
+
+
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _self_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+class CpuClock:
+    """Where a timed run's CPU went, on the whole machine: is the start bound by the cores?
+
+    `machine` is every core's busy time over the run; `program` the timed command's own (the stage
+    and the program: a waited child); `loader` the rclone mount's; `server` the S3 server's; `proxy`
+    this process's (the delaying proxy's threads). What is left (the agent, the kernel's writeback) is
+    the machine's less those."""
+
+    PARTS = ("machine", "program", "loader", "server", "proxy")
+
+    def __init__(self, mount: RcloneMount, server: Any) -> None:
+        self.mount, self.server = mount, server
+
+    def _now(self) -> dict[str, float]:
+        mount_pid = self.mount.proc.pid if self.mount.proc else None
+        server_pid = self.server.proc.pid if getattr(self.server, "proc", None) else None
+        return {
+            "machine": _machine_busy_s(),
+            "program": _children_cpu_s(),
+            "loader": _proc_cpu_s(mount_pid),
+            "server": _proc_cpu_s(server_pid),
+            "proxy": _self_cpu_s(),
+        }
+
+    def start(self) -> None:
+        self._t0 = self._now()
+
+    def stop(self) -> dict[str, float]:
+        t1 = self._now()
+        return {k: t1[k] - self._t0[k] for k in self.PARTS}
+
+
+class Timeline:
+    """Every 0.25 s of one timed run: the cores' busy share and what the bucket sent (MB/s through the
+    proxy), to see whether a start waits on the link, on the cores, or on neither (round trips)."""
+
+    STEP_S = 0.25
+
+    def __init__(self, proxy: DelayProxy) -> None:
+        self.proxy = proxy
+        self.rows: list[tuple[float, float, float, str]] = []
+        self._stop = threading.Event()
+
+    def _run(self) -> None:
+        t0 = self.t0 = time.monotonic()
+        busy, sent, last, seen = _machine_busy_s(), self.proxy.bytes_down, t0, len(self.proxy.lines)
+        while not self._stop.wait(self.STEP_S):
+            now = time.monotonic()
+            b, s, n = _machine_busy_s(), self.proxy.bytes_down, len(self.proxy.lines)
+            asked = self.proxy.lines[seen:n]
+            lists = sum(1 for x in asked if x.startswith("GET") and ("list-type" in x or "delimiter" in x))
+            gets = sum(1 for x in asked if x.startswith("GET")) - lists
+            heads = sum(1 for x in asked if x.startswith("HEAD"))
+            dt = now - last
+            cpu = (b - busy) / dt / (os.cpu_count() or 1)
+            self.rows.append((now - t0, cpu, (s - sent) / dt / 1e6, f"{heads:4} {gets:4} {lists:4}"))
+            busy, sent, last, seen = b, s, now, n
+
+    def __enter__(self) -> Timeline:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def print(self, title: str, err: str = "") -> None:
+        """The rows, with the stage's parts (`stage_trace.py`'s lines in `err`) where they fall."""
+        marks = []
+        for line in err.splitlines():
+            if line.startswith("stage-trace "):
+                _, at, what, name = line.split(maxsplit=3)
+                marks.append((float(at) - self.t0, f"{what} {name}"))
+        print(f"timeline of {title}: t s, cores busy, MB/s the bucket sent, HEADs GETs listings")
+        for t, cpu, mbs, asked in self.rows:
+            while marks and marks[0][0] <= t:
+                at, what = marks.pop(0)
+                print(f"  {at:5.2f}                         <- {what}")
+            print(f"  {t:5.2f} {cpu:5.0%} {mbs:6.1f} {asked} {'#' * round(cpu * 20):20} {'=' * round(mbs / 2.5)}")
 
 
 def make_synth(base: Path, modules: int, module_kb: int) -> Path:
@@ -93,6 +209,10 @@ def measure_mode(mode: str, tree: Path, proxy: DelayProxy, server: Any, args: ar
     out: dict[str, Any] = {"times": {c: [] for c in CASES}, "gets": {c: [] for c in CASES}, "lines": []}
     out["mb"] = {c: [] for c in CASES}  # what the bucket sent (at the proxy), MB
     out["cached_mb"] = []  # what rclone's cache held after each replay start: what it fetched and kept
+    out["cpu"] = {c: [] for c in CASES}
+    clock = CpuClock(mount, server)
+    # --trace-stage: the replay start through stage_trace.py, which marks the stage's parts
+    bs = [sys.executable, str(Path(__file__).with_name("stage_trace.py"))] if args.trace_stage else bh.BS
     try:
         mount.start()
         bh.measure(ld, "record", [*bh.BS, "exec", "-c", str(cfg_rec), "--", *prog], env, home)
@@ -102,10 +222,15 @@ def measure_mode(mode: str, tree: Path, proxy: DelayProxy, server: Any, args: ar
             for case in CASES if rnd % 2 == 0 else (CASES[2], CASES[0], CASES[1]):
                 if case == "warm mount":
                     continue  # measured right after its cold run, below
-                cmd = prog if case == "cold" else [*bh.BS, "exec", "-c", str(cfg), "--", *prog]
+                cmd = prog if case == "cold" else [*bs, "exec", "-c", str(cfg), "--", *prog]
                 ld.cold()
                 before, sent = proxy.requests, proxy.bytes_down
-                dt, err = bh.timed(cmd, env, bh.RUN_TIMEOUT_S, ld.stop)
+                clock.start()
+                with Timeline(proxy) as tl:
+                    dt, err = bh.timed(cmd, env, bh.RUN_TIMEOUT_S, ld.stop)
+                out["cpu"][case].append(clock.stop())
+                if args.timeline:
+                    tl.print(f"{mode} {case}, round {rnd + 1}: {dt:.2f} s", err)
                 out["times"][case].append(dt)
                 out["gets"][case].append(proxy.requests - before)
                 out["mb"][case].append((proxy.bytes_down - sent) / 1e6)
@@ -115,7 +240,9 @@ def measure_mode(mode: str, tree: Path, proxy: DelayProxy, server: Any, args: ar
                     out["lines"].append(next((x for x in err.splitlines() if "cache of its own" in x), ""))
                 else:  # the warm mount: the same program again, nothing restarted or dropped
                     before, sent = proxy.requests, proxy.bytes_down
+                    clock.start()
                     dt, _ = bh.timed(prog, env, bh.RUN_TIMEOUT_S, ld.stop)
+                    out["cpu"]["warm mount"].append(clock.stop())
                     out["times"]["warm mount"].append(dt)
                     out["gets"]["warm mount"].append(proxy.requests - before)
                     out["mb"]["warm mount"].append((proxy.bytes_down - sent) / 1e6)
@@ -136,7 +263,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
     print()
     print(f"program: {args.program!r} ({args.payload}); rclone mount, --buffer-size 0, 1M chunks")
     cap = f"rclone --bwlimit {args.bwlimit}" if args.bwlimit else "no rclone --bwlimit"
-    cap += f", S3 server egress tbf {args.rate_mbit:g} mbit" if args.rate_mbit else ""
+    cap += f", S3 server egress tbf {args.rate_mbit:g} mbit, queue {args.queue_ms:g} ms" if args.rate_mbit else ""
     print(f"network: {cap}; {args.delay_ms:g} ms per request (delaying proxy); {args.rounds} rounds, median")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end")
     print()
@@ -158,9 +285,18 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
         sent = "/".join(f"{statistics.median(r['mb'][c]):.0f}" for c in CASES)
         kept = f"{statistics.median(r['cached_mb']):.0f} MB" if r["cached_mb"] else "-"
         print(f"{'':6}   MB the bucket sent cold/warm/replay: {sent}; rclone's cache after the replay start: {kept}")
+        ncpu = os.cpu_count() or 1
+        for case in CASES:
+            cpu = {k: statistics.median(x[k] for x in r["cpu"][case]) for k in CpuClock.PARTS}
+            parts = ", ".join(f"{k} {cpu[k]:.2f}" for k in CpuClock.PARTS[1:])
+            print(
+                f"{'':6}   CPU-s {case:11}: machine {cpu['machine']:.2f} ({parts}); "
+                f"{ncpu} cores busy for at least {cpu['machine'] / ncpu:.2f} s"
+            )
         for line in dict.fromkeys(x for x in r["lines"] if x):
             print(f"{'':6}   {line.strip()[:160]}")
     print("share: replay speed-up / warm-mount speed-up (issue 28's goal on rclone full: >= 80 %)")
+    print("CPU-s: medians; a run cannot take less than the machine's CPU-s over its cores")
 
 
 def main() -> int:
@@ -173,9 +309,12 @@ def main() -> int:
     ap.add_argument("--delay-ms", type=float, default=4.0)
     ap.add_argument("--bwlimit", default="50M", help="rclone --bwlimit (bytes/s; 50M is 400 mbit); '' for none")
     ap.add_argument("--rate-mbit", type=float, default=0.0, help="also cap the S3 server's egress (tbf, netns)")
+    ap.add_argument("--queue-ms", type=float, default=400.0, help="with --rate-mbit: tbf's queue (its latency)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=64)
     ap.add_argument("--foreground-s", type=float, default=600.0, help="[image] foreground_s: the replay before exec")
+    ap.add_argument("--timeline", action="store_true", help="print each cold and replay run's timeline")
+    ap.add_argument("--trace-stage", action="store_true", help="with --timeline: mark the stage's parts on it")
     ap.add_argument("--modes", default=",".join(MODES), help="rclone cache modes to measure, of: full,off")
     args = ap.parse_args()
     if not set(args.modes.split(",")) <= set(MODES):
@@ -195,7 +334,7 @@ def main() -> int:
     stack: list[Any] = []
     results: dict[str, dict[str, Any]] = {}
     try:
-        server = bh.capped_server(WORK / "s3", str(tree.parent), args.rate_mbit, stack)
+        server = bh.capped_server(WORK / "s3", str(tree.parent), args.rate_mbit, stack, args.queue_ms)
         proxy = DelayProxy((server.host, server.port), delay_ms=args.delay_ms).start()
         stack.append(proxy)
         for mode in args.modes.split(","):

@@ -85,7 +85,15 @@ class Lab:
     def _ns(self, ns: str, *argv: str) -> None:
         sh("ip", "netns", "exec", ns, *argv)
 
-    def _veth(self, index: int, ns: str | None, ip: str, rate_mbit: float | None, delay_ms: float | None) -> str:
+    def _veth(
+        self,
+        index: int,
+        ns: str | None,
+        ip: str,
+        rate_mbit: float | None,
+        delay_ms: float | None,
+        queue_ms: float = 400.0,
+    ) -> str:
         inner, outer = f"{self.prefix}h{index}", f"{self.prefix}s{index}"
         sh("ip", "link", "add", inner, "type", "veth", "peer", "name", outer)
         sh("ip", "link", "set", outer, "netns", self.switch)
@@ -116,17 +124,20 @@ class Lab:
                 "burst",
                 "256kb",
                 "latency",
-                "400ms",
+                f"{queue_ms:g}ms",
             )
         return inner
 
-    def add_host(self, rate_mbit: float | None = None, delay_ms: float | None = None) -> Host:
-        """A new namespace on the bridge; its *egress* (what it sends) is capped/delayed as given."""
+    def add_host(self, rate_mbit: float | None = None, delay_ms: float | None = None, queue_ms: float = 400.0) -> Host:
+        """A new namespace on the bridge; its *egress* (what it sends) is capped/delayed as given.
+
+        `queue_ms`: how long a packet may wait in the cap's queue (tbf `latency`); 400 ms at 400 mbit
+        holds 20 MB, which a bulk transfer fills and every small response then waits behind."""
         index = len(self.hosts) + 1
         name = f"{self.prefix}-h{index}"
         sh("ip", "netns", "add", name)
         ip = f"{self.subnet}.{index}"
-        self._veth(index, name, ip, rate_mbit, delay_ms)
+        self._veth(index, name, ip, rate_mbit, delay_ms, queue_ms)
         host = Host(self, name, ip, index)
         self.hosts.append(host)
         return host
