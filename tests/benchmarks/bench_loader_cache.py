@@ -16,8 +16,13 @@ upload) behind the delaying proxy (`--delay-ms` per request); the network is cap
 `--bwlimit` (default 50M, i.e. 400 mbit) or, with `--rate-mbit`, by tbf in a network namespace.
 
     python tests/benchmarks/bench_loader_cache.py [--payload synth|venv] [--rounds 3] [--delay-ms 4]
-        [--bwlimit 50M] [--rate-mbit 0] [--queue-ms 400] [--program "import torch"]
+        [--bwlimit 50M] [--rate-mbit 0] [--queue-ms 400] [--direct] [--program "import torch"]
         [--packages torch==2.13.0 ...] [--modes full,off]
+
+Each run also says how many CPU-seconds the whole machine spent busy over it and whose they were (the
+program with the stage, rclone, the S3 server, the proxy): on a machine of N cores no run ends before
+its CPU-s / N. `--timeline` prints each cold and replay run every 0.25 s (cores busy, MB/s the bucket
+sent, HEADs, GETs and listings), `--trace-stage` marks the stage's parts on it (stage_trace.py).
 
 Needs root (drop_caches, FUSE, fanotify). Cleans up its mounts, server, proxy and namespace however it ends.
 """
@@ -126,7 +131,7 @@ class Timeline:
 
     STEP_S = 0.25
 
-    def __init__(self, proxy: DelayProxy) -> None:
+    def __init__(self, proxy: DelayProxy | LinkCount) -> None:
         self.proxy = proxy
         self.rows: list[tuple[float, float, float, str]] = []
         self._stop = threading.Event()
@@ -170,6 +175,23 @@ class Timeline:
             print(f"  {t:5.2f} {cpu:5.0%} {mbs:6.1f} {asked} {'#' * round(cpu * 20):20} {'=' * round(mbs / 2.5)}")
 
 
+class LinkCount:
+    """In place of the proxy where rclone talks to the server directly (`--direct`): what the bucket
+    sent is what the root namespace's link to the lab received (the server's egress, through the cap);
+    no request is counted or logged. Without the proxy the harness spends no CPU relaying (0.7-1.0
+    CPU-s of a replay start) and a response crosses one TCP connection, not two."""
+
+    def __init__(self, link: str, endpoint: str) -> None:
+        self.requests = 0
+        self.lines: list[str] = []
+        self.counter = Path("/sys/class/net") / link / "statistics" / "rx_bytes"
+        self.endpoint = endpoint
+
+    @property
+    def bytes_down(self) -> int:
+        return int(self.counter.read_text())
+
+
 def make_synth(base: Path, modules: int, module_kb: int) -> Path:
     """`base/synth-tree/synth`: `modules` modules importing a shared one, all imported by the package."""
     tree = base / "synth-tree"
@@ -192,7 +214,9 @@ def make_synth(base: Path, modules: int, module_kb: int) -> Path:
     return tree
 
 
-def measure_mode(mode: str, tree: Path, proxy: DelayProxy, server: Any, args: argparse.Namespace) -> dict[str, Any]:
+def measure_mode(
+    mode: str, tree: Path, proxy: DelayProxy | LinkCount, server: Any, args: argparse.Namespace
+) -> dict[str, Any]:
     """The recording start, then `rounds` of cold / warm mount / replay on one mount mode."""
     home = WORK / f"home-{mode}"
     shutil.rmtree(home, ignore_errors=True)
@@ -226,11 +250,13 @@ def measure_mode(mode: str, tree: Path, proxy: DelayProxy, server: Any, args: ar
                 ld.cold()
                 before, sent = proxy.requests, proxy.bytes_down
                 clock.start()
-                with Timeline(proxy) as tl:
+                if args.timeline:
+                    with Timeline(proxy) as tl:
+                        dt, err = bh.timed(cmd, env, bh.RUN_TIMEOUT_S, ld.stop)
+                    tl.print(f"{mode} {case}, round {rnd + 1}: {dt:.2f} s", err)
+                else:
                     dt, err = bh.timed(cmd, env, bh.RUN_TIMEOUT_S, ld.stop)
                 out["cpu"][case].append(clock.stop())
-                if args.timeline:
-                    tl.print(f"{mode} {case}, round {rnd + 1}: {dt:.2f} s", err)
                 out["times"][case].append(dt)
                 out["gets"][case].append(proxy.requests - before)
                 out["mb"][case].append((proxy.bytes_down - sent) / 1e6)
@@ -264,7 +290,8 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
     print(f"program: {args.program!r} ({args.payload}); rclone mount, --buffer-size 0, 1M chunks")
     cap = f"rclone --bwlimit {args.bwlimit}" if args.bwlimit else "no rclone --bwlimit"
     cap += f", S3 server egress tbf {args.rate_mbit:g} mbit, queue {args.queue_ms:g} ms" if args.rate_mbit else ""
-    print(f"network: {cap}; {args.delay_ms:g} ms per request (delaying proxy); {args.rounds} rounds, median")
+    how = "no proxy: requests not counted" if args.direct else f"{args.delay_ms:g} ms per request (delaying proxy)"
+    print(f"network: {cap}; {how}; {args.rounds} rounds, median")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end")
     print()
     head = f"{'mode':6} {'cold s':>8} {'warm s':>8} {'replay s':>9} {'warm x':>7} {'replay x':>9} {'share':>6}"
@@ -310,6 +337,9 @@ def main() -> int:
     ap.add_argument("--bwlimit", default="50M", help="rclone --bwlimit (bytes/s; 50M is 400 mbit); '' for none")
     ap.add_argument("--rate-mbit", type=float, default=0.0, help="also cap the S3 server's egress (tbf, netns)")
     ap.add_argument("--queue-ms", type=float, default=400.0, help="with --rate-mbit: tbf's queue (its latency)")
+    ap.add_argument(
+        "--direct", action="store_true", help="with --rate-mbit and --delay-ms 0: no proxy (bytes at the link)"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=64)
     ap.add_argument("--foreground-s", type=float, default=600.0, help="[image] foreground_s: the replay before exec")
@@ -317,6 +347,8 @@ def main() -> int:
     ap.add_argument("--trace-stage", action="store_true", help="with --timeline: mark the stage's parts on it")
     ap.add_argument("--modes", default=",".join(MODES), help="rclone cache modes to measure, of: full,off")
     args = ap.parse_args()
+    if args.direct and not (args.rate_mbit and args.delay_ms == 0):
+        raise SystemExit("--direct: only with --rate-mbit and --delay-ms 0 (the proxy is what delays requests)")
     if not set(args.modes.split(",")) <= set(MODES):
         raise SystemExit(f"--modes: {args.modes!r} is not a list of {', '.join(MODES)}")
     if os.geteuid() != 0:
@@ -335,8 +367,12 @@ def main() -> int:
     results: dict[str, dict[str, Any]] = {}
     try:
         server = bh.capped_server(WORK / "s3", str(tree.parent), args.rate_mbit, stack, args.queue_ms)
-        proxy = DelayProxy((server.host, server.port), delay_ms=args.delay_ms).start()
-        stack.append(proxy)
+        if args.direct:
+            lab = next(x.lab for x in stack if isinstance(x, bh._LabStop))
+            proxy: Any = LinkCount(str(lab._root_link), server.endpoint)
+        else:
+            proxy = DelayProxy((server.host, server.port), delay_ms=args.delay_ms).start()
+            stack.append(proxy)
         for mode in args.modes.split(","):
             results[mode] = measure_mode(mode, tree, proxy, server, args)
     finally:

@@ -15,11 +15,10 @@ import sys
 import time
 from typing import Any
 
-T0 = time.monotonic()
-
 PARTS = {
     "bootseer_cli.hotblocks.stage": [
         "run_stage",
+        "_start_check",
         "_mostly_stale",
         "_skip_before_load",
         "_from_ref",
