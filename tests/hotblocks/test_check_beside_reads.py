@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,6 +121,29 @@ def _stage_s(out: str) -> float:
     return float(line.split("image ", 1)[1].split(" s", 1)[0])
 
 
+def _record_and_keep(m: RcloneMount, tmp_path: Path, program: list[str]) -> tuple[Path, Any, str]:
+    """Record a start of `program` through the mount, and keep in the store that the mount's loader keeps
+    a cache of its own (as an earlier start would have judged: the judgement is timed, and on 2 shared
+    cores a busy moment made rclone's cached re-read look fetched again, a full suite, 2026-11-27; it has
+    tests of its own, test_loader_cache.py). The config, the store and the image key."""
+    cfg = write_config(tmp_path / "bootseer.toml", [m.mountpoint], ready="call", foreground_s=60.0)
+    assert "recording this start" in _exec(cfg, tmp_path, program)
+    show = lambda: json.loads(bootseer("hot", "show", "--json", "-c", str(cfg), cwd=tmp_path).stdout)  # noqa: E731
+    wait_for(lambda: show()["record"], timeout=60, what="the record")
+    store = open_store(load_settings(cfg).store.uri)
+    shown = show()
+    kept = {"own_cache": True, "first_ms": [], "again_ms": [], "at": time.time()}
+    mounts = {loadercache.mount_key(str(m.mountpoint)): kept}
+    store.write_ref(loadercache.KIND, shown["image_key"], {"record": shown["record"], "mounts": mounts})
+    return cfg, store, str(shown["image_key"])
+
+
+def _unread_small(ref: dict[str, Any]) -> list[Any]:
+    """The `deps` entry of a small file that neither the samples nor the probe read (only the replay does)."""
+    named = {s[0] for s in ref.get("samples") or []} | {str((ref.get("probe") or [""])[0])}
+    return next(d for d in ref["deps"] if "/small/" in d[0] and d[0] not in named)
+
+
 def _exec(cfg: Path, cwd: Path, program: list[str]) -> str:
     r = subprocess.run(
         [sys.executable, "-m", "bootseer_cli", "exec", "-c", str(cfg), "--", *program],
@@ -153,26 +177,13 @@ def test_a_replay_into_a_loaders_cache_reads_the_longest_file_while_the_rest_are
     loadercache.forget()
     with RcloneMount(proxy.endpoint, remote, tmp_path / "mnt", "full", tmp_path) as m:
         program = [sys.executable, str(prog), str(m.mountpoint)]
-        cfg = write_config(tmp_path / "bootseer.toml", [m.mountpoint], ready="call", foreground_s=60.0)
-        assert "recording this start" in _exec(cfg, tmp_path, program)
-        show = lambda: json.loads(bootseer("hot", "show", "--json", "-c", str(cfg), cwd=tmp_path).stdout)  # noqa: E731
-        wait_for(lambda: show()["record"], timeout=60, what="the record")
-        store = open_store(load_settings(cfg).store.uri)
-        shown = show()
-        key = shown["image_key"]
-        # rclone full keeps what it fetched, as an earlier start would have judged: the judgement is
-        # timed, and on 2 shared cores a busy moment made rclone's cached re-read look fetched again
-        # (a full suite, 2026-11-27); it has tests of its own (test_loader_cache.py), this one is the order
-        kept = {"own_cache": True, "first_ms": [], "again_ms": [], "at": time.time()}
-        mounts = {loadercache.mount_key(str(m.mountpoint)): kept}
-        store.write_ref(loadercache.KIND, key, {"record": shown["record"], "mounts": mounts})
+        cfg, store, key = _record_and_keep(m, tmp_path, program)
         m.restart()
         assert "replaying into it" in _exec(cfg, tmp_path, program)
 
         ref = store.read_ref(REF_KIND, key)
         assert ref is not None
-        named = {s[0] for s in ref.get("samples") or []} | {str((ref.get("probe") or [""])[0])}
-        stale = next(d for d in ref["deps"] if "/small/" in d[0] and d[0] not in named)
+        stale = _unread_small(ref)
         stale[2] += 7 * 1_000_000_000  # as if the file had changed since the record
         store.write_ref(REF_KIND, key, ref)
         m.restart()  # rclone's cache and its metadata empty
@@ -209,19 +220,10 @@ def test_a_file_the_check_has_not_answered_by_the_deadline_still_goes_to_the_age
     loadercache.forget()
     with RcloneMount(proxy.endpoint, remote, tmp_path / "mnt", "full", tmp_path) as m:
         program = [sys.executable, str(prog), str(m.mountpoint)]
-        cfg = write_config(tmp_path / "bootseer.toml", [m.mountpoint], ready="call", foreground_s=60.0)
-        assert "recording this start" in _exec(cfg, tmp_path, program)
-        show = lambda: json.loads(bootseer("hot", "show", "--json", "-c", str(cfg), cwd=tmp_path).stdout)  # noqa: E731
-        wait_for(lambda: show()["record"], timeout=60, what="the record")
-        store = open_store(load_settings(cfg).store.uri)
-        shown = show()
-        kept = {"own_cache": True, "first_ms": [], "again_ms": [], "at": time.time()}
-        mounts = {loadercache.mount_key(str(m.mountpoint)): kept}
-        store.write_ref(loadercache.KIND, shown["image_key"], {"record": shown["record"], "mounts": mounts})
-        ref = store.read_ref(REF_KIND, shown["image_key"])
+        _, store, image_key = _record_and_keep(m, tmp_path, program)
+        ref = store.read_ref(REF_KIND, image_key)
         assert ref is not None
-        named = {s[0] for s in ref.get("samples") or []} | {str((ref.get("probe") or [""])[0])}
-        late = next(d[0] for d in ref["deps"] if "/small/" in d[0] and d[0] not in named)
+        late = _unread_small(ref)[0]
         slow_cfg = write_config(tmp_path / "slow.toml", [m.mountpoint], ready="call", foreground_s=1.0, record=record)
         m.restart()  # rclone's cache and its metadata empty
         key = "/" + remote + "/" + late.split(str(m.mountpoint) + "/", 1)[1]
