@@ -121,11 +121,17 @@ def _stage_s(out: str) -> float:
     return float(line.split("image ", 1)[1].split(" s", 1)[0])
 
 
-def _record_and_keep(m: RcloneMount, tmp_path: Path, program: list[str]) -> tuple[Path, Any, str]:
-    """Record a start of `program` through the mount, and keep in the store that the mount's loader keeps
-    a cache of its own (as an earlier start would have judged: the judgement is timed, and on 2 shared
-    cores a busy moment made rclone's cached re-read look fetched again, a full suite, 2026-11-27; it has
-    tests of its own, test_loader_cache.py). The config, the store and the image key."""
+def _record_and_keep(m: RcloneMount, tmp_path: Path) -> tuple[Path, Any, str, list[str]]:
+    """Record a start of `PROGRAM` (every file of the mount read) through the mount, and keep in the store
+    that the mount's loader keeps a cache of its own (as an earlier start would have judged: the judgement
+    is timed, and on 2 shared cores a busy moment made rclone's cached re-read look fetched again, a full
+    suite, 2026-11-27; it has tests of its own, test_loader_cache.py). The config, the store, the image
+    key and the program's argv."""
+    probe.forget()
+    loadercache.forget()
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    program = [sys.executable, str(prog), str(m.mountpoint)]
     cfg = write_config(tmp_path / "bootseer.toml", [m.mountpoint], ready="call", foreground_s=60.0)
     assert "recording this start" in _exec(cfg, tmp_path, program)
     show = lambda: json.loads(bootseer("hot", "show", "--json", "-c", str(cfg), cwd=tmp_path).stdout)  # noqa: E731
@@ -135,7 +141,7 @@ def _record_and_keep(m: RcloneMount, tmp_path: Path, program: list[str]) -> tupl
     kept = {"own_cache": True, "first_ms": [], "again_ms": [], "at": time.time()}
     mounts = {loadercache.mount_key(str(m.mountpoint)): kept}
     store.write_ref(loadercache.KIND, shown["image_key"], {"record": shown["record"], "mounts": mounts})
-    return cfg, store, str(shown["image_key"])
+    return cfg, store, str(shown["image_key"]), program
 
 
 def _unread_small(ref: dict[str, Any]) -> list[Any]:
@@ -171,13 +177,8 @@ def test_a_replay_into_a_loaders_cache_reads_the_longest_file_while_the_rest_are
     whose replay starts use "never" to keep one record across rounds (1.4 s of HEADs before the first
     GET of `import torch`'s libraries)."""
     remote, proxy = bucket
-    prog = tmp_path / "prog.py"
-    prog.write_text(PROGRAM)
-    probe.forget()
-    loadercache.forget()
     with RcloneMount(proxy.endpoint, remote, tmp_path / "mnt", "full", tmp_path) as m:
-        program = [sys.executable, str(prog), str(m.mountpoint)]
-        cfg, store, key = _record_and_keep(m, tmp_path, program)
+        cfg, store, key, program = _record_and_keep(m, tmp_path)
         m.restart()
         assert "replaying into it" in _exec(cfg, tmp_path, program)
 
@@ -214,13 +215,8 @@ def test_a_file_the_check_has_not_answered_by_the_deadline_still_goes_to_the_age
     like a stale one, neither read nor handed on (the program fetched it itself); with "never" the stage
     checked the whole record before reading (`replay.plan`, no deadline) and took those seconds itself."""
     remote, proxy = bucket
-    prog = tmp_path / "prog.py"
-    prog.write_text(PROGRAM)
-    probe.forget()
-    loadercache.forget()
     with RcloneMount(proxy.endpoint, remote, tmp_path / "mnt", "full", tmp_path) as m:
-        program = [sys.executable, str(prog), str(m.mountpoint)]
-        _, store, image_key = _record_and_keep(m, tmp_path, program)
+        _, store, image_key, _ = _record_and_keep(m, tmp_path)
         ref = store.read_ref(REF_KIND, image_key)
         assert ref is not None
         late = _unread_small(ref)[0]
