@@ -113,6 +113,7 @@ class JuicefsMount(FuseProcess):
         self.meta, self.cache = meta, cache
         self._pids: list[int] = []
         self._keep_cache = False
+        self.cache_drops: float | None = None
 
     @property
     def cache_dir(self) -> Path:
@@ -125,6 +126,11 @@ class JuicefsMount(FuseProcess):
         argv += ["--metrics", "127.0.0.1:0"]  # a free port: mounts side by side do not clash on 9567
         argv += ["--attr-cache", "3600", "--entry-cache", "3600", "--dir-entry-cache", "3600"]
         argv += ["--cache-dir", str(self.cache_dir), "--free-space-ratio", "0.01"]  # cache even on a fullish disk
+        # JuiceFS queues a fetched block for its disk cache only while fewer than a fifth of the buffer's
+        # blocks wait to be written (15 at the default 300 MiB) and drops it otherwise: a replay
+        # fetching 41 blocks at once on a loaded disk lost 12 of them. 1024 MiB queues 51, more than
+        # the tests fetch (a bound, not an allocation).
+        argv += ["--buffer-size", "1024"]
         if not self.cache:
             argv += ["--cache-size", "0"]
         return argv
@@ -163,9 +169,10 @@ class JuicefsMount(FuseProcess):
         restarts long after its reads and starts long before its program, so `keep_cache` waits for
         both: the cache settled before the stop, and every block of it indexed after the start.
         `blocks_at_least`: the blocks the caller knows were fetched; the cache is not settled before it
-        holds them (a full suite once restarted it with 33 of 41 written: no new block for 0.6 s while
-        JuiceFS still had some to write)."""
+        holds them. `cache_drops` is then the count of fetched blocks JuiceFS chose not to cache (its
+        write queue full: see argv), so a caller can tell JuiceFS's choice from a replay's miss."""
         blocks = self.settle_cache(at_least=blocks_at_least) if keep_cache else 0
+        self.cache_drops = self.metric("juicefs_blockcache_drops") if keep_cache else None
         self._keep_cache = keep_cache
         try:
             self.stop()
@@ -191,20 +198,27 @@ class JuicefsMount(FuseProcess):
             time.sleep(0.2)
         return sum(1 for p in self.cache_dir.rglob("*") if p.is_file() and "/raw/" in str(p))
 
+    def metric(self, name: str) -> float | None:
+        """The serving process's Prometheus metric `name`, summed over its labels; None if it cannot be read."""
+        log = self.workdir / f"{self.name}-{self.mountpoint.name}.log"
+        series = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.M)
+        try:
+            ports = re.findall(r'metrics listening on "127\.0\.0\.1:(\d+)"', log.read_text(errors="replace"))
+            if not ports:
+                return None
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/metrics", timeout=5) as r:
+                return sum(float(v) for v in series.findall(r.read().decode()))
+        except OSError:
+            return None
+
     def wait_indexed(self, blocks: int, timeout: float = 30.0) -> None:
         """Wait (at most `timeout`) until the serving process has indexed `blocks` cached blocks (its
         Prometheus gauge)."""
-        log = self.workdir / f"{self.name}-{self.mountpoint.name}.log"
-        gauge = re.compile(r"^juicefs_blockcache_blocks(?:\{[^}]*\})? (\S+)$", re.M)
-        deadline, have = time.monotonic() + timeout, -1.0
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            ports = re.findall(r'metrics listening on "127\.0\.0\.1:(\d+)"', log.read_text(errors="replace"))
-            if ports:
-                with contextlib.suppress(OSError):
-                    with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/metrics", timeout=5) as r:
-                        have = sum(float(v) for v in gauge.findall(r.read().decode()))
-                    if have >= blocks:
-                        return
+            have = self.metric("juicefs_blockcache_blocks")
+            if have is not None and have >= blocks:
+                return
             time.sleep(0.1)
         # bounded: past the deadline the program starts anyway, and its requests say what was missing
 
