@@ -262,8 +262,7 @@ def measure_mode(
                 out["mb"][case].append((proxy.bytes_down - sent) / 1e6)
                 if case == "replay":
                     out["cached_mb"].append(cache_mb(mount))
-                    out["lines"].append(next((x for x in err.splitlines() if "image " in x and "|" in x), ""))
-                    out["lines"].append(next((x for x in err.splitlines() if "cache of its own" in x), ""))
+                    out["lines"].append(_replay_line(err))
                 else:  # the warm mount: the same program again, nothing restarted or dropped
                     before, sent = proxy.requests, proxy.bytes_down
                     clock.start()
@@ -277,6 +276,19 @@ def measure_mode(
     finally:
         mount.stop()
     return out
+
+
+def _replay_line(err: str) -> str:
+    """A replay start's stage line and, where the loader was judged, how: timed by this start or read
+    from the store (each round's, so a reader sees which rounds paid for the judgement)."""
+    lines = err.splitlines()
+    stage = next((x for x in lines if "image " in x and "|" in x), "").strip()
+    stage = stage.removeprefix("bootseer: ").split(" | ")[0]
+    judged = next((x for x in lines if "cache of its own" in x), "")
+    if not judged:
+        return stage
+    how = "read from the store" if "decided by an earlier start" in judged else "timed by this start"
+    return f"{stage}; loader judged: {how}"
 
 
 def cache_mb(mount: RcloneMount) -> float:
@@ -320,8 +332,8 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
                 f"{'':6}   CPU-s {case:11}: machine {cpu['machine']:.2f} ({parts}); "
                 f"{ncpu} cores busy for at least {cpu['machine'] / ncpu:.2f} s"
             )
-        for line in dict.fromkeys(x for x in r["lines"] if x):
-            print(f"{'':6}   {line.strip()[:160]}")
+        for i, line in enumerate(r["lines"]):
+            print(f"{'':6}   replay start {i + 1}: {line}")
     print("share: replay speed-up / warm-mount speed-up (issue 28's goal on rclone full: >= 80 %)")
     print("CPU-s: medians; a run cannot take less than the machine's CPU-s over its cores")
 
