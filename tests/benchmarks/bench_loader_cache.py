@@ -279,16 +279,24 @@ def measure_mode(
 
 
 def _replay_line(err: str) -> str:
-    """A replay start's stage line and, where the loader was judged, how: timed by this start or read
-    from the store (each round's, so a reader sees which rounds paid for the judgement)."""
+    """A replay start's stage line and, where the loader was judged, the verdict and how it was had:
+    timed by this start or read from the store (each round's, so a reader sees which rounds paid for
+    the judgement)."""
     lines = err.splitlines()
     stage = next((x for x in lines if "image " in x and "|" in x), "").strip()
     stage = stage.removeprefix("bootseer: ").split(" | ")[0]
     judged = next((x for x in lines if "cache of its own" in x), "")
     if not judged:
         return stage
+    verdict = (
+        "keeps no cache"
+        if "keeps no cache" in judged
+        else "cannot tell"
+        if "cannot tell" in judged
+        else "keeps a cache"
+    )
     how = "read from the store" if "decided by an earlier start" in judged else "timed by this start"
-    return f"{stage}; loader judged: {how}"
+    return f"{stage}; loader {verdict} ({how})"
 
 
 def cache_mb(mount: RcloneMount) -> float:
