@@ -288,13 +288,7 @@ def _replay_line(err: str) -> str:
     judged = next((x for x in lines if "cache of its own" in x), "")
     if not judged:
         return stage
-    verdict = (
-        "keeps no cache"
-        if "keeps no cache" in judged
-        else "cannot tell"
-        if "cannot tell" in judged
-        else "keeps a cache"
-    )
+    verdict = next((v for v in ("keeps no cache", "cannot tell") if v in judged), "keeps a cache")
     how = "read from the store" if "decided by an earlier start" in judged else "timed by this start"
     return f"{stage}; loader {verdict} ({how})"
 
