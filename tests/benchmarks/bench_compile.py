@@ -13,6 +13,10 @@ cache), and the model alone on the warm node again (PyTorch's own warm cache: th
 can do). Prints the first compiled call of each (the model's own timing), their medians and ratios,
 the stage's time from the summary line, and the load average.
 Do not run it while other tests run. Usage: python tests/benchmarks/bench_compile.py [--runs N]
+
+On a GPU node, `--model gpt --device cuda` compiles a small GPT (12 layers, bf16, forward and
+backward) instead of the CPU MLP: there Triton's kernels, not Inductor's C++ headers, are what a
+fresh node lacks.
 """
 
 from __future__ import annotations
@@ -41,7 +45,55 @@ model = torch.compile(nn.Sequential(*layers))
 x = torch.randn(32, 64)
 t0 = time.perf_counter()
 model(x).sum().backward()
-print(json.dumps({"first_s": time.perf_counter() - t0, "inductor": dict(counters["inductor"])}))
+print(json.dumps({"first_s": time.perf_counter() - t0, "inductor": dict(counters["inductor"]),
+                  "aot": dict(counters["aot_autograd"])}))
+"""
+
+
+GPT = """
+import json, time, torch
+import torch.nn.functional as F
+from torch import nn
+from torch._dynamo.utils import counters
+torch.manual_seed(0)
+DEV, D, H, T, V = "{device}", 512, 8, 256, 8192
+DTYPE = torch.bfloat16 if DEV == "cuda" else torch.float32
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+        self.fc, self.out = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+
+    def forward(self, x):
+        B, L, C = x.shape
+        q, k, v = (t.view(B, L, H, C // H).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, L, C)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+class GPT(nn.Module):
+    def __init__(self, layers=12):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(V, D), nn.Embedding(T, D)
+        self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(D), nn.Linear(D, V, bias=False)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        return self.head(self.ln(self.blocks(x)))
+
+model = torch.compile(GPT().to(DEV, DTYPE))
+idx = torch.randint(0, V, (8, T), device=DEV)
+if DEV == "cuda":
+    torch.ones(1, device=DEV).sum().item()  # the CUDA context is not the compile's
+t0 = time.perf_counter()
+F.cross_entropy(model(idx).float().view(-1, V), idx.view(-1)).backward()
+if DEV == "cuda":
+    torch.cuda.synchronize()
+print(json.dumps({{"first_s": time.perf_counter() - t0, "inductor": dict(counters["inductor"]),
+                  "aot": dict(counters["aot_autograd"])}}))
 """
 
 
@@ -60,6 +112,18 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[dict[str, obj
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
+def caches(doc: dict[str, object]) -> str:
+    """What the run's caches answered: FX graph and AOTAutograd hits/misses (a restored node that
+    misses recompiles part of the model, however fast Triton's own cache then is)."""
+    ind, aot = doc.get("inductor") or {}, doc.get("aot") or {}
+    assert isinstance(ind, dict) and isinstance(aot, dict)
+    fx = f"fx {ind.get('fxgraph_cache_hit', 0)}/{ind.get('fxgraph_cache_miss', 0)}"
+    return f"{fx}, aot {aot.get('autograd_cache_hit', 0)}/{aot.get('autograd_cache_miss', 0)} hit/miss"
+
+
+LAST_CACHES: dict[str, str] = {}  # node → `caches()` of its last run, for the round's line
+
+
 def with_stage(work: Path, node: str) -> tuple[float, float]:
     """(first compiled call, the compile stage's own time) through `bootseer exec` on a fresh node."""
     (work / "bootseer.toml").write_text(
@@ -71,6 +135,7 @@ def with_stage(work: Path, node: str) -> tuple[float, float]:
     m = re.search(r"compile ([0-9.]+) (ms|s) ", err)
     stage = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1) if m else float("nan")
     _wait_agent(work / f"xdg-{node}")  # its publish (nothing new) is not to load the next start
+    LAST_CACHES[node] = caches(doc)
     return float(doc["first_s"]), stage  # type: ignore[arg-type]
 
 
@@ -79,6 +144,7 @@ def without_stage(work: Path, node: str) -> float:
     env = _env(work, node)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"inductor-{node}")
     doc, _ = _run([sys.executable, "model.py"], work, env)
+    LAST_CACHES[node] = caches(doc)
     return float(doc["first_s"])  # type: ignore[arg-type]
 
 
@@ -97,10 +163,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the work directory (~150 MB a node: its TMPDIR)")
+    ap.add_argument("--model", choices=("mlp", "gpt"), default="mlp", help="gpt: a 12-layer GPT (for a GPU)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs")
     args = ap.parse_args()
+    if args.model == "mlp" and args.device != "cpu":
+        sys.exit("--device cuda needs --model gpt")
     work = Path(tempfile.mkdtemp(prefix="bench-compile-"))
     try:
-        _bench(work, args.runs)
+        _bench(work, args.runs, MODEL if args.model == "mlp" else GPT.format(device=args.device))
     finally:
         if args.keep:
             print(f"kept {work}")
@@ -108,9 +178,9 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _bench(work: Path, runs: int) -> None:
-    (work / "model.py").write_text(MODEL)
-    print(f"load average before: {os.getloadavg()}")
+def _bench(work: Path, runs: int, model: str) -> None:
+    (work / "model.py").write_text(model)
+    print(f"load average before: {os.getloadavg()}; {os.cpu_count()} cores; {_device()}")
     cold, _ = with_stage(work, "warmup")
     print(f"warm-up (publishes): first compiled call {cold:.1f} s")
     print(f"warm-up of the warm node: first compiled call {without_stage(work, 'warm'):.1f} s")
@@ -123,7 +193,8 @@ def _bench(work: Path, runs: int) -> None:
         warm.append(without_stage(work, "warm"))
         print(
             f"round {i}: without {plain[-1]:.2f} s, with {restored[-1]:.2f} s (stage {stage:.2f} s), "
-            f"warm {warm[-1]:.2f} s; load {os.getloadavg()[0]:.2f}"
+            f"warm {warm[-1]:.2f} s; load {os.getloadavg()[0]:.2f}; caches: with ({LAST_CACHES[f'node-{i}']}), "
+            f"warm ({LAST_CACHES['warm']})"
         )
     a, b, c = statistics.median(plain), statistics.median(restored), statistics.median(warm)
     stage = statistics.median(stages)
@@ -141,6 +212,16 @@ def _bench(work: Path, runs: int) -> None:
         f"speed ({with_stage_total:.0%} counting the stage's own time)"
     )
     print(f"load average after: {os.getloadavg()}")
+
+
+def _device() -> str:
+    """The GPU's name where there is one (nvidia-smi), for the figures' record."""
+    try:
+        argv = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        out = subprocess.run(argv, capture_output=True, text=True)
+        return out.stdout.strip() or "no GPU"
+    except OSError:
+        return "no GPU"
 
 
 if __name__ == "__main__":

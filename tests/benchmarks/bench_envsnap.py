@@ -40,6 +40,12 @@ order: see `vs_tar` below, which also says why the table once had tar 3–4× sl
 
     python tests/benchmarks/bench_envsnap.py --vs-tar [--reps 5] [--packages torch==2.13.0] [--against OLD_SRC]
 
+or, where nothing can be installed (a GPU node without a network), against a tree the setup copies
+from this machine (say the CUDA torch that the node's own Python holds):
+
+    SP=$(python3 -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+    python tests/benchmarks/bench_envsnap.py --vs-tar --fresh-fs --copy-dirs $SP/torch $SP/nvidia $SP/triton
+
 Everything it creates lives under the target's parent directory and is removed at the end.
 """
 
@@ -52,6 +58,7 @@ import platform
 import random
 import re
 import shutil
+import stat
 import statistics
 import subprocess
 import sys
@@ -330,11 +337,13 @@ def _cases(names: str, work: Path, target: Path, wheels: Path) -> list[Case]:
 
 
 class TarBench:
-    """One tree (the packages installed by real pip into a fresh venv at `target`), its snapshot in
-    a file:// store, tar's own archive of it, and the timed steps."""
+    """One tree (the packages installed by real pip into a fresh venv at `target`, or `copy_dirs`
+    copied into it), its snapshot in a file:// store, tar's own archive of it, and the timed steps."""
 
-    def __init__(self, work: Path, target: Path, packages: list[str]) -> None:
+    def __init__(self, work: Path, target: Path, packages: list[str], copy_dirs: list[Path] | None = None) -> None:
         self.work, self.target, self.packages = work, target, packages
+        self.copy_dirs = copy_dirs or []
+        self.expected: dict[str, tuple[int, int]] = {}  # --copy-dirs: each entry's mode and size, checked
         self.store = work / "store"
         self.node_cache = work / "node-cache"
         self.tar_archive = work / "tree.tar.zst"
@@ -345,21 +354,62 @@ class TarBench:
         self.fresh: FreshFs | None = None  # --fresh-fs: each step's target is a new, empty ext4 (freshfs.py)
 
     def config(self) -> Path:
-        """The setup creates the venv itself: the snapshot is the whole tree, like tar's archive."""
-        venv = f"{sys.executable} -m venv --without-pip {self.target}"
-        pip = f"{sys.executable} -m pip --python {self.target}/bin/python install -q {' '.join(self.packages)}"
+        """The setup creates the tree itself (a venv and pip, or a copy of `copy_dirs`): the snapshot is
+        the whole tree, like tar's archive."""
+        if self.copy_dirs:
+            setup = [f"mkdir -p {self.target}", *(f"cp -a {d} {self.target}/" for d in self.copy_dirs)]
+        else:
+            venv = f"{sys.executable} -m venv --without-pip {self.target}"
+            pip = f"{sys.executable} -m pip --python {self.target}/bin/python install -q {' '.join(self.packages)}"
+            setup = [venv, pip]
         cfg = self.work / "bootseer.toml"
         cfg.write_text(
-            f'[store]\nuri = "{self.store.as_uri()}"\n[env]\nroots = ["{self.target}"]\n'
-            f"setup = {json.dumps([venv, pip])}\n"
+            f'[store]\nuri = "{self.store.as_uri()}"\n[env]\nroots = ["{self.target}"]\nsetup = {json.dumps(setup)}\n'
         )
         return cfg
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
+        """The checkout's src first; a PYTHONPATH already set (wheels carried to a GPU node) after it."""
         env = {k: v for k, v in base.items() if not k.startswith("BOOTSEER_")}
         env["XDG_CACHE_HOME"] = str(self.node_cache)
-        env["PYTHONPATH"] = str(REPO / "src")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), base.get("PYTHONPATH", "")) if p)
         return env
+
+    def label(self) -> str:
+        if self.copy_dirs:
+            return "a copy of " + ", ".join(d.name for d in self.copy_dirs)
+        return " ".join(self.packages)
+
+    def _entries(self) -> dict[str, tuple[int, int]]:
+        """Every entry under the target: its mode and size (a symlink's size is its target's length; a
+        directory's is the filesystem's own, so not compared). bootseer's stamp of what the root holds
+        (`.bootseer-env.*`, written by the snapshot) is not part of the tree."""
+        out = {}
+        for root, dirs, files in os.walk(self.target):
+            for n in dirs + files:
+                path = os.path.join(root, n)
+                rel = os.path.relpath(path, self.target)
+                if rel.startswith(".bootseer-env."):
+                    continue
+                st = os.lstat(path)
+                out[rel] = (st.st_mode, 0 if stat.S_ISDIR(st.st_mode) else st.st_size)
+        return out
+
+    def check_restored(self, name: str, rep: int) -> None:
+        """A restore that is not the tree is not a restore: the venv imports torch, or the copied tree
+        has every entry with its mode and size (and, in the first round, imports the torch it holds)."""
+        if not self.copy_dirs:
+            if any(p.startswith("torch") for p in self.packages):
+                check = "import torch; assert torch.ones(2).sum() == 2"
+                run([str(self.target / "bin" / "python"), "-c", check], self.check_env)
+            return
+        got = self._entries()
+        if got != self.expected:
+            diff = sorted(set(got.items()) ^ set(self.expected.items()))[:5]
+            raise SystemExit(f"{name}: the restored tree differs from the copied one, e.g. {diff}")
+        if rep == 0 and (self.target / "torch").is_dir():
+            check = f"import sys; sys.path.insert(0, {str(self.target)!r}); import torch; assert torch.ones(2).sum()"
+            run([sys.executable, "-c", check], self.check_env)
 
     def prepare(self, index_env: dict[str, str]) -> None:
         """baseline (no target yet) → the setup (venv + pip) → snapshot; tar's own archive of the tree."""
@@ -374,6 +424,8 @@ class TarBench:
         run([*bs, "baseline", "--config", str(cfg)], env)
         for cmd in json.loads(cfg.read_text().split("setup = ", 1)[1].splitlines()[0]):
             run(["sh", "-c", cmd], env)
+        if self.copy_dirs:
+            self.expected = self._entries()
         doc = json.loads(run([*bs, "snapshot", "--config", str(cfg), "--json"], env).stdout)
         self.blob = next(self.store.rglob(doc["blob"]))
         self.info = f"{doc['files']} files, {doc['size'] / 1e6:.1f} MB compressed"
@@ -414,17 +466,17 @@ class TarBench:
             run(["tar", "-I", "zstd", "-xf", str(self.tar_archive), "-C", "/"], env)
         self.dropped = drop_caches() and self.dropped
 
-    def measure(self, name: str, argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    def measure(self, name: str, argv: list[str], env: dict[str, str], rep: int = 0) -> tuple[float, float, str]:
         self.setup_step(name, env)
         if name.endswith(" (against)"):
-            env = dict(env, PYTHONPATH=self.against)
+            env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (self.against, env.get("PYTHONPATH", "")) if p))
         c0 = _children_cpu()
         t = time.perf_counter()
         out = run(argv, env, cwd=self.work).stdout
         took = time.perf_counter() - t
         cpu = _children_cpu() - c0
-        if name.startswith("restore: ") and any(p.startswith("torch") for p in self.packages):
-            run([str(self.target / "bin" / "python"), "-c", "import torch; assert torch.ones(2).sum() == 2"], env)
+        if name.startswith("restore: "):
+            self.check_restored(name, rep)
         detail = ""
         if out.startswith("{"):
             detail = ", ".join(f"{k} {v:.2f} s" for k, v in json.loads(out).items())
@@ -432,21 +484,28 @@ class TarBench:
 
 
 def vs_tar(
-    target: Path, reps: int, packages: list[str], json_out: Path | None, against: str = "", fresh_fs: bool = False
+    target: Path,
+    reps: int,
+    packages: list[str],
+    json_out: Path | None,
+    against: str = "",
+    fresh_fs: bool = False,
+    copy_dirs: list[Path] | None = None,
 ) -> None:
     work = target.parent / "work-vs-tar"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    b = TarBench(work, target, packages)
+    b = TarBench(work, target, packages, copy_dirs)
     if fresh_fs:
-        b.fresh = FreshFs(target.parent / "fresh-fs.img", target)
+        size = sum(os.lstat(os.path.join(r, n)).st_size for d in b.copy_dirs for r, _, fs in os.walk(d) for n in fs)
+        b.fresh = FreshFs(target.parent / "fresh-fs.img", target, max(FreshFs.SIZE, 2 * size))
     wall: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
     details: dict[str, str] = {}
     load0 = os.getloadavg()
     try:
         wheels = work / "index"
-        for spec in packages:
+        for spec in packages if not copy_dirs else []:
             machine_wheels(wheels, spec)
         with pkgindex.PackageIndex(wheels) as index:
             print("preparing: baseline → venv + pip install → snapshot; tar's archive…", file=sys.stderr, flush=True)
@@ -465,7 +524,7 @@ def vs_tar(
                 # against 0.94x in a direct A/B of the same two checkouts.
                 order = random.Random(rep).sample(names, len(names))
                 for name in order:
-                    took, c, detail = b.measure(name, methods[name], env)
+                    took, c, detail = b.measure(name, methods[name], env, rep)
                     wall.setdefault(name, []).append(took)
                     cpu.setdefault(name, []).append(c)
                     if detail:
@@ -491,7 +550,8 @@ def report_vs_tar(
     load = os.getloadavg()
     print(f"\n# env restore and capture against tar, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(
-        f"machine: {os.cpu_count()} cores; {' '.join(b.packages)}: {b.info}; {reps} interleaved rounds; page cache "
+        f"machine: {os.cpu_count()} cores ({_cpu_model()}); {b.label()}: {b.info}; {reps} interleaved rounds; "
+        "page cache "
         f"{'dropped before every timed step' if b.dropped else 'NOT dropped (not root)'}; target: "
         f"{'a new ext4 per step (--fresh-fs)' if b.fresh else 'the same filesystem, the last tree just deleted'}; "
         "load average "
@@ -529,6 +589,17 @@ def report_vs_tar(
         json_out.write_text(json.dumps({"wall": wall, "cpu": cpu, "details": details, "info": b.info}, indent=2))
 
 
+def _cpu_model() -> str:
+    """The processor's name, for the figures' record: a ratio on 2 cores depends on the host."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown processor"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
@@ -543,9 +614,22 @@ def main() -> None:
     ap.add_argument("--packages", default=TORCH[0], help="--vs-tar: what pip installs into the tree")
     ap.add_argument("--against", default="", help="--vs-tar: also another checkout's src, same rounds")
     ap.add_argument("--fresh-fs", action="store_true", help="--vs-tar: each step into a new ext4 (freshfs.py)")
+    ap.add_argument(
+        "--copy-dirs",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="--vs-tar: the setup copies these directories into the tree instead of a pip install (no network)",
+    )
     args = ap.parse_args()
     if args.vs_tar:
-        vs_tar(args.target, max(args.reps, 5), args.packages.split(","), args.json, args.against, args.fresh_fs)
+        for d in args.copy_dirs or []:
+            if not d.is_dir():
+                sys.exit(f"--copy-dirs: {d} is not a directory")
+        copy_dirs = [d.resolve() for d in args.copy_dirs or []]
+        packages = args.packages.split(",")
+        vs_tar(args.target, max(args.reps, 5), packages, args.json, args.against, args.fresh_fs, copy_dirs)
         return
     if args.extract:
         from tests.benchmarks.bench_extract import extract_bench

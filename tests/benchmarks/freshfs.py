@@ -17,14 +17,14 @@ import os
 import subprocess
 from pathlib import Path
 
-SIZE = 6 << 30  # sparse: only what a step writes takes disk
-
 
 class FreshFs:
     """An ext4 image mounted at `mountpoint`, made anew by `renew()` (root only)."""
 
-    def __init__(self, image: Path, mountpoint: Path) -> None:
-        self.image, self.mountpoint = image, mountpoint
+    SIZE = 6 << 30  # sparse: only what a step writes takes disk; a larger tree asks for more
+
+    def __init__(self, image: Path, mountpoint: Path, size: int = SIZE) -> None:
+        self.image, self.mountpoint, self.size = image, mountpoint, size
 
     def _umount(self) -> None:
         if os.path.ismount(self.mountpoint):
@@ -34,8 +34,12 @@ class FreshFs:
         """Unmount the last one, make an empty ext4 and mount it (no `lost+found`: an empty target)."""
         self._umount()
         self.mountpoint.mkdir(parents=True, exist_ok=True)
+        # A new file, not the old one truncated: the last loop device detaches only after its umount
+        # returns, and until then `mount -o loop` reuses it for the same file (its stale blocks: the
+        # old filesystem, whose lost+found is gone) and mkfs would write under its cache.
+        self.image.unlink(missing_ok=True)
         with open(self.image, "wb") as f:
-            f.truncate(SIZE)
+            f.truncate(self.size)
         mkfs = ["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", str(self.image)]
         subprocess.run(mkfs, check=True)
         subprocess.run(["mount", "-o", "loop", str(self.image), str(self.mountpoint)], check=True)
