@@ -391,6 +391,23 @@ class Started:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def report(self, tail: int = 4000) -> str:
+        """Where this start stands (running, or its exit status), its stages' outcomes and reasons (e.g.
+        why the swarm was not used, which its output does not say) and the tail of its output: what a
+        failed wait prints, so that a timeout in CI says what each node was doing."""
+        rc = self.proc.poll()
+        state = "running" if rc is None else f"exited rc={rc}"
+        stages = [
+            {k: e[k] for k in ("stage", "outcome", "reason", "detail") if e.get(k)}
+            for d in self.node.run_dirs()
+            if d not in self.before
+            for e in read_events(d / "events.jsonl")
+        ]
+        return (
+            f"--- {self.node.name} ({state}, {time.time() - self.started:.1f} s since its start)\n"
+            f"stages: {stages}\n{self.output()[-tail:]}"
+        )
+
     def wait(self, timeout: float = 600.0, drain_s: float = 90.0) -> Run:
         """The run once the launcher has exited and everything it left behind (the agent: uploads,
         hot-block record, seeding, unmount) has ended too, or `drain_s` has passed."""
@@ -482,14 +499,19 @@ def env_kind(run: Run) -> str:
     return ENV_KINDS.get(outcome, outcome)
 
 
-def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+def wait_for(
+    predicate: Any, timeout: float, what: str, interval: float = 0.05, show: list[Started] | None = None
+) -> Any:
+    """`predicate()`'s first truthy value within `timeout` s; else AssertionError, with the state and
+    output of the starts in `show` (the nodes whose progress the wait was about)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    detail = "".join(f"\n{s.report()}" for s in show or [])
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}{detail}")
 
 
 def mounted(path: Path) -> bool:

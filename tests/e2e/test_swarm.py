@@ -60,10 +60,13 @@ def test_peer_killed_mid_transfer(cluster, tmp_path):
     peers = [cluster.node(n, store_dir.as_uri(), **slow) for n in ("n2", "n3")]
     for p in peers:
         with_data_setup(p)
+    # Both start at once, so their swarm helpers listen on the default ports at the same moment: a port
+    # taken between one's bind and listen is skipped (swarm.py), or that peer would never join. A wait
+    # that times out shows both peers' stages (the env stage's reason says why it did not use the swarm).
     started = [p.start(command=DEPS_COMMAND) for p in peers]
     swarm = domain / "swarm" / digest
-    wait_for(lambda: len(list(swarm.glob("*.json"))) >= 2, 180, "both nodes to join the swarm")
-    lease = wait_for(lambda: list((domain / "leases").glob("p2p-*")), 30, "the swarm's origin")
+    wait_for(lambda: len(list(swarm.glob("*.json"))) >= 2, 180, "both nodes to join the swarm", show=started)
+    lease = wait_for(lambda: list((domain / "leases").glob("p2p-*")), 30, "the swarm's origin", show=started)
     owner = json.loads(lease[0].read_text())["pid"]
     victim = next(i for i, p in enumerate(peers) if owner in p.processes())
     time.sleep(4.0)  # mid-transfer: the other peer holds part of the pieces (12 MB at 1 MB/s)

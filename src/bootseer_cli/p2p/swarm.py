@@ -18,6 +18,7 @@ swarm can serve the first pieces while the origin is still reading the last ones
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import random
@@ -82,12 +83,17 @@ def parse_ports(spec: str | int) -> tuple[int, int]:
     return lo, hi
 
 
+def listen_interfaces(listen_host: str, port: int) -> str:
+    """libtorrent's `listen_interfaces` for one host and the first port to try (IPv6 in brackets)."""
+    host = f"[{listen_host}]" if ":" in listen_host else listen_host
+    return f"{host}:{port}"
+
+
 def session_settings(listen_host: str, port_lo: int, port_hi: int) -> dict[str, Any]:
     import libtorrent as lt
 
-    host = f"[{listen_host}]" if ":" in listen_host else listen_host
     return {
-        "listen_interfaces": f"{host}:{port_lo}",
+        "listen_interfaces": listen_interfaces(listen_host, port_lo),
         "max_retry_port_bind": port_hi - port_lo,
         "enable_outgoing_utp": False,
         "enable_incoming_utp": False,
@@ -144,17 +150,46 @@ class Swarm:
         self.banned: dict[str, int] = {}
         self.errors: list[str] = []
         self._flushed: dict[str, threading.Event] = {}
-        self._wait_listening(lo, hi)
+        self._ports_lost: list[int] | None = []  # while starting: ports another socket took (see below)
+        self._wait_listening(listen_host, lo, hi)
 
-    def _wait_listening(self, lo: int, hi: int) -> None:
+    def _wait_listening(self, listen_host: str, lo: int, hi: int) -> None:
+        """Wait until the session listens on a port of `lo`-`hi` (5 s, and at least 1 s after a port is
+        skipped); OSError when it does not.
+
+        libtorrent moves on to the next port only when `bind` fails. Sessions of one host that start
+        at the same moment (the nodes of a test on one machine, two jobs starting on one host) can both
+        bind the same free port, as both sockets set SO_REUSEADDR and neither listens yet; the first to
+        `listen` gets it, the other's `listen` fails with "address in use", and libtorrent tries no
+        other port: that process would not join the swarm at all (its fetch falls back to the store,
+        and it serves no peer). So a port lost that way is skipped here: the session listens again
+        from the next one, until the range is spent.
+        """
         deadline = time.time() + 5
-        while time.time() < deadline:
-            self.pump()
-            port = self.session.listen_port()
-            if port and self.session.is_listening():
-                self.port = int(port)
-                return
-            time.sleep(0.02)
+        first = lo
+        try:
+            while time.time() < deadline:
+                self.pump()
+                port = self.session.listen_port()
+                if port and self.session.is_listening():
+                    self.port = int(port)
+                    return
+                with self.lock:
+                    lost = [p for p in self._ports_lost or [] if p >= first]
+                    self._ports_lost = []
+                if lost:
+                    first = max(lost) + 1
+                    if first > hi:
+                        break  # the range is spent
+                    settings = {
+                        "listen_interfaces": listen_interfaces(listen_host, first),
+                        "max_retry_port_bind": hi - first,
+                    }
+                    self.session.apply_settings(settings)
+                    deadline = max(deadline, time.time() + 1.0)
+                time.sleep(0.02)
+        finally:
+            self._ports_lost = None  # started (or given up): later listen failures are only reported
         raise OSError(f"libtorrent could not listen on a port in {lo}-{hi}: {'; '.join(self.errors[-3:])}")
 
     # ---- torrents ------------------------------------------------------------------------------
@@ -204,6 +239,8 @@ class Swarm:
                         event.set()
                 elif isinstance(a, lt.listen_failed_alert | lt.file_error_alert | lt.torrent_error_alert):
                     self.errors.append(a.message())
+                    if self._ports_lost is not None and _port_taken(lt, a):
+                        self._ports_lost.append(int(a.port))
 
     def flush(self, handle: lt.torrent_handle, timeout: float = 30.0) -> bool:
         """Wait until every piece libtorrent has verified is on disk (a piece counts as "have" once it is
@@ -228,6 +265,15 @@ class Swarm:
         if session is not None:
             session.pause()
             del session  # the session's destructor closes its sockets and files
+
+
+def _port_taken(lt: Any, alert: Any) -> bool:
+    """A TCP listener that failed because another socket holds its port (a `listen_failed_alert`)."""
+    return (
+        isinstance(alert, lt.listen_failed_alert)
+        and alert.socket_type == lt.socket_type_t.tcp
+        and alert.error.value() == errno.EADDRINUSE
+    )
 
 
 RETRY_S = 3.0
