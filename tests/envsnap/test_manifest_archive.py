@@ -259,3 +259,30 @@ def test_segments_appended_make_one_blob_with_its_digest(
     shutil.rmtree(root)
     extract.extract(blob, reader.read_meta(blob), [str(root)])
     assert tree_state(root) == want
+
+
+def test_a_few_mib_file_is_spread_over_every_compression_thread(tmp_path: Path) -> None:
+    """zstd's own job size (8 MiB at level 3) gave a 6 MiB library to one thread of sixteen, so a tree of
+    CUDA's 2-30 MiB libraries captured at about one core (2.1x tar's time on a 16-core node). Its jobs
+    are now a sixteenth of it (1 MiB at least); a file large enough to fill every thread keeps zstd's
+    own size. Either way the file comes back whole."""
+    root = tmp_path / "env"
+    root.mkdir()
+    base = manifest.scan([root])
+    few = os.urandom(1 << 20) * 6  # 6 MiB: above half a frame, so a large file with frames of its own
+    many = os.urandom(1 << 20) * 3 * 48  # 144 MiB: 9 MiB a thread, more than zstd's own job
+    (root / "few.so").write_bytes(few)
+    (root / "many.so").write_bytes(many)
+    after = manifest.scan([root])
+    d = manifest.diff(base, after)
+    blob = tmp_path / "b.tar.zst"
+    w = format.ArchiveWriter(blob, threads=16)
+    for p in d.changed:
+        w.add(p, after[p])
+    w.finish({"roots": [str(root)], "deletions": d.deleted})
+    assert sorted(w._big_cctx) == [0, format.BIG_JOB_MIN]  # many.so: zstd's own; few.so: 1 MiB jobs
+    shutil.rmtree(root)
+    root.mkdir()
+    extract.extract(blob, reader.read_meta(blob), [str(root)])
+    assert (root / "few.so").read_bytes() == few
+    assert (root / "many.so").read_bytes() == many

@@ -41,6 +41,8 @@ TRAILER_MAGIC = b"BSEESNP1"
 SKIPPABLE_MAGIC = 0x184D2A5B  # one of the sixteen skippable-frame magics zstd reserves
 HARDLINK = "h"
 CHUNK_BYTES = 4 << 20  # tar bytes per frame: big enough to compress well, small enough to spread
+BIG_JOB_MIN = 1 << 20  # a large file's zstd job: no smaller (the ratio and per-job costs), see `_big_compressor`
+BIG_JOB_DEFAULT = 8 << 20  # zstd's own job size at level 3 (window 2 MiB, times 4)
 BLOCK = 512
 CHUNK_ROOM = CHUNK_BYTES + CHUNK_BYTES // 2 + (64 << 10)  # a chunk's buffer: cut at CHUNK_BYTES, plus one file
 META_FLOOR = 4 << 20  # metadata bytes any snapshot may have, however few its entries
@@ -363,6 +365,7 @@ class ArchiveWriter:
         self._spans: list[tuple[int, int, int]] = []  # (entry index, offset, size) of the chunk's files
         self._deferred: dict[str, None] = {}  # large files, added at the end (see `add`), in order
         self._local = threading.local()
+        self._big_cctx: dict[int, zstandard.ZstdCompressor] = {}  # job size -> compressor (`_big_compressor`)
         self.frames: list[Frame] = []
         self.entries: list[ArchiveEntry] = []
         self._encoded: list[tuple[int, int, str]] = []  # entries[start:end] appended with their JSON text
@@ -511,8 +514,8 @@ class ArchiveWriter:
         self._drain(keep=0)
         h = hashlib.sha256() if self.file_digests else None
         start = self._sink.offset
-        cctx = self._zstd.ZstdCompressor(level=self.level, threads=self.threads, write_checksum=True)
         raw = len(header) + size + (-size % BLOCK)
+        cctx = self._big_compressor(raw)
         with cctx.stream_writer(self._sink, size=raw, closefd=False) as w:
             w.write(header)
             # one buffer read into again and again: a fresh 8 MiB bytes per read cost 2,048 page
@@ -530,6 +533,27 @@ class ArchiveWriter:
             w.write(b"\0" * (-size % BLOCK))
         self.frames.append(Frame(start, self._sink.offset - start, raw))
         return h.hexdigest() if h is not None else ""
+
+    def _big_compressor(self, raw: int) -> zstandard.ZstdCompressor:
+        """A compressor that spreads one large file over every thread: zstd's own job size (8 MiB at
+        level 3) leaves a file of a few MiB to one thread, and each file's frame ends with every job
+        done, so a tree of 2-30 MiB libraries (CUDA's, Triton's) was compressed about one core at a
+        time while tar's one stream kept them all busy. Jobs of `raw / threads` (a power of two, at
+        least 1 MiB; zstd's own size where that is larger) give each file all of them. Compressors
+        are kept per job size: a multi-threaded one starts its threads once, not for every file."""
+        job = 0
+        if self.threads > 1:
+            per_thread = -(-raw // self.threads)
+            job = max(BIG_JOB_MIN, 1 << (per_thread - 1).bit_length())
+            if job >= BIG_JOB_DEFAULT:
+                job = 0  # zstd's own choice
+        cctx = self._big_cctx.get(job)
+        if cctx is None:
+            params = self._zstd.ZstdCompressionParameters.from_level(
+                self.level, threads=self.threads, job_size=job, write_checksum=1
+            )
+            cctx = self._big_cctx[job] = self._zstd.ZstdCompressor(compression_params=params)
+        return cctx
 
     def end_segment(self) -> tuple[dict[str, Any], str]:
         """End this writer as one segment of a blob written by several processes (no end blocks, no
