@@ -37,6 +37,10 @@ class FreshFs:
         # A new file, not the old one truncated: the last loop device detaches only after its umount
         # returns, and until then `mount -o loop` reuses it for the same file (its stale blocks: the
         # old filesystem, whose lost+found is gone) and mkfs would write under its cache.
+        # Its blocks are freed now (the truncate), not when that loop device lets the unlinked inode
+        # go, which would be during the next timed step.
+        if self.image.exists():
+            os.truncate(self.image, 0)
         self.image.unlink(missing_ok=True)
         with open(self.image, "wb") as f:
             f.truncate(self.size)
