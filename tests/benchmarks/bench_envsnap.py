@@ -508,7 +508,7 @@ def vs_tar(
         for spec in packages if not copy_dirs else []:
             machine_wheels(wheels, spec)
         with pkgindex.PackageIndex(wheels) as index:
-            print("preparing: baseline → venv + pip install → snapshot; tar's archive…", file=sys.stderr, flush=True)
+            print("preparing: baseline → the setup → snapshot; tar's archive…", file=sys.stderr, flush=True)
             b.prepare(index.pip_env())
             env = b.check_env
             methods = b.methods()

@@ -34,11 +34,11 @@ class FreshFs:
         """Unmount the last one, make an empty ext4 and mount it (no `lost+found`: an empty target)."""
         self._umount()
         self.mountpoint.mkdir(parents=True, exist_ok=True)
-        # A new file, not the old one truncated: the last loop device detaches only after its umount
+        # A new file, not the old one reused: the last loop device detaches only after its umount
         # returns, and until then `mount -o loop` reuses it for the same file (its stale blocks: the
-        # old filesystem, whose lost+found is gone) and mkfs would write under its cache.
-        # Its blocks are freed now (the truncate), not when that loop device lets the unlinked inode
-        # go, which would be during the next timed step.
+        # old filesystem, whose lost+found is gone) and mkfs would write under its cache. The old
+        # file is emptied before it is unlinked, so its blocks are freed now, not when that loop
+        # device lets the inode go, which would be during the next timed step.
         if self.image.exists():
             os.truncate(self.image, 0)
         self.image.unlink(missing_ok=True)
