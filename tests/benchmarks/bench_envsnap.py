@@ -344,6 +344,7 @@ class TarBench:
         self.work, self.target, self.packages = work, target, packages
         self.copy_dirs = copy_dirs or []
         self.expected: dict[str, tuple[int, int]] = {}  # --copy-dirs: each entry's mode and size, checked
+        self.seed = 0  # the rounds' orders (`vs_tar`)
         self.store = work / "store"
         self.node_cache = work / "node-cache"
         self.tar_archive = work / "tree.tar.zst"
@@ -491,11 +492,14 @@ def vs_tar(
     against: str = "",
     fresh_fs: bool = False,
     copy_dirs: list[Path] | None = None,
+    seed: int | None = None,
 ) -> None:
+    seed = random.randrange(1000) if seed is None else seed
     work = target.parent / "work-vs-tar"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     b = TarBench(work, target, packages, copy_dirs)
+    b.seed = seed
     if fresh_fs:
         size = sum(os.lstat(os.path.join(r, n)).st_size for d in b.copy_dirs for r, _, fs in os.walk(d) for n in fs)
         b.fresh = FreshFs(target.parent / "fresh-fs.img", target, max(FreshFs.SIZE, 2 * size))
@@ -517,12 +521,15 @@ def vs_tar(
                 for k in ("restore: bootseer restore", "capture: bootseer capture"):
                     methods[f"{k} (against)"] = methods[k]
             names = list(methods)
+            print(f"order seed {seed} (--seed {seed} repeats this run's orders)", file=sys.stderr, flush=True)
             for rep in range(reps):
                 # A new order each round (seeded: a run can be repeated). Rotating one list, as before,
                 # kept every step's neighbours: a capture always ran after tar's and the base's after a
                 # restore, and across three runs the capture measured 1.06-1.12x its base in the bench
-                # against 0.94x in a direct A/B of the same two checkouts.
-                order = random.Random(rep).sample(names, len(names))
+                # against 0.94x in a direct A/B of the same two checkouts. The seed differs between runs
+                # unless given: with one fixed seed, two A/B runs on a large-file tree both had the base's
+                # restore 0.3-0.6 s ahead of the same restore code, an order effect repeated, not averaged.
+                order = random.Random(seed * 1000 + rep).sample(names, len(names))
                 for name in order:
                     took, c, detail = b.measure(name, methods[name], env, rep)
                     wall.setdefault(name, []).append(took)
@@ -550,7 +557,8 @@ def report_vs_tar(
     load = os.getloadavg()
     print(f"\n# env restore and capture against tar, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(
-        f"machine: {os.cpu_count()} cores ({_cpu_model()}); {b.label()}: {b.info}; {reps} interleaved rounds; "
+        f"machine: {os.cpu_count()} cores ({_cpu_model()}); {b.label()}: {b.info}; {reps} interleaved rounds "
+        f"(order seed {b.seed}); "
         "page cache "
         f"{'dropped before every timed step' if b.dropped else 'NOT dropped (not root)'}; target: "
         f"{'a new ext4 per step (--fresh-fs)' if b.fresh else 'the same filesystem, the last tree just deleted'}; "
@@ -622,6 +630,7 @@ def main() -> None:
         metavar="DIR",
         help="--vs-tar: the setup copies these directories into the tree instead of a pip install (no network)",
     )
+    ap.add_argument("--seed", type=int, default=None, help="--vs-tar: the rounds' orders (default: a new one)")
     args = ap.parse_args()
     if args.vs_tar:
         for d in args.copy_dirs or []:
@@ -629,7 +638,7 @@ def main() -> None:
                 sys.exit(f"--copy-dirs: {d} is not a directory")
         copy_dirs = [d.resolve() for d in args.copy_dirs or []]
         packages = args.packages.split(",")
-        vs_tar(args.target, max(args.reps, 5), packages, args.json, args.against, args.fresh_fs, copy_dirs)
+        vs_tar(args.target, max(args.reps, 5), packages, args.json, args.against, args.fresh_fs, copy_dirs, args.seed)
         return
     if args.extract:
         from tests.benchmarks.bench_extract import extract_bench
