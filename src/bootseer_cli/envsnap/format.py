@@ -15,7 +15,6 @@ member parser) is `reader.py`; what is done with a blob's contents, safely, is `
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -30,6 +29,7 @@ from zlib import adler32
 
 from ..errors import BootseerError, IntegrityError
 from .manifest import DIR, FILE, SYMLINK, Entry, open_regular_stat
+from .sink import Sink
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -138,96 +138,6 @@ class Meta:
 
 
 # ---- writing -----------------------------------------------------------------------------------
-
-
-class _Sink:
-    """The output file, with the running sha256 and offset of everything written.
-
-    Writing and hashing run on one thread of their own, in order (both release the GIL), so the
-    thread that reads the files and builds the tar stream never waits for them."""
-
-    def __init__(self, path: Path, digest: bool = True) -> None:
-        self.f = open(path, "wb")  # noqa: SIM115 - closed in ArchiveWriter.finish/abort
-        self.h = hashlib.sha256() if digest else None
-        self.offset = 0
-        from concurrent.futures import ThreadPoolExecutor  # here: it imports logging, a restore never needs it
-
-        self._io = ThreadPoolExecutor(1, thread_name_prefix="bootseer-sink")
-        self._last: Future[None] | None = None
-
-    def _put(self, data: bytes) -> None:
-        self.f.write(data)
-        if self.h is not None:
-            self.h.update(data)
-
-    def write(self, data: bytes | memoryview) -> int:
-        if self._last is not None and self._last.done():
-            self._last.result()  # an earlier write failed: raise it here
-        self._last = self._io.submit(self._put, bytes(data) if not isinstance(data, bytes) else data)
-        self.offset += len(data)
-        return len(data)
-
-    def append_file(self, path: Path) -> int:
-        """Append the whole file at `path` (a part another process wrote), in order with the writes:
-        hashed through a read-only mapping and copied in the kernel (`copy_file_range`), so its bytes
-        never pass through a Python buffer. Returns its length."""
-        src = open(path, "rb")  # noqa: SIM115 - opened now (the caller may unlink it), closed by _append
-        size = os.fstat(src.fileno()).st_size
-        if self._last is not None and self._last.done():
-            self._last.result()
-        self._last = self._io.submit(self._append, src, path, size)
-        self.offset += size
-        return size
-
-    def _append(self, src: Any, path: Path, size: int) -> None:
-        import mmap
-
-        self.f.flush()
-        with src:
-            hashing: threading.Thread | None = None
-            if size and self.h is not None:  # beside the copy: the last part's append is the capture's tail
-                m = mmap.mmap(src.fileno(), size, access=mmap.ACCESS_READ)
-                hashing = threading.Thread(target=self.h.update, args=(m,), name="bootseer-hash")
-                hashing.start()
-            try:
-                self._copy(src, path, size)
-            finally:
-                if hashing is not None:
-                    hashing.join()
-                    m.close()
-
-    def _copy(self, src: Any, path: Path, size: int) -> None:
-        """`size` bytes of `src` to the end of the blob, in the kernel where it can."""
-        out = self.f.fileno()
-        left = size
-        while left:
-            try:
-                n = os.copy_file_range(src.fileno(), out, left)
-            except OSError:  # a kernel or filesystem without it (EXDEV, ENOSYS, EINVAL): plain copy
-                n = len(piece := src.read(min(left, 8 << 20)))
-                if n:
-                    self.f.write(piece)
-                    self.f.flush()
-            if n <= 0:
-                raise BootseerError(f"{path} shrank while being appended")
-            left -= n
-
-    def flush(self) -> None:
-        """Wait for every write so far (and raise its error)."""
-        if self._last is not None:
-            self._last.result()
-
-    def close(self) -> str:
-        """Flush, close; the sha256 of everything written."""
-        self.flush()
-        self._io.shutdown()
-        self.f.close()
-        return self.h.hexdigest() if self.h is not None else ""
-
-    def abort(self) -> None:
-        self._io.shutdown(cancel_futures=True)
-        with contextlib.suppress(OSError):
-            self.f.close()
 
 
 @dataclass
@@ -351,7 +261,7 @@ class ArchiveWriter:
         self.path = path
         self.level = level
         self.threads = max(1, threads or os.cpu_count() or 1)
-        self._sink = _Sink(path, digest=not segment)
+        self._sink = Sink(path, digest=not segment)
         from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bootseer-zstd")
