@@ -428,7 +428,15 @@ class Store(StoreFS):
         current = self.read_lease(key)
         if self.lease_live(key, current, ttl_s):
             return None
-        self.put_bytes(self._lease_rel(key), doc)
+        try:
+            self.put_bytes(self._lease_rel(key), doc)
+        except StoreError:
+            # Several takers write the one key at once here, and a server may refuse one of them
+            # (rclone's `serve s3` answered one UploadPart of four racing with "Internal Error"): that
+            # taker lost the race when another's lease is now there, as it would have by reading back.
+            if self.lease_live(key, self.read_lease(key), ttl_s):
+                return None
+            raise
         time.sleep(self.settle_s)
         current = self.read_lease(key)
         if current is not None and current.get("owner") == owner:

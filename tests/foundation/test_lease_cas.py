@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from bootseer_cli.errors import StoreError
 from bootseer_cli.store import Lease, Store, open_store
 from tests.support.s3server import ACCESS_KEY, SECRET_KEY, S3Server, free_port
 
@@ -201,3 +202,39 @@ def test_a_server_that_ignores_conditional_writes_keeps_the_old_protocol(
     assert lines["file"].status == "ok" and "compare-and-swap" in lines["file"].detail
     assert lines["s3-cas"].status == "ok" and "If-None-Match" in lines["s3-cas"].detail
     assert lines["s3"].status == "warn" and "settle and read back" in lines["s3"].detail
+
+
+def _refused_after(store: Store, first: Callable[[], None]) -> Store:
+    """`store`, whose next write runs `first` (another taker writing the same key) and is then refused
+    by the server, as rclone's `serve s3` refused one of four takers writing one lease at once
+    ("UploadPart … Internal Error", CI of session 14): the refusal is injected, the servers are real."""
+    real = store.put_bytes
+
+    def put_bytes(rel: str, data: bytes) -> None:
+        store.put_bytes = real  # type: ignore[method-assign]
+        first()
+        raise StoreError(f"store {store.uri}: cannot write {rel}: AWS Error INTERNAL_FAILURE (injected)")
+
+    store.put_bytes = put_bytes  # type: ignore[method-assign]
+    return store
+
+
+def test_a_taker_whose_write_is_refused_in_a_race_it_lost_gets_no_lease_and_no_error(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The old protocol (a server without conditional writes): a taker's write refused while another
+    taker's lease went in is a lost race, not a failed start (it made the swarm fall back to the store
+    and read a second copy); a write refused with no lease there is still an error."""
+    uri = _uri("s3", tmp_path, request)
+    key = f"p2p-{os.urandom(4).hex()}"
+    other = open_store(uri)
+    won: list[Lease | None] = []
+    loser = _refused_after(open_store(uri), lambda: won.append(other.try_lease(key, TTL_S)))
+    assert loser.conditional() is None  # premise: the old protocol
+    assert loser.try_lease(key, TTL_S) is None
+    assert won and won[0] is not None
+    assert json.loads(other.get_bytes(other._lease_rel(key)) or b"{}")["owner"] == won[0].owner
+
+    alone = _refused_after(open_store(uri), lambda: None)
+    with pytest.raises(StoreError, match="cannot write"):
+        alone.try_lease(f"p2p-{os.urandom(4).hex()}", TTL_S)
