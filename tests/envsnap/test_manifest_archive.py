@@ -277,10 +277,14 @@ def test_a_few_mib_file_is_spread_over_every_compression_thread(tmp_path: Path) 
     d = manifest.diff(base, after)
     blob = tmp_path / "b.tar.zst"
     w = format.ArchiveWriter(blob, threads=16)
-    for p in d.changed:
-        w.add(p, after[p])
-    w.finish({"roots": [str(root)], "deletions": d.deleted})
+    for p in d.changed:  # the large files now, not deferred to the end: their compressors are seen
+        if after[p].kind == manifest.FILE:
+            w.add_now(p)
+        else:
+            w.add(p, after[p])
     assert sorted(w._big_cctx) == [0, format.BIG_JOB_MIN]  # many.so: zstd's own; few.so: 1 MiB jobs
+    w.finish({"roots": [str(root)], "deletions": d.deleted})
+    assert w._big_cctx == {}  # the compressors (and their zstd threads) end with the writer
     shutil.rmtree(root)
     root.mkdir()
     extract.extract(blob, reader.read_meta(blob), [str(root)])

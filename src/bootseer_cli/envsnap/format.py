@@ -474,6 +474,7 @@ class ArchiveWriter:
         self._cut()
         self._drain(keep=0)
         self._pool.shutdown()
+        self._big_cctx.clear()  # their zstd threads end with them
         self._sink.close()
         frames = [[f.offset, f.length, f.raw] for f in self.frames]
         return {"frames": frames, "raw": self.raw_bytes}, _dumps(self.entries)
@@ -516,6 +517,7 @@ class ArchiveWriter:
         self._cut()
         self._drain(keep=0)
         self._pool.shutdown()
+        self._big_cctx.clear()  # their zstd threads end with them
         chunks = [[f.offset, f.length, f.raw] for f in self.frames]
         head = _dumps(dict(meta, format=FORMAT, chunks=chunks))  # then the entries, last, as they always were
         doc = f'{head[:-1]},"entries":{self._entries_json()}}}'
@@ -529,5 +531,6 @@ class ArchiveWriter:
     def abort(self) -> None:
         """Stop, and remove the partial blob."""
         self._pool.shutdown(cancel_futures=True)
+        self._big_cctx.clear()
         self._sink.abort()
         self.path.unlink(missing_ok=True)
