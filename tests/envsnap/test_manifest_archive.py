@@ -290,3 +290,56 @@ def test_a_few_mib_file_is_spread_over_every_compression_thread(tmp_path: Path) 
     extract.extract(blob, reader.read_meta(blob), [str(root)])
     assert (root / "few.so").read_bytes() == few
     assert (root / "many.so").read_bytes() == many
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_a_segment_appended_report_by_report_makes_the_same_blob(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_copy: bool
+) -> None:
+    """A large-file writer's reports (`report`, then `end_segment`) go in as byte ranges of its part
+    that start anywhere (not on a page), with another segment between them: the blob's digest is its
+    bytes' sha256, its frames are where they now lie, and it restores the tree."""
+    import hashlib
+
+    if not kernel_copy:
+
+        def refuse(*_a: object, **_k: object) -> int:
+            raise OSError(18, "Invalid cross-device link")
+
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    root = tmp_path / "env"
+    (root / "big").mkdir(parents=True)
+    (root / "small").mkdir()
+    for i in range(3):
+        (root / "big" / f"lib{i}.so").write_bytes(os.urandom(format.CHUNK_BYTES // 2 + 777 * (i + 1)))
+    for i in range(20):
+        (root / "small" / f"m{i}.py").write_bytes(os.urandom(900 + i))
+    after = manifest.scan([root])
+    want = tree_state(root)
+    big = sorted(p for p in after if p.endswith(".so"))
+    small = sorted(p for p in after if p not in big)
+    blob = tmp_path / "snap.tar.zst"
+    w = format.ArchiveWriter(blob)
+    bw = format.ArchiveWriter(tmp_path / "partbig", threads=2, segment=True)
+    sw = format.ArchiveWriter(tmp_path / "part0", threads=1, segment=True)
+    for p in small:
+        sw.add(p, after[p])
+    bw.add_now(big[0])
+    first = bw.report()
+    assert first[0]["start"] == 0 and first[0]["end"] % 4096 != 0
+    w.append_segment(tmp_path / "partbig", *first)
+    w.append_segment(tmp_path / "part0", *sw.end_segment())  # between the two ranges
+    bw.add_now(big[1])
+    bw.add_now(big[2])
+    assert bw.unreported() > 0
+    second = bw.report()
+    assert second[0]["start"] == first[0]["end"]
+    w.append_segment(tmp_path / "partbig", *second)
+    w.append_segment(tmp_path / "partbig", *bw.end_segment())  # nothing new: an empty range
+    written = w.finish({"roots": [str(root)], "deletions": []})
+    assert written.digest == hashlib.sha256(blob.read_bytes()).hexdigest()
+    meta = reader.read_meta(blob)
+    assert sorted(e.path for e in meta.entries) == sorted(after)
+    shutil.rmtree(root)
+    extract.extract(blob, meta, [str(root)])
+    assert tree_state(root) == want

@@ -281,6 +281,7 @@ class ArchiveWriter:
         self._encoded: list[tuple[int, int, str]] = []  # entries[start:end] appended with their JSON text
         self.raw_bytes = 0
         self._progress = progress
+        self._told = (0, 0, 0, 0)  # frames, entries, raw bytes, offset in the part already reported (`report`)
 
     def _compressor(self) -> zstandard.ZstdCompressor:
         """This pool thread's compressor (compressors are not shareable between threads)."""
@@ -467,7 +468,8 @@ class ArchiveWriter:
 
     def end_segment(self) -> tuple[dict[str, Any], str]:
         """End this writer as one segment of a blob written by several processes (no end blocks, no
-        trailer): its deferred files, every frame, closed. Returns what `append_segment` takes."""
+        trailer): its deferred files, every frame, closed. Returns what `append_segment` takes: the
+        rest of the segment since the last `report` (all of it where none was made)."""
         for path in list(self._deferred):
             self._add_file(path)
         self._deferred.clear()
@@ -476,17 +478,38 @@ class ArchiveWriter:
         self._pool.shutdown()
         self._big_cctx.clear()  # their zstd threads end with them
         self._sink.close()
-        frames = [[f.offset, f.length, f.raw] for f in self.frames]
-        return {"frames": frames, "raw": self.raw_bytes}, _dumps(self.entries)
+        return self._since_told()
 
-    def append_segment(self, part: Path, doc: dict[str, Any], rows_json: str) -> None:
-        """Append a segment another process wrote (`end_segment`: `doc`, and its entries as a JSON
-        array of rows): its bytes through the sink (so the blob's digest covers them), its frames
-        shifted to where they now lie, its entries (whose JSON text the trailer reuses as it is)."""
+    def report(self) -> tuple[dict[str, Any], str]:
+        """What this segment writer has written since its last report, for the assembler to append
+        while this writer goes on (a large-file writer's part went in whole after its last file, on
+        the capture's critical path): the chunk being built is cut, every frame is in the part's
+        file; then as `end_segment`, for the bytes so far."""
         self._cut()
         self._drain(keep=0)
-        base = self._sink.offset
-        self._sink.append_file(part)
+        self._sink.settle()
+        return self._since_told()
+
+    def unreported(self) -> int:
+        """Bytes of the part written (or being compressed) since the last report."""
+        return self._sink.offset - self._told[3] + self._n
+
+    def _since_told(self) -> tuple[dict[str, Any], str]:
+        frames0, entries0, raw0, start = self._told
+        self._told = (len(self.frames), len(self.entries), self.raw_bytes, self._sink.offset)
+        frames = [[f.offset, f.length, f.raw] for f in self.frames[frames0:]]
+        doc = {"frames": frames, "raw": self.raw_bytes - raw0, "start": start, "end": self._sink.offset}
+        return doc, _dumps(self.entries[entries0:])
+
+    def append_segment(self, part: Path, doc: dict[str, Any], rows_json: str) -> None:
+        """Append a segment another process wrote (`end_segment` or `report`: `doc`, and its entries
+        as a JSON array of rows): its bytes `start`..`end` of `part` through the sink (so the blob's
+        digest covers them), its frames shifted to where they now lie, its entries (whose JSON text
+        the trailer reuses as it is)."""
+        self._cut()
+        self._drain(keep=0)
+        base = self._sink.offset - doc.get("start", 0)
+        self._sink.append_file(part, doc.get("start", 0), doc.get("end"))
         self.frames.extend(Frame(base + o, n, raw) for o, n, raw in doc["frames"])
         # rows of this capture's own forked writer, not of a blob read back: built without the
         # reader's shape checks (`from_row`: 0.12 s of a 21k-entry capture, on the critical path)

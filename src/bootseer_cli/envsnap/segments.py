@@ -1,15 +1,17 @@
-"""Writing a snapshot blob on several cores: forked segment writers, and a writer of the large files
-that starts while the scan still runs.
+"""Writing a snapshot blob on several cores: forked segment writers, and writers of the large files
+that start while the scan still runs.
 
 On 2 cores a capture is CPU-bound like `tar -I 'zstd -T0' -cf`, so what decides is how much of the
 time both cores work. The small files are cut into contiguous pieces that forked writers take from
 a queue, one after the other (Python's per-file work runs in parallel, not only zstd's, and the
-writers end together); the large files (more than half a frame) go to one more writer whose zstd
-uses every core. That writer is started by the scan itself, at the first large changed file it
-meets (`BigWriter.offer`), so the heaviest work (a 434 MB `libtorch_cpu.so`) runs on the core the
-scan leaves idle while it waits for inodes, instead of after it. The small files' pieces are
-appended to the blob in their order; the large files' part goes in as soon as it is done, before,
-between or after them (`_Appender`), so the blob has the one format whichever writer made which part.
+writers end together); the large files (more than half a frame) go to two to four more writers
+whose zstd uses every core (`big_writers`). Those are started by the scan itself, with the first
+large changed files it meets (`BigWriter.offer`), so the heaviest work (a 434 MB `libtorch_cpu.so`)
+runs on the core the scan leaves idle while it waits for inodes, instead of after it. The small
+files' pieces are appended to the blob in their order; what a large-file writer has written goes in
+as it reports it (whole frames, every REPORT_BYTES), before, between or after them (`_Appender`), so
+the blob has the one format whichever writer made which part, and what is left to append once the
+last writer ends is its last report.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ SMALL_NICE = 5
 # second writer ran alone for the last 0.3-0.5 s of a capture, on one core of two.
 FILE_COST = 8 << 10
 PIECES_PER_WORKER = 4  # the small files' pieces per writer (see `_write_segments`)
+CORES_PER_BIG_WRITER = 4  # one large-file writer per this many cores, at least two (see `big_writers`) …
+BIG_WRITERS_MAX = 4  # … and no more
 
 
 def is_big(e: Entry) -> bool:
@@ -45,28 +49,66 @@ def is_big(e: Entry) -> bool:
     return e.kind == FILE and e.size > CHUNK_BYTES // 2
 
 
+def big_writers(cores: int) -> int:
+    """How many large-file writers a capture forks on `cores` cores: two, one per CORES_PER_BIG_WRITER
+    cores from 12 on, at most BIG_WRITERS_MAX (one on a single core).
+
+    Each large file is its own zstd frame, and a frame ends with every job of it done before the next
+    file is read: one writer leaves cores idle at every file's end, and reads the files one after the
+    other, the page cache cold. On a 16-core node the capture of the CUDA torch tree (most of its
+    4.4 GB in large files) kept 3.3 cores busy against tar's 5.9 (docs/envsnap.md §7, session 14), and
+    on 2 cores a tree of large libraries took 1.28x tar's time with one writer, 1.02-1.06x with two,
+    at the same CPU (session 15). While one writer waits, another reads and compresses. Each keeps a
+    zstd thread per core, so the last one still running at the end has them all. Four on 2 cores
+    cost 7 % more CPU and were no faster than two."""
+    return 1 if cores < 2 else min(BIG_WRITERS_MAX, max(2, cores // CORES_PER_BIG_WRITER))
+
+
+class _Kid:
+    """One large-file writer: its child, its part, the pipe its paths go into, what it was sent."""
+
+    def __init__(self, part: Path) -> None:
+        self.part = part
+        self.pid = 0
+        self.paths_fd = -1
+        self.result_fd = -1
+        self.pending = bytearray()
+        self.load = 0  # bytes of the files it was sent
+
+    def flush(self) -> None:
+        """Write what the pipe takes now. A writer that has stopped (an error it will report, or a
+        crash: its result then lacks its last report) takes nothing more; its report says why."""
+        try:
+            while self.pending:
+                n = os.write(self.paths_fd, self.pending)
+                del self.pending[:n]
+        except BlockingIOError:
+            pass
+        except BrokenPipeError:
+            self.pending.clear()
+
+
 class BigWriter:
-    """The large changed files' writer: a forked child that writes each into its part as soon as the
-    scan offers it, while the scan goes on.
+    """The large changed files' writers: forked children that write each into their parts as soon as
+    the scan offers it, while the scan goes on (see `big_writers`; each offered file goes to the one
+    with the fewest bytes so far).
 
     Offered are only files that are large, changed against `baseline` (the diff's own rule) and have
     one link (a hardlinked file may have to follow its target in the stream); the rest of the large
-    files are sent when the scan is done (`finish_input`). Paths go over a pipe, NUL-separated; the
-    parent never blocks on it during the scan (what does not fit waits in `_pending`)."""
+    files are sent when the scan is done (`finish_input`). Paths go over pipes, NUL-separated; the
+    parent never blocks on one during the scan (what does not fit waits in the writer's `pending`)."""
 
     def __init__(self, part: Path, baseline: Manifest) -> None:
-        self.part = part
+        self.part = part  # the parts' common name: `<part>0`, `<part>1`, …
         self.baseline = baseline
-        self.pid = 0
+        self.writers = big_writers(os.cpu_count() or 1)
+        self.kids: list[_Kid] = []
         self.failed = False
         self.sent: set[str] = set()
-        self.result_fd = -1
-        self._paths_fd = -1
-        self._pending = bytearray()
 
     @property
     def started(self) -> bool:
-        return self.pid != 0
+        return bool(self.kids)
 
     def offer(self, path: str, e: Entry) -> None:
         """The scan's callback for every entry it records."""
@@ -77,15 +119,18 @@ class BigWriter:
             return
         if self.failed:
             return
-        if not self.pid:
+        if len(self.kids) < self.writers:  # the first large files start the writers, one each
             try:
                 self._start()
-            except OSError:  # no fork now (a process limit): the large files go the old way, after the scan
-                self.failed = True
-                return
-        self._send([path])
+            except OSError:  # no fork now (a process limit): the writers so far take the rest
+                if not self.kids:
+                    self.failed = True  # none: the large files go the old way, after the scan
+                    return
+                self.writers = len(self.kids)
+        self._send(path, e.size)
 
     def _start(self) -> None:
+        kid = _Kid(self.part.with_name(f"{self.part.name}{len(self.kids)}"))
         paths_r, paths_w = os.pipe()
         result_r, result_w = os.pipe()
         gc.freeze()  # the manifests stay shared copy-on-write: no collection in the child walks them
@@ -98,83 +143,124 @@ class BigWriter:
                 raise
             if pid == 0:  # pragma: no cover - runs in the child
                 gc.disable()
+                for other in self.kids:  # a sibling's input must end when the parent closes it
+                    os.close(other.paths_fd)
+                    os.close(other.result_fd)
                 os.close(paths_w)
                 os.close(result_r)
-                _big_child(self.part, paths_r, result_w)
+                _big_child(kid.part, paths_r, result_w)
         finally:
             gc.unfreeze()
         os.close(paths_r)
         os.close(result_w)
         os.set_blocking(paths_w, False)
-        self.pid, self._paths_fd, self.result_fd = pid, paths_w, result_r
+        kid.pid, kid.paths_fd, kid.result_fd = pid, paths_w, result_r
+        self.kids.append(kid)
 
-    def _send(self, paths: list[str]) -> None:
-        for p in paths:
-            self.sent.add(p)
-            self._pending += os.fsencode(p) + b"\0"
-        self._flush()
+    def _send(self, path: str, size: int) -> None:
+        kid = min(self.kids, key=lambda k: k.load)
+        kid.load += size
+        self.sent.add(path)
+        kid.pending += os.fsencode(path) + b"\0"
+        kid.flush()
 
-    def _flush(self) -> None:
-        """Write what the pipe takes now. A writer that has stopped (an error it will report, or a
-        crash: its result is then empty) takes nothing more; its report says why, at the end."""
-        try:
-            while self._pending:
-                n = os.write(self._paths_fd, self._pending)
-                del self._pending[:n]
-        except BlockingIOError:
-            pass
-        except BrokenPipeError:
-            self._pending.clear()
+    def finish_input(self, rest: list[tuple[str, int]]) -> None:
+        """Send the large files the scan did not offer (paths and sizes), then end every writer's
+        input (each ends its part)."""
+        for path, size in rest:
+            self._send(path, size)
+        for kid in self.kids:
+            os.set_blocking(kid.paths_fd, True)
+            kid.flush()
+            os.close(kid.paths_fd)
+            kid.paths_fd = -1
 
-    def finish_input(self, rest: list[str]) -> None:
-        """Send the large files the scan did not offer, then end the child's input (it ends its part)."""
-        for p in rest:
-            self.sent.add(p)
-            self._pending += os.fsencode(p) + b"\0"
-        os.set_blocking(self._paths_fd, True)
-        self._flush()
-        os.close(self._paths_fd)
-        self._paths_fd = -1
+    def hand_over(self) -> list[tuple[int, int, Path]]:
+        """The writers' pids, report descriptors and parts, now the caller's to read and reap."""
+        out = [(k.pid, k.result_fd, k.part) for k in self.kids]
+        for k in self.kids:
+            k.pid, k.result_fd = 0, -1
+        return out
 
     def abort(self) -> None:
-        """Stop the child (if any), reap it, remove its part."""
-        for fd in (self._paths_fd, self.result_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._paths_fd = self.result_fd = -1
-        _stop(self.pid)
-        self.pid = 0
-        self.part.unlink(missing_ok=True)
+        """Stop the children (if any), reap them, remove their parts."""
+        for kid in self.kids:
+            for fd in (kid.paths_fd, kid.result_fd):
+                if fd >= 0:
+                    os.close(fd)
+            kid.paths_fd = kid.result_fd = -1
+            _stop(kid.pid)
+            kid.pid = 0
+            kid.part.unlink(missing_ok=True)
+
+
+# A large-file writer reports what it has written once this much of its part is new (at a file's end:
+# whole frames), and the parent appends each report while the writers go on: what is left once they
+# end is the last report, not a whole part (~2 GB for the CUDA torch tree, copied and hashed with the
+# other cores idle: ~1 s on 16 cores). 0: one report, at the end (as before session 15).
+REPORT_BYTES = 32 << 20
 
 
 def _big_child(part: Path, paths_fd: int, result_fd: int) -> None:  # pragma: no cover - forked child
-    """Write each path read from `paths_fd` into the segment `part` as it arrives; report like
-    `_segment_child`; never returns."""
-    try:
-        sw = ArchiveWriter(part, threads=os.cpu_count() or 1, segment=True)
+    """Write each path read from `paths_fd` into the segment `part` as it arrives, reporting what it
+    wrote every REPORT_BYTES (`_reports`); never returns."""
+
+    import queue
+    import threading
+
+    every = REPORT_BYTES
+    paths: queue.SimpleQueue[str | BaseException | None] = queue.SimpleQueue()
+
+    def take() -> None:
+        """Read the paths as they come, whatever the writer does meanwhile: it blocks on a report
+        until the parent reads its reports, which the parent starts once every path is sent, so a
+        writer that stopped reading its paths while it waited would stall both for ever."""
         buf = b""
-        while chunk := os.read(paths_fd, 1 << 16):
-            *paths, buf = (buf + chunk).split(b"\0")
-            for p in paths:
-                sw.add_now(os.fsdecode(p))
-        payload = _payload(*sw.end_segment())
-    except BaseException as e:  # reported to the parent, which raises it
-        payload = json.dumps({"error": str(e) or type(e).__name__})
-    _report(result_fd, payload)
+        try:
+            while chunk := os.read(paths_fd, 1 << 16):
+                *got, buf = (buf + chunk).split(b"\0")
+                for p in got:
+                    paths.put(os.fsdecode(p))
+            paths.put(None)
+        except BaseException as e:  # the writer raises it: a part without every path is no part
+            paths.put(e)
+
+    threading.Thread(target=take, name="bootseer-paths", daemon=True).start()
+
+    def write(sw: ArchiveWriter, out: Any) -> None:
+        while (p := paths.get()) is not None:
+            if isinstance(p, BaseException):
+                raise p
+            sw.add_now(p)
+            if every and sw.unreported() >= every:
+                _write_report(out, *sw.report())
+
+    _reports(part, result_fd, os.cpu_count() or 1, write)
 
 
-def _payload(doc: dict[str, Any], rows_json: str) -> str:
-    """A writer's report: its summary, a newline, its entries' JSON rows (which the parent puts into
-    the trailer as they are). Compact JSON holds no raw newline: the first one is the boundary."""
-    return json.dumps(doc) + "\n" + rows_json
-
-
-def _report(fd: int, payload: str) -> None:  # pragma: no cover - forked child
+def _reports(  # pragma: no cover - runs in a forked child
+    part: Path, wfd: int, threads: int, write: Callable[[ArchiveWriter, Any], None]
+) -> None:
+    """A large-file writer's output on `wfd`: reports as `write` makes them, then the last one
+    (marked `last`), or the error; never returns. A writer that dies leaves no `last` report."""
     try:
-        with os.fdopen(fd, "w") as out:
-            out.write(payload)
+        with os.fdopen(wfd, "w") as out:
+            try:
+                sw = ArchiveWriter(part, threads=threads, segment=True)
+                write(sw, out)
+                doc, rows = sw.end_segment()
+                _write_report(out, dict(doc, last=True), rows)
+            except BaseException as e:  # reported to the parent, which raises it
+                out.write(json.dumps({"error": str(e) or type(e).__name__}) + "\n")
     finally:
         os._exit(0)
+
+
+def _write_report(out: Any, doc: dict[str, Any], rows: str) -> None:  # pragma: no cover - forked child
+    """One report: its summary, a newline, its entries' JSON rows (which the parent puts into the
+    trailer as they are), a newline. Compact JSON holds no raw newline."""
+    out.write(json.dumps(doc) + "\n" + rows + "\n")
+    out.flush()
 
 
 def _stop(pid: int) -> None:
@@ -267,9 +353,9 @@ def _write_segments(
             # end, and the large-file writer would see no end of its input until that writer exited
             if not early.sent <= big_set:  # the scan's rule and this one differ: a bug, not the tree
                 raise BootseerError("capture: the large-file writer was sent a file the blob does not hold")
-            early.finish_input([p for p in big if p not in early.sent])
-            app.watch(early.pid, early.result_fd, early.part, eager=True)
-            early.pid, early.result_fd = 0, -1  # reaped by the appender, like the others
+            early.finish_input([(p, after[p].size) for p in big if p not in early.sent])
+            for pid, fd, part in early.hand_over():  # reaped by the appender, like the others
+                app.watch(pid, fd, part, eager=True)
         queue_r, queue_w = os.pipe()
         try:
             os.write(queue_w, bytes(range(len(pieces))))  # at most 255 bytes: within the pipe's buffer
@@ -306,21 +392,24 @@ def _write_segments(
 
 
 class _Appender:
-    """Reads the writers' reports as they come and appends each part once it may go: a small files'
-    piece when every earlier piece is in, the large files' part at once. A small writer reports each
-    piece it wrote (summary, newline, entries, newline); the large one reports once, at its end."""
+    """Reads the writers' reports as they come and appends what each reports once it may go: a small
+    files' piece when every earlier piece is in, a large-file writer's report at once (each is whole
+    frames, so the small pieces may go between two of them). A report is a summary, a newline, its
+    entries, a newline; a small writer makes one per piece, a large one every REPORT_BYTES and one
+    marked `last` at its end."""
 
     def __init__(self, w: ArchiveWriter, parts: list[Path], advance: Callable[[int], None]) -> None:
         self.w, self.parts, self.advance = w, parts, advance
         self.kids: dict[int, tuple[int, Path | None, bytearray]] = {}  # fd -> (pid, its part if large, buffer)
         self.done: dict[int, tuple[dict[str, Any], str]] = {}  # small pieces reported, not yet appended
         self.next = 0  # the next piece to append
-        self.large: dict[Path, bool] = {}  # large parts still expected: appended as soon as done?
-        self.held: list[tuple[Path, dict[str, Any], str]] = []  # large parts done, to go after the pieces
+        self.large: dict[Path, bool] = {}  # large parts still being written: appended as they come?
+        self.held: list[tuple[Path, dict[str, Any], str]] = []  # large reports to go after the pieces
 
     def watch(self, pid: int, fd: int, large: Path | None, eager: bool = False) -> None:
-        """Read the writer `pid`'s reports on `fd`; `large`: its one part, appended as soon as it is
-        done where `eager` (the scan's writer), else after the small files' pieces (a squash's)."""
+        """Read the writer `pid`'s reports on `fd`; `large`: its one part, whose reports are appended
+        as they come where `eager` (the scan's writers), else after the small files' pieces (a
+        squash's)."""
         self.kids[fd] = (pid, large, bytearray())
         if large is not None:
             self.large[large] = eager
@@ -334,50 +423,38 @@ class _Appender:
                 data = os.read(fd, 1 << 20)
                 if data:
                     buf += data
-                    if large is None:
-                        self._pieces(buf)
+                    for doc, rows in _reports_in(buf):
+                        if large is None:
+                            self.done[doc["piece"]] = (doc, rows)
+                        elif self.large[large]:
+                            self._append(large, doc, rows)
+                        else:
+                            self.held.append((large, doc, rows))
+                        if large is not None and doc.get("last") and self.large.pop(large):
+                            large.unlink(missing_ok=True)  # all of it is in (the sink holds it open)
                     continue
                 del self.kids[fd]
                 os.close(fd)
                 with contextlib.suppress(OSError):
                     os.waitpid(pid, 0)
-                if large is None:
-                    if buf:
-                        raise BootseerError("a capture worker died")  # part of a report: it was cut off
-                    continue
-                head, _, rows = bytes(buf).partition(b"\n")
-                doc = json.loads(head or b'{"error": "a capture worker died"}')
-                if self.large.pop(large) or "error" in doc:
-                    self._append(large, doc, rows.decode())
-                else:
-                    self.held.append((large, doc, rows.decode()))
+                if buf or large in self.large:  # part of a report, or no last one: it was cut off
+                    raise BootseerError("a capture worker died")
             while self.next in self.done:
                 doc, rows = self.done.pop(self.next)
                 self._append(self.parts[self.next], doc, rows)
+                self.parts[self.next].unlink(missing_ok=True)
                 self.next += 1
-        if self.next < len(self.parts) or self.large:
+        if self.next < len(self.parts):
             raise BootseerError("a capture worker died")  # it took a piece and never reported it
         for part, doc, rows in self.held:
             self._append(part, doc, rows)
-
-    def _pieces(self, buf: bytearray) -> None:
-        """The complete reports in `buf` (taken out of it): into `done`; an error raises."""
-        while (i := buf.find(b"\n")) >= 0:
-            doc = json.loads(buf[:i])
-            if "error" in doc:
-                raise BootseerError(str(doc["error"]))
-            j = buf.find(b"\n", i + 1)
-            if j < 0:
-                return  # its entries are still coming
-            self.done[doc["piece"]] = (doc, buf[i + 1 : j].decode())
-            del buf[: j + 1]
+            if doc.get("last"):
+                part.unlink(missing_ok=True)
 
     def _append(self, part: Path, doc: dict[str, Any], rows: str) -> None:
-        if "error" in doc:
-            raise BootseerError(str(doc["error"]))
-        self.w.append_segment(part, doc, rows)
+        if doc["frames"] or doc["end"] > doc["start"]:
+            self.w.append_segment(part, doc, rows)
         self.advance(doc["raw"])
-        part.unlink(missing_ok=True)
 
     def stop(self) -> None:
         """A failure part way: no writer goes on in the background (each is stopped and reaped)."""
@@ -386,6 +463,21 @@ class _Appender:
                 os.close(fd)
             _stop(pid)
         self.kids.clear()
+
+
+def _reports_in(buf: bytearray) -> list[tuple[dict[str, Any], str]]:
+    """The complete reports in `buf`, taken out of it; a writer's error raises."""
+    out: list[tuple[dict[str, Any], str]] = []
+    while (i := buf.find(b"\n")) >= 0:
+        doc = json.loads(buf[:i])
+        if "error" in doc:
+            raise BootseerError(str(doc["error"]))
+        j = buf.find(b"\n", i + 1)
+        if j < 0:
+            break  # its entries are still coming
+        out.append((doc, buf[i + 1 : j].decode()))
+        del buf[: j + 1]
+    return out
 
 
 def _segment_child(  # pragma: no cover - runs in a forked child
@@ -419,11 +511,9 @@ def _large_child(  # pragma: no cover - runs in a forked child
     part: Path, paths: list[str], after: Manifest, links: dict[str, str], threads: int, wfd: int
 ) -> None:
     """The large files' writer when the scan started none: one part, one report; never returns."""
-    try:
-        sw = ArchiveWriter(part, threads=threads, segment=True)
+
+    def write(sw: ArchiveWriter, out: Any) -> None:
         for p in paths:
             sw.add(p, after[p], link_to=links.get(p))
-        payload = _payload(*sw.end_segment())
-    except BaseException as e:  # reported to the parent, which raises it
-        payload = json.dumps({"error": str(e) or type(e).__name__})
-    _report(wfd, payload)
+
+    _reports(part, wfd, threads, write)

@@ -46,50 +46,66 @@ class Sink:
         self.offset += len(data)
         return len(data)
 
-    def append_file(self, path: Path) -> int:
-        """Append the whole file at `path` (a part another process wrote), in order with the writes:
-        hashed through a read-only mapping and copied in the kernel (`copy_file_range`), so its bytes
-        never pass through a Python buffer. Returns its length."""
+    def append_file(self, path: Path, start: int = 0, end: int | None = None) -> int:
+        """Append bytes `start`..`end` (default: to its end) of the file at `path` (a part another
+        process wrote, or the part of it written so far), in order with the writes: hashed through a
+        read-only mapping and copied in the kernel (`copy_file_range`), so its bytes never pass
+        through a Python buffer. Returns how many."""
         src = open(path, "rb")  # noqa: SIM115 - opened now (the caller may unlink it), closed by _append
-        size = os.fstat(src.fileno()).st_size
+        size = (os.fstat(src.fileno()).st_size if end is None else end) - start
+        if size < 0:
+            src.close()
+            raise BootseerError(f"{path} is shorter than its report says")
         if self._last is not None and self._last.done():
             self._last.result()
-        self._last = self._io.submit(self._append, src, path, size)
+        self._last = self._io.submit(self._append, src, path, start, size)
         self.offset += size
         return size
 
-    def _append(self, src: Any, path: Path, size: int) -> None:
+    def _append(self, src: Any, path: Path, start: int, size: int) -> None:
         import mmap
 
         self.f.flush()
         with src:
             hashing: threading.Thread | None = None
             if size and self.h is not None:  # beside the copy: the last part's append is the capture's tail
-                m = mmap.mmap(src.fileno(), size, access=mmap.ACCESS_READ)
-                hashing = threading.Thread(target=self.h.update, args=(m,), name="bootseer-hash")
+                lead = start % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a page
+                m = mmap.mmap(src.fileno(), lead + size, access=mmap.ACCESS_READ, offset=start - lead)
+                view = memoryview(m)[lead:]
+                hashing = threading.Thread(target=self.h.update, args=(view,), name="bootseer-hash")
                 hashing.start()
             try:
-                self._copy(src, path, size)
+                self._copy(src, path, start, size)
             finally:
                 if hashing is not None:
                     hashing.join()
+                    view.release()
                     m.close()
 
-    def _copy(self, src: Any, path: Path, size: int) -> None:
-        """`size` bytes of `src` to the end of the blob, in the kernel where it can."""
+    def _copy(self, src: Any, path: Path, start: int, size: int) -> None:
+        """`size` bytes of `src` from `start` to the end of the blob, in the kernel where it can."""
         out = self.f.fileno()
-        left = size
+        at, left = start, size
         while left:
             try:
-                n = os.copy_file_range(src.fileno(), out, left)
+                n = os.copy_file_range(src.fileno(), out, left, at)
             except OSError:  # a kernel or filesystem without it (EXDEV, ENOSYS, EINVAL): plain copy
-                n = len(piece := src.read(min(left, 8 << 20)))
+                n = len(piece := os.pread(src.fileno(), min(left, 8 << 20), at))
                 if n:
                     self.f.write(piece)
                     self.f.flush()
             if n <= 0:
                 raise BootseerError(f"{path} shrank while being appended")
+            at += n
             left -= n
+
+    def settle(self) -> None:
+        """Wait until every write so far is in the file itself (not only in this process's buffer),
+        where another process may read it: a segment writer's report of what it wrote so far."""
+        if self._last is not None:
+            self._last.result()
+        self._last = self._io.submit(self.f.flush)
+        self._last.result()
 
     def flush(self) -> None:
         """Wait for every write so far (and raise its error)."""
