@@ -24,6 +24,7 @@ import pytest
 
 from bootseer_cli.envsnap.catalog import REF_KIND
 from bootseer_cli.envsnap.lease import lease_key
+from bootseer_cli.errors import StoreError
 from bootseer_cli.store import open_store
 from bootseer_cli.trust import default_domain
 from tests.support import pkgindex
@@ -80,11 +81,28 @@ def _slow_uri(server: S3Server, prefix: str, proxy: Throttle) -> str:
 def _wait_for(what: str, check: Callable[[], T], timeout: float = 90.0) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = check()
+        try:
+            value = check()
+        except StoreError:  # a read that raced the agent's write or delete of that object: see `_read`
+            value = None  # type: ignore[assignment]
         if value:
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def _read(read: Callable[[], T]) -> T:
+    """The test's own read of an object the agent may be replacing or deleting at that moment: the
+    suite's S3 server (rclone serve s3) then sometimes answers with an error ("Failed to flush
+    response stream"), which is the server's, not what these tests check. Tried again for 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return read()
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _whole(node: Path) -> None:
@@ -114,7 +132,7 @@ def test_the_launcher_starts_before_the_upload_ends_and_the_agent_writes_the_ref
     log = run_dir / "agent.log"
     _wait_for("the agent's upload to start", lambda: log.exists() and "env-publish: uploading" in log.read_text())
     key = _wait_for("the ref", lambda: store.list_refs(REF_KIND))[0]
-    lease_doc = store.read_lease(lease_key(key))
+    lease_doc = _read(lambda: store.read_lease(lease_key(key)))
     ref = store.read_ref(REF_KIND, key)
     started = float((tmp_path / "a.out.t").read_text())
     assert started < ref["created"], "the launcher started after the ref was written"
