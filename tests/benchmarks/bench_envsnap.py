@@ -89,12 +89,20 @@ from bootseer_cli.cache import BlobCache
 from bootseer_cli.envsnap import capture, manifest
 from bootseer_cli.envsnap.setup import baseline_path
 from bootseer_cli.settings import StoreSettings
+import os
+if os.environ.get("BENCH_BIG_WRITERS"):  # --big-writers N[r]: N large-file writers, reporting as they go (r) or not
+    from bootseer_cli.envsnap import segments
+    spec = os.environ["BENCH_BIG_WRITERS"]
+    n = int(spec.rstrip("r"))
+    segments.big_writers = lambda cores: n
+    segments.REPORT_BYTES = segments.REPORT_BYTES if spec.endswith("r") else 0  # 0: at the end only
 root, cache_dir = sys.argv[1], Path(sys.argv[2])
 path = baseline_path([root])
 base, _, _ = manifest.load(path)
 cap = capture.capture(StoreSettings(cache_dir=cache_dir), [root], base, "0" * 64, BlobCache(cache_dir, 1 << 40),
                        warn=lambda m: None, since=path.stat().st_mtime)
 print(json.dumps({k: round(v, 2) for k, v in cap.seconds.items()}))
+print(json.dumps({"files": cap.files, "raw": cap.raw_bytes}))  # what the blob holds, checked (--copy-dirs)
 """
 
 
@@ -269,7 +277,7 @@ class Case:
         cpu = _children_cpu() - c0
         detail = ""
         if r.stdout.startswith("{"):  # the capture's own breakdown
-            detail = ", ".join(f"{k} {v:.2f} s" for k, v in json.loads(r.stdout).items())
+            detail = ", ".join(f"{k} {v:.2f} s" for k, v in json.loads(r.stdout.splitlines()[0]).items())
         return took, cpu, detail
 
 
@@ -352,6 +360,7 @@ class TarBench:
         self.info = ""
         self.dropped = True
         self.against = ""  # another checkout's src: its restore and capture in the same rounds
+        self.step_env: dict[str, dict[str, str]] = {}  # a step's own variables (--big-writers)
         self.fresh: FreshFs | None = None  # --fresh-fs: each step's target is a new, empty ext4 (freshfs.py)
 
     def config(self) -> Path:
@@ -471,6 +480,7 @@ class TarBench:
         self.setup_step(name, env)
         if name.endswith(" (against)"):
             env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (self.against, env.get("PYTHONPATH", "")) if p))
+        env = dict(env, **self.step_env.get(name, {}))
         c0 = _children_cpu()
         t = time.perf_counter()
         out = run(argv, env, cwd=self.work).stdout
@@ -480,8 +490,27 @@ class TarBench:
             self.check_restored(name, rep)
         detail = ""
         if out.startswith("{"):
-            detail = ", ".join(f"{k} {v:.2f} s" for k, v in json.loads(out).items())
+            lines = out.splitlines()
+            detail = ", ".join(f"{k} {v:.2f} s" for k, v in json.loads(lines[0]).items())
+            if self.copy_dirs and len(lines) > 1:
+                self.check_captured(name, json.loads(lines[1]))
         return took, cpu, detail
+
+    def check_captured(self, name: str, held: dict[str, int]) -> None:
+        """A capture of the copied tree holds every file, link and symlink of it, and every byte (a
+        file's once, whatever its links)."""
+        files, raw, seen = 0, 0, set()
+        for root, _, names in os.walk(self.target):
+            for n in names:
+                if n.startswith(".bootseer-env.") and root == str(self.target):
+                    continue
+                st = os.lstat(os.path.join(root, n))
+                files += 1
+                if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    raw += st.st_size
+        if (held["files"], held["raw"]) != (files, raw):
+            raise SystemExit(f"{name}: the blob holds {held} where the tree has {files} files of {raw} bytes")
 
 
 def vs_tar(
@@ -493,6 +522,8 @@ def vs_tar(
     fresh_fs: bool = False,
     copy_dirs: list[Path] | None = None,
     seed: int | None = None,
+    big_writers: list[str] | None = None,
+    only: str | None = None,
 ) -> None:
     seed = random.randrange(1000) if seed is None else seed
     work = target.parent / "work-vs-tar"
@@ -520,7 +551,13 @@ def vs_tar(
                 b.against = str(Path(against).resolve())
                 for k in ("restore: bootseer restore", "capture: bootseer capture"):
                     methods[f"{k} (against)"] = methods[k]
-            names = list(methods)
+            for spec in big_writers or []:  # this checkout's capture with the large-file writers forced
+                n = int(spec.rstrip("r"))
+                how = "reports as they write" if spec.endswith("r") else "one report each, at its end"
+                name = f"capture: bootseer capture ({n} large-file writer{'s' if n > 1 else ''}, {how})"
+                methods[name] = methods["capture: bootseer capture"]
+                b.step_env[name] = {"BENCH_BIG_WRITERS": spec}
+            names = [n for n in methods if only is None or n.startswith(only + ": ")]
             print(f"order seed {seed} (--seed {seed} repeats this run's orders)", file=sys.stderr, flush=True)
             for rep in range(reps):
                 # A new order each round (seeded: a run can be repeated). Rotating one list, as before,
@@ -570,15 +607,18 @@ def report_vs_tar(
         ("restore", "restore: bootseer restore", tars),
         ("capture", "capture: bootseer capture", ["capture: tar -cf"]),
     ):
+        if ours not in wall:  # --only the other kind
+            continue
         print(f"\n## {kind}\n")
         heads = " | ".join(f"bootseer ÷ {r.removeprefix(kind + ': ')}" for r in refs)
         print(f"| method | wall s (median) | runs | CPU s | {heads} |")
         print("|---|---:|---|---:|" + "---:|" * len(refs))
-        for name in [*refs, *([ours + " (against)"] if ours + " (against)" in wall else []), ours]:
+        variants = sorted(n for n in wall if n.startswith(ours) and n != ours)  # (against), --big-writers
+        for name in [*refs, *variants, ours]:
             xs = wall[name]
             cells = []
             for r in refs:
-                if name not in (ours, ours + " (against)"):
+                if name in refs:
                     cells.append("")
                     continue
                 per_round = statistics.median(a / t for a, t in zip(xs, wall[r], strict=True))
@@ -631,14 +671,39 @@ def main() -> None:
         help="--vs-tar: the setup copies these directories into the tree instead of a pip install (no network)",
     )
     ap.add_argument("--seed", type=int, default=None, help="--vs-tar: the rounds' orders (default: a new one)")
+    ap.add_argument(
+        "--big-writers",
+        nargs="+",
+        default=None,
+        metavar="N[r]",
+        help="--vs-tar: also the capture with N large-file writers, each reporting once at its end, or with r as it "
+        "writes (every 32 MiB); 1 is the capture before session 15 (the default: 2r on 2-11 cores, 3r, 4r)",
+    )
+    ap.add_argument(
+        "--only", choices=["restore", "capture"], default=None, help="--vs-tar: only the restores, or the captures"
+    )
     args = ap.parse_args()
+    for spec in args.big_writers or []:
+        if not spec.rstrip("r").isdigit() or int(spec.rstrip("r")) < 1 or spec.count("r") > 1:
+            ap.error(f"--big-writers: {spec!r} is not N or Nr (N ≥ 1)")
     if args.vs_tar:
         for d in args.copy_dirs or []:
             if not d.is_dir():
                 sys.exit(f"--copy-dirs: {d} is not a directory")
         copy_dirs = [d.resolve() for d in args.copy_dirs or []]
         packages = args.packages.split(",")
-        vs_tar(args.target, max(args.reps, 5), packages, args.json, args.against, args.fresh_fs, copy_dirs, args.seed)
+        vs_tar(
+            args.target,
+            max(args.reps, 5),
+            packages,
+            args.json,
+            args.against,
+            args.fresh_fs,
+            copy_dirs,
+            args.seed,
+            args.big_writers,
+            args.only,
+        )
         return
     if args.extract:
         from tests.benchmarks.bench_extract import extract_bench

@@ -4,7 +4,11 @@
 #      its own empty TMPDIR and HOME (bench_compile.py --model gpt --device cuda);
 #   2. env restore and capture against tar on the machine's own CUDA torch tree (torch, nvidia,
 #      triton), the page cache dropped before every step, each into a new ext4 where a loop
-#      device mounts (bench_envsnap.py --vs-tar --copy-dirs).
+#      device mounts (bench_envsnap.py --vs-tar --copy-dirs), and beside the capture (on 16 cores:
+#      four large-file writers, appended as they report) the capture with one large-file writer,
+#      its part appended at its end (--big-writers 1: as before session 15) and with two, in the
+#      same rounds. ENV_ONLY=capture (the default; the restore was measured in session 14 and has
+#      not changed since) or restore, or empty for both.
 # Every step is time-boxed so the whole call ends inside the device's 600 s; the per-step lines
 # are written as they come, so a step cut short still leaves its rounds. Logs go to $OUT.
 #
@@ -26,6 +30,7 @@ mkdir -p "$OUT"
 BUDGET_S=${BUDGET_S:-585}
 COMPILE_S=${COMPILE_S:-230}
 STEPS=${STEPS:-compile envsnap}
+ENV_ONLY=${ENV_ONLY-capture}
 t0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD/src:/tmp/site
@@ -54,7 +59,8 @@ fi
 if [[ " $STEPS " == *" envsnap "* ]]; then
   echo "== envsnap $(date +%T) (+$(( $(date +%s) - t0 )) s)"
   timeout $(( BUDGET_S - ($(date +%s) - t0) )) python3 tests/benchmarks/bench_envsnap.py --vs-tar $FRESH --reps 5 \
-    --json "$OUT/envsnap.json" --copy-dirs "$SP/torch" "$SP/nvidia" "$SP/triton" --target /tmp/bsb/venv 2>&1 \
+    --json "$OUT/envsnap.json" --copy-dirs "$SP/torch" "$SP/nvidia" "$SP/triton" --target /tmp/bsb/venv \
+    --big-writers 1 2r ${ENV_ONLY:+--only "$ENV_ONLY"} 2>&1 \
     | tee "$OUT/envsnap.txt"
 fi
 echo "== done $(date +%T) (+$(( $(date +%s) - t0 )) s)"
