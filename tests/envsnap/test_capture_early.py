@@ -391,3 +391,71 @@ def test_writers_whose_reports_fill_their_pipe_do_not_stall_the_capture(
         signal.signal(signal.SIGALRM, old)
     names = {e.path for e in reader.read_meta(cap.blob).entries}
     assert {str(deep / f"lib{i:03}.so") for i in range(80)} <= names
+
+
+def test_a_large_file_writer_that_cannot_be_forked_leaves_its_files_to_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No fork for the second writer (a process limit): the first takes every large file, and the blob
+    is still the whole tree."""
+    from tests.envsnap.conftest import tree_state
+
+    monkeypatch.setattr(segments, "big_writers", lambda cores: 3)
+    forks = [0]
+    fork = os.fork
+
+    def fork_once() -> int:
+        forks[0] += 1
+        if forks[0] == 2:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return fork()
+
+    start = segments.BigWriter._start
+
+    def spy_start(self: segments.BigWriter) -> None:
+        monkeypatch.setattr(os, "fork", fork_once)
+        try:
+            start(self)
+        finally:
+            monkeypatch.setattr(os, "fork", fork)
+
+    monkeypatch.setattr(segments.BigWriter, "_start", spy_start)
+    appends = _timed_appends(monkeypatch)
+    root = tmp_path / "env"
+    root.mkdir()
+    baseline = manifest.scan([root])
+    for i in range(4):
+        (root / f"big{i}.so").write_bytes(os.urandom(BIG + i))
+    (root / "small.py").write_text("x = 1\n")
+    want = tree_state(root)
+    cap = _capture(root, baseline, tmp_path / "cache")
+    assert {name for _, name in appends if ".partbig" in name} == {next(n for _, n in appends if ".partbig" in n)}
+    out = tmp_path / "out"
+    extract_into(cap.blob, out)
+    got = tree_state(out / str(root).lstrip("/"))
+    assert {k.rsplit("/", 1)[-1]: v for k, v in got.items()} == {k.rsplit("/", 1)[-1]: v for k, v in want.items()}
+
+
+def test_a_refused_capture_stops_every_large_file_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(segments, "big_writers", lambda cores: 2)
+    root = tmp_path / "env"
+    root.mkdir()
+    baseline = manifest.scan([root])
+    for i in range(3):
+        (root / f"big{i}.so").write_bytes(os.urandom(BIG))
+    (root / "outside.pth").write_text("/somewhere/else/entirely\n")  # an editable install: refused
+    started: list[int] = []
+    start = segments.BigWriter._start
+
+    def spy_start(self: segments.BigWriter) -> None:
+        start(self)
+        started.append(self.kids[-1].pid)
+
+    monkeypatch.setattr(segments.BigWriter, "_start", spy_start)
+    with pytest.raises(BootseerError, match="editable installs"):
+        _capture(root, baseline, tmp_path / "cache")
+    assert len(started) == 2
+    for pid in started:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reaped: no writer goes on in the background
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []
