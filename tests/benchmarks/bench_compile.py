@@ -43,9 +43,9 @@ for _ in range(8):
     layers += [nn.Linear(64, 64), nn.ReLU()]
 model = torch.compile(nn.Sequential(*layers))
 x = torch.randn(32, 64)
-t0 = time.perf_counter()
+t_wall, t0 = time.time(), time.perf_counter()
 model(x).sum().backward()
-print(json.dumps({"first_s": time.perf_counter() - t0, "inductor": dict(counters["inductor"]),
+print(json.dumps({"first_s": time.perf_counter() - t0, "t_wall": t_wall, "inductor": dict(counters["inductor"]),
                   "aot": dict(counters["aot_autograd"])}))
 """
 
@@ -88,11 +88,11 @@ model = torch.compile(GPT().to(DEV, DTYPE))
 idx = torch.randint(0, V, (8, T), device=DEV)
 if DEV == "cuda":
     torch.ones(1, device=DEV).sum().item()  # the CUDA context is not the compile's
-t0 = time.perf_counter()
+t_wall, t0 = time.time(), time.perf_counter()
 F.cross_entropy(model(idx).float().view(-1, V), idx.view(-1)).backward()
 if DEV == "cuda":
     torch.cuda.synchronize()
-print(json.dumps({{"first_s": time.perf_counter() - t0, "inductor": dict(counters["inductor"]),
+print(json.dumps({{"first_s": time.perf_counter() - t0, "t_wall": t_wall, "inductor": dict(counters["inductor"]),
                   "aot": dict(counters["aot_autograd"])}}))
 """
 
@@ -135,8 +135,31 @@ def with_stage(work: Path, node: str) -> tuple[float, float]:
     m = re.search(r"compile ([0-9.]+) (ms|s) ", err)
     stage = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1) if m else float("nan")
     _wait_agent(work / f"xdg-{node}")  # its publish (nothing new) is not to load the next start
-    LAST_CACHES[node] = caches(doc)
+    LAST_CACHES[node] = caches(doc) + _written(work / f"compile-{node}", float(doc["t_wall"]))  # type: ignore[arg-type]
     return float(doc["first_s"]), stage  # type: ignore[arg-type]
+
+
+def _written(cache: Path, since: float) -> str:
+    """What the run wrote into its compile caches during its first compiled step, after the stage had
+    restored them (a restored node that still compiles something, or rewrites what it found, shows
+    it here): a count per cache and the first few names."""
+    new = sorted(
+        str(f.relative_to(cache))
+        for f in cache.rglob("*")
+        if f.is_file()
+        and not f.is_symlink()
+        and f.stat().st_mtime > since
+        and "locks" not in f.parts
+        and not f.name.endswith((".lock", ".tmp"))  # no part of a cache
+    )
+    if not new:
+        return "; nothing written after the stage"
+    per: dict[str, int] = {}
+    for rel in new:
+        top = rel.split("/")[1] if rel.count("/") > 1 else rel.split("/")[0]  # <key>/<cache>/…
+        per[top] = per.get(top, 0) + 1
+    shown = ", ".join(n.split("/", 1)[-1] for n in new[:4])
+    return f"; written after the stage: {per} (e.g. {shown})"
 
 
 def without_stage(work: Path, node: str) -> float:
