@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,13 +76,16 @@ def test_large_files_are_written_while_the_scan_runs_and_the_blob_holds_exactly_
         assert (out / lib.lstrip("/") / name).read_bytes() == (root / "lib" / name).read_bytes()
 
 
+@pytest.mark.parametrize("writers", [1, 2])
 def test_a_capture_refused_after_the_scan_leaves_no_writer_and_no_part(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writers: int
 ) -> None:
+    monkeypatch.setattr(segments, "big_writers", lambda cores: writers)
     root = tmp_path / "env"
     root.mkdir()
     baseline = manifest.scan([root])
-    (root / "big.so").write_bytes(os.urandom(BIG))
+    for i in range(writers + 1):
+        (root / f"big{i}.so").write_bytes(os.urandom(BIG))
     (root / "outside.pth").write_text("/somewhere/else/entirely\n")  # an editable install: refused
     started: list[int] = []
     start = segments.BigWriter._start
@@ -93,10 +97,10 @@ def test_a_capture_refused_after_the_scan_leaves_no_writer_and_no_part(
     monkeypatch.setattr(segments.BigWriter, "_start", spy_start)
     with pytest.raises(BootseerError, match="editable installs"):
         _capture(root, baseline, tmp_path / "cache")
-    assert started, "the large file was not handed to the writer during the scan"
-    pid = started[0]
-    with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reaped: no writer goes on in the background
+    assert len(started) == writers, "the large files were not handed to the writers during the scan"
+    for pid in started:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reaped: no writer goes on in the background
     assert list((tmp_path / "cache" / "tmp").iterdir()) == []
 
 
@@ -228,29 +232,43 @@ def _timed_appends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, str]]:
     return seen
 
 
-def test_what_a_large_file_writer_has_written_goes_into_the_blob_while_it_still_writes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Its part went into the blob whole once its last file was done: copied and hashed on the
-    capture's critical path (~2 GB for the CUDA torch tree). Now each report goes in as it comes."""
-    monkeypatch.setattr(segments, "REPORT_BYTES", 1)  # a report after every file
-    monkeypatch.setattr(segments, "big_writers", lambda cores: 1)  # all four files through one writer
+def _one_writer_reporting_each_file(
+    monkeypatch: pytest.MonkeyPatch, on_third: Callable[[], object]
+) -> list[tuple[float, str]]:
+    """One large-file writer, a report after every file, `on_third` run in it before its third file;
+    returns the parent's appends (`_timed_appends`)."""
+    monkeypatch.setattr(segments, "REPORT_BYTES", 1)
+    monkeypatch.setattr(segments, "big_writers", lambda cores: 1)
     add_now = format.ArchiveWriter.add_now
     count = [0]
 
-    def slow_third(self: format.ArchiveWriter, path: str) -> bool:  # runs in the forked writer
+    def counted(self: format.ArchiveWriter, path: str) -> bool:  # runs in the forked writer
         count[0] += 1
         if count[0] == 3:
-            time.sleep(1.5)
+            on_third()
         return add_now(self, path)
 
-    monkeypatch.setattr(format.ArchiveWriter, "add_now", slow_third)
-    appends = _timed_appends(monkeypatch)
+    monkeypatch.setattr(format.ArchiveWriter, "add_now", counted)
+    return _timed_appends(monkeypatch)
+
+
+def _four_large_files(tmp_path: Path) -> tuple[Path, manifest.Manifest]:
+    """An env root whose baseline is empty, then four large files in it."""
     root = tmp_path / "env"
     root.mkdir()
     baseline = manifest.scan([root])
     for i in range(4):
         (root / f"big{i}.so").write_bytes(os.urandom(BIG + i))
+    return root, baseline
+
+
+def test_what_a_large_file_writer_has_written_goes_into_the_blob_while_it_still_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its part went into the blob whole once its last file was done: copied and hashed on the
+    capture's critical path (~2 GB for the CUDA torch tree). Now each report goes in as it comes."""
+    appends = _one_writer_reporting_each_file(monkeypatch, on_third=lambda: time.sleep(1.5))
+    root, baseline = _four_large_files(tmp_path)
     (root / "small.py").write_text("x = 1\n")
     cap = _capture(root, baseline, tmp_path / "cache")
 
@@ -320,24 +338,8 @@ def test_a_large_file_writer_that_dies_after_a_report_fails_the_capture_and_leav
 ) -> None:
     """Its first files are in the blob already when it dies: the capture still fails as a whole (no
     `last` report), with one line, and no part or blob is left."""
-    monkeypatch.setattr(segments, "REPORT_BYTES", 1)
-    monkeypatch.setattr(segments, "big_writers", lambda cores: 1)
-    add_now = format.ArchiveWriter.add_now
-    count = [0]
-
-    def die_on_third(self: format.ArchiveWriter, path: str) -> bool:  # runs in the forked writer
-        count[0] += 1
-        if count[0] == 3:
-            os._exit(3)
-        return add_now(self, path)
-
-    monkeypatch.setattr(format.ArchiveWriter, "add_now", die_on_third)
-    appends = _timed_appends(monkeypatch)
-    root = tmp_path / "env"
-    root.mkdir()
-    baseline = manifest.scan([root])
-    for i in range(4):
-        (root / f"big{i}.so").write_bytes(os.urandom(BIG))
+    appends = _one_writer_reporting_each_file(monkeypatch, on_third=lambda: os._exit(3))
+    root, baseline = _four_large_files(tmp_path)
     with pytest.raises(BootseerError, match="a capture worker died"):
         _capture(root, baseline, tmp_path / "cache")
     assert any(".partbig" in name for _, name in appends)  # it had reported before it died
@@ -434,28 +436,3 @@ def test_a_large_file_writer_that_cannot_be_forked_leaves_its_files_to_the_other
     extract_into(cap.blob, out)
     got = tree_state(out / str(root).lstrip("/"))
     assert {k.rsplit("/", 1)[-1]: v for k, v in got.items()} == {k.rsplit("/", 1)[-1]: v for k, v in want.items()}
-
-
-def test_a_refused_capture_stops_every_large_file_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(segments, "big_writers", lambda cores: 2)
-    root = tmp_path / "env"
-    root.mkdir()
-    baseline = manifest.scan([root])
-    for i in range(3):
-        (root / f"big{i}.so").write_bytes(os.urandom(BIG))
-    (root / "outside.pth").write_text("/somewhere/else/entirely\n")  # an editable install: refused
-    started: list[int] = []
-    start = segments.BigWriter._start
-
-    def spy_start(self: segments.BigWriter) -> None:
-        start(self)
-        started.append(self.kids[-1].pid)
-
-    monkeypatch.setattr(segments.BigWriter, "_start", spy_start)
-    with pytest.raises(BootseerError, match="editable installs"):
-        _capture(root, baseline, tmp_path / "cache")
-    assert len(started) == 2
-    for pid in started:
-        with pytest.raises(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)  # reaped: no writer goes on in the background
-    assert list((tmp_path / "cache" / "tmp").iterdir()) == []

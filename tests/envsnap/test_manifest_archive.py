@@ -222,6 +222,15 @@ def test_a_bad_frame_in_a_parallel_restore_undoes_every_worker(tmp_path: Path) -
     assert tree_state(root) == before
 
 
+def _refuse_kernel_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel or filesystem without `copy_file_range` between these files: the plain copy runs."""
+
+    def refuse(*_a: object, **_k: object) -> int:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+
+
 @pytest.mark.parametrize("kernel_copy", [True, False])
 def test_segments_appended_make_one_blob_with_its_digest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_copy: bool
@@ -231,11 +240,7 @@ def test_segments_appended_make_one_blob_with_its_digest(
     import hashlib
 
     if not kernel_copy:
-
-        def refuse(*_a: object, **_k: object) -> int:
-            raise OSError(18, "Invalid cross-device link")
-
-        monkeypatch.setattr(os, "copy_file_range", refuse)
+        _refuse_kernel_copy(monkeypatch)
     root = tmp_path / "env"
     (root / "a").mkdir(parents=True)
     (root / "b").mkdir()
@@ -302,11 +307,7 @@ def test_a_segment_appended_report_by_report_makes_the_same_blob(
     import hashlib
 
     if not kernel_copy:
-
-        def refuse(*_a: object, **_k: object) -> int:
-            raise OSError(18, "Invalid cross-device link")
-
-        monkeypatch.setattr(os, "copy_file_range", refuse)
+        _refuse_kernel_copy(monkeypatch)
     root = tmp_path / "env"
     (root / "big").mkdir(parents=True)
     (root / "small").mkdir()
