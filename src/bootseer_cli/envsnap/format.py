@@ -508,8 +508,8 @@ class ArchiveWriter:
         the trailer reuses as it is)."""
         self._cut()
         self._drain(keep=0)
-        base = self._sink.offset - doc.get("start", 0)
-        self._sink.append_file(part, doc.get("start", 0), doc.get("end"))
+        base = self._sink.offset - doc["start"]
+        self._sink.append_file(part, doc["start"], doc["end"])
         self.frames.extend(Frame(base + o, n, raw) for o, n, raw in doc["frames"])
         # rows of this capture's own forked writer, not of a blob read back: built without the
         # reader's shape checks (`from_row`: 0.12 s of a 21k-entry capture, on the critical path)

@@ -46,14 +46,14 @@ class Sink:
         self.offset += len(data)
         return len(data)
 
-    def append_file(self, path: Path, start: int = 0, end: int | None = None) -> int:
-        """Append bytes `start`..`end` (default: to its end) of the file at `path` (a part another
-        process wrote, or the part of it written so far), in order with the writes: hashed through a
-        read-only mapping and copied in the kernel (`copy_file_range`), so its bytes never pass
-        through a Python buffer. Returns how many."""
+    def append_file(self, path: Path, start: int, end: int) -> int:
+        """Append bytes `start`..`end` of the file at `path` (a part another process wrote, or what it
+        has reported of it so far), in order with the writes: hashed through a read-only mapping and
+        copied in the kernel (`copy_file_range`), so its bytes never pass through a Python buffer.
+        Returns how many."""
         src = open(path, "rb")  # noqa: SIM115 - opened now (the caller may unlink it), closed by _append
-        size = (os.fstat(src.fileno()).st_size if end is None else end) - start
-        if size < 0:
+        size = end - start
+        if size < 0 or os.fstat(src.fileno()).st_size < end:
             src.close()
             raise BootseerError(f"{path} is shorter than its report says")
         if self._last is not None and self._last.done():
