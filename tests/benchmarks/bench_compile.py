@@ -36,7 +36,7 @@ from pathlib import Path
 MODEL = """
 import json, time, torch
 from torch import nn
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import compilation_time_metrics, counters
 torch.manual_seed(0)
 layers = []
 for _ in range(8):
@@ -46,7 +46,8 @@ x = torch.randn(32, 64)
 t_wall, t0 = time.time(), time.perf_counter()
 model(x).sum().backward()
 print(json.dumps({"first_s": time.perf_counter() - t0, "t_wall": t_wall, "inductor": dict(counters["inductor"]),
-                  "aot": dict(counters["aot_autograd"])}))
+                  "aot": dict(counters["aot_autograd"]),
+                  "phases": {k: sum(v) for k, v in compilation_time_metrics.items()}}))
 """
 
 
@@ -54,7 +55,7 @@ GPT = """
 import json, time, torch
 import torch.nn.functional as F
 from torch import nn
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import compilation_time_metrics, counters
 torch.manual_seed(0)
 DEV, D, H, T, V = "{device}", 512, 8, 256, 8192
 DTYPE = torch.bfloat16 if DEV == "cuda" else torch.float32
@@ -93,7 +94,8 @@ F.cross_entropy(model(idx).float().view(-1, V), idx.view(-1)).backward()
 if DEV == "cuda":
     torch.cuda.synchronize()
 print(json.dumps({{"first_s": time.perf_counter() - t0, "t_wall": t_wall, "inductor": dict(counters["inductor"]),
-                  "aot": dict(counters["aot_autograd"])}}))
+                  "aot": dict(counters["aot_autograd"]),
+                  "phases": {{k: sum(v) for k, v in compilation_time_metrics.items()}}}}))
 """
 
 
@@ -122,6 +124,7 @@ def caches(doc: dict[str, object]) -> str:
 
 
 LAST_CACHES: dict[str, str] = {}  # node → `caches()` of its last run, for the round's line
+LAST_PHASES: dict[str, dict[str, float]] = {}  # node → its last run's compile phases (dynamo_timed, s)
 
 
 def with_stage(work: Path, node: str) -> tuple[float, float]:
@@ -135,17 +138,28 @@ def with_stage(work: Path, node: str) -> tuple[float, float]:
     m = re.search(r"compile ([0-9.]+) (ms|s) ", err)
     stage = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1) if m else float("nan")
     _wait_agent(work / f"xdg-{node}")  # its publish (nothing new) is not to load the next start
-    LAST_CACHES[node] = caches(doc) + _written(work / f"compile-{node}", float(doc["t_wall"]))  # type: ignore[arg-type]
+    _note(work, node, doc, "compile")
     return float(doc["first_s"]), stage  # type: ignore[arg-type]
 
 
-def _written(cache: Path, since: float) -> str:
-    """What the run wrote into its compile caches during its first compiled step, after the stage had
-    restored them (a restored node that still compiles something, or rewrites what it found, shows
-    it here): a count per cache and the first few names."""
+def _note(work: Path, node: str, doc: dict[str, object], caches_at: str) -> None:
+    """Keep what the round's line says of a run: its caches' hits and what it wrote after its first
+    compiled step began, in its compile caches (`<caches_at>-<node>`), its HOME and its TMPDIR (a
+    restored node that still compiles something, rewrites what it found, or fills a cache the stage
+    does not carry, such as the CUDA driver's JIT cache under HOME, shows it here; the warm node
+    should write nothing)."""
+    since = float(doc["t_wall"])  # type: ignore[arg-type]
+    written = {d: _written(work / f"{d}-{node}", since) for d in (caches_at, "home", "tmp")}
+    LAST_CACHES[node] = caches(doc) + "; " + "; ".join(f"{d}: {w}" for d, w in written.items())
+    LAST_PHASES[node] = dict(doc.get("phases") or {})  # type: ignore[call-overload]
+
+
+def _written(root: Path, since: float) -> str:
+    """What a run wrote below `root` after `since`: a count per top directory (two levels: the compile
+    caches are `<key>/<cache>/…`) and the first few names; locks left out."""
     new = sorted(
-        str(f.relative_to(cache))
-        for f in cache.rglob("*")
+        str(f.relative_to(root))
+        for f in (root.rglob("*") if root.is_dir() else ())
         if f.is_file()
         and not f.is_symlink()
         and f.stat().st_mtime > since
@@ -153,13 +167,20 @@ def _written(cache: Path, since: float) -> str:
         and not f.name.endswith((".lock", ".tmp"))  # no part of a cache
     )
     if not new:
-        return "; nothing written after the stage"
+        return "nothing"
     per: dict[str, int] = {}
     for rel in new:
-        top = rel.split("/")[1] if rel.count("/") > 1 else rel.split("/")[0]  # <key>/<cache>/…
+        top = "/".join(rel.split("/")[:2]) if rel.count("/") > 1 else rel.split("/")[0]
         per[top] = per.get(top, 0) + 1
-    shown = ", ".join(n.split("/", 1)[-1] for n in new[:4])
-    return f"; written after the stage: {per} (e.g. {shown})"
+    return f"{per} (e.g. {', '.join(new[:3])})"
+
+
+def slower_phases(node: str, than: str, at_least_s: float = 0.05) -> str:
+    """The compile phases where `node`'s run took longer than `than`'s (the warm node's), largest first."""
+    a, b = LAST_PHASES.get(node, {}), LAST_PHASES.get(than, {})
+    diff = sorted(((a[k] - b.get(k, 0.0), k) for k in a), reverse=True)
+    shown = [f"{k} +{d:.2f} s" for d, k in diff[:5] if d >= at_least_s]
+    return ", ".join(shown) or "none"
 
 
 def without_stage(work: Path, node: str) -> float:
@@ -167,7 +188,7 @@ def without_stage(work: Path, node: str) -> float:
     env = _env(work, node)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"inductor-{node}")
     doc, _ = _run([sys.executable, "model.py"], work, env)
-    LAST_CACHES[node] = caches(doc)
+    _note(work, node, doc, "inductor")
     return float(doc["first_s"])  # type: ignore[arg-type]
 
 
@@ -217,7 +238,7 @@ def _bench(work: Path, runs: int, model: str) -> None:
         print(
             f"round {i}: without {plain[-1]:.2f} s, with {restored[-1]:.2f} s (stage {stage:.2f} s), "
             f"warm {warm[-1]:.2f} s; load {os.getloadavg()[0]:.2f}; caches: with ({LAST_CACHES[f'node-{i}']}), "
-            f"warm ({LAST_CACHES['warm']})"
+            f"warm ({LAST_CACHES['warm']}); compile phases slower than warm: {slower_phases(f'node-{i}', 'warm')}"
         )
     a, b, c = statistics.median(plain), statistics.median(restored), statistics.median(warm)
     stage = statistics.median(stages)
