@@ -436,3 +436,55 @@ def test_a_large_file_writer_that_cannot_be_forked_leaves_its_files_to_the_other
     extract_into(cap.blob, out)
     got = tree_state(out / str(root).lstrip("/"))
     assert {k.rsplit("/", 1)[-1]: v for k, v in got.items()} == {k.rsplit("/", 1)[-1]: v for k, v in want.items()}
+
+
+def test_a_writer_stuck_in_a_read_is_given_up_at_the_deadline_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The capture runs before exec: a large-file writer that never returns from a read (a hung
+    network filesystem) made the parent wait on its reports for ever. Now a capture whose writers
+    neither report nor grow a part for STALL_S fails with one line, the writer stopped, no part left."""
+    import signal
+
+    def stalled(*_a: object) -> None:
+        raise TimeoutError("the capture waited for ever")
+
+    monkeypatch.setattr(segments, "STALL_S", 0.5)
+    monkeypatch.setattr(segments, "big_writers", lambda cores: 1)
+    monkeypatch.setattr(segments, "_big_child", lambda *a: time.sleep(3600))  # runs in the forked writer
+    root, baseline = _four_large_files(tmp_path)
+    old = signal.signal(signal.SIGALRM, stalled)
+    signal.alarm(30)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(BootseerError, match=r"^capture: no writer made progress in 0.5 s"):
+            _capture(root, baseline, tmp_path / "cache")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - t0 < 10
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []
+
+
+def test_a_slow_writer_whose_part_grows_is_not_given_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadline is on progress, not on the capture's length: a writer that takes 0.3 s per file
+    and reports only at its end (its part grows meanwhile) outlasts a 0.5 s STALL_S and succeeds."""
+    monkeypatch.setattr(segments, "STALL_S", 0.5)
+    monkeypatch.setattr(segments, "REPORT_BYTES", 0)
+    monkeypatch.setattr(segments, "big_writers", lambda cores: 1)
+    add_now = format.ArchiveWriter.add_now
+
+    def slow(self: format.ArchiveWriter, path: str) -> bool:  # runs in the forked writer
+        time.sleep(0.3)
+        return add_now(self, path)
+
+    monkeypatch.setattr(format.ArchiveWriter, "add_now", slow)
+    root = tmp_path / "env"
+    root.mkdir()
+    baseline = manifest.scan([root])
+    for i in range(8):
+        (root / f"big{i}.so").write_bytes(os.urandom(BIG + i))
+    t0 = time.monotonic()
+    cap = _capture(root, baseline, tmp_path / "cache")
+    assert time.monotonic() - t0 > 2.4  # well past STALL_S
+    assert {e.path for e in reader.read_meta(cap.blob).entries} >= {str(root / f"big{i}.so") for i in range(8)}

@@ -42,6 +42,11 @@ FILE_COST = 8 << 10
 PIECES_PER_WORKER = 4  # the small files' pieces per writer (see `_write_segments`)
 CORES_PER_BIG_WRITER = 4  # one large-file writer per this many cores, at least two (see `big_writers`) …
 BIG_WRITERS_MAX = 4  # … and no more
+# The capture runs before exec: a writer stuck in a read (a hung network filesystem under a root)
+# must not hold the job back for ever. Its part grows at every frame it writes (a few MB at most),
+# so a capture whose writers neither report nor grow a part for this long is given up (one line; the
+# setup's tree is used as it is, not captured).
+STALL_S = 120.0
 
 
 def is_big(e: Entry) -> bool:
@@ -417,8 +422,11 @@ class _Appender:
     def run(self) -> None:
         import select
 
+        stall = _Stall(self)
         while self.kids:
-            for fd in select.select(list(self.kids), [], [])[0]:
+            ready = select.select(list(self.kids), [], [], min(STALL_S, 5.0))[0]
+            stall.check(bool(ready))
+            for fd in ready:
                 pid, large, buf = self.kids[fd]
                 data = os.read(fd, 1 << 20)
                 if data:
@@ -456,6 +464,14 @@ class _Appender:
             self.w.append_segment(part, doc, rows)
         self.advance(doc["raw"])
 
+    def written(self) -> int:
+        """The bytes in the parts still being written (what the writers have done so far)."""
+        size = 0
+        for part in [*self.parts[self.next :], *self.large]:
+            with contextlib.suppress(OSError):
+                size += part.stat().st_size
+        return size
+
     def stop(self) -> None:
         """A failure part way: no writer goes on in the background (each is stopped and reaped)."""
         for fd, (pid, _, _) in self.kids.items():
@@ -463,6 +479,27 @@ class _Appender:
                 os.close(fd)
             _stop(pid)
         self.kids.clear()
+
+
+class _Stall:
+    """The appender's deadline: STALL_S without a report and without a part growing."""
+
+    def __init__(self, app: _Appender) -> None:
+        import time
+
+        self.app, self.clock = app, time.monotonic
+        self.since, self.size = self.clock(), -1
+
+    def check(self, reported: bool) -> None:
+        now = self.clock()
+        if not reported:
+            size = self.app.written()
+            if size == self.size:
+                if now - self.since >= STALL_S:
+                    raise BootseerError(f"capture: no writer made progress in {STALL_S:g} s (a read that hangs?)")
+                return
+            self.size = size
+        self.since = now
 
 
 def _reports_in(buf: bytearray) -> list[tuple[dict[str, Any], str]]:
