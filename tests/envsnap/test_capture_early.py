@@ -107,7 +107,7 @@ def test_a_capture_refused_after_the_scan_leaves_no_writer_and_no_part(
 def test_the_look_outside_the_roots_is_cut_off_at_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A walk that hangs (a dead NFS home, say) costs the capture its deadline, never more."""
     monkeypatch.setattr(capture, "OUTSIDE_BUDGET_S", 0.0)
-    monkeypatch.setattr(capture, "walk_outside", lambda *a: time.sleep(60) or ["never"])
+    monkeypatch.setattr(capture, "walk_outside", lambda *a, **k: time.sleep(60) or ["never"])
     t = time.monotonic()
     look = capture.OutsideLook(time.time(), [str(tmp_path)], [], grace_s=0.3)
     pid = look.pid
@@ -127,6 +127,62 @@ def test_the_look_outside_the_roots_finds_a_file_the_setup_wrote(
     (home / ".local" / "bin" / "tool").write_text("#!/bin/sh\n")
     found = capture.OutsideLook(since, [str(tmp_path / "env")], []).result()
     assert str(home / ".local" / "bin" / "tool") in found
+
+
+def _base_interpreter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packages: int) -> tuple[Path, float]:
+    """A base interpreter whose site-packages holds `packages` old packages; HOME empty. Returns its
+    site-packages and the setup's start (after every file of it)."""
+    import sysconfig
+
+    base = tmp_path / "base"
+    site = Path(sysconfig.get_paths(vars={"base": str(base), "platbase": str(base)})["purelib"])
+    for i in range(packages):
+        (site / f"pkg{i}").mkdir(parents=True)
+        (site / f"pkg{i}" / "__init__.py").write_text("")
+    (site / "easy-install.pth").write_text("")
+    (base / "bin").mkdir()
+    monkeypatch.setattr("sys.base_prefix", str(base))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    time.sleep(0.05)  # the setup starts after every ctime of it (the kernel's clock is coarse)
+    since = time.time()
+    time.sleep(0.05)
+    return site, since
+
+
+def test_an_unchanged_base_site_packages_is_looked_at_not_walked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing was installed into it (its own mtime is older than the setup): its own entries are looked
+    at (a `.pth` appended to in place is found), its packages are not walked (a large one took the
+    whole share of the budget, 0.27 s of a small layer's capture)."""
+    site, since = _base_interpreter(tmp_path, monkeypatch, packages=50)
+    with open(site / "easy-install.pth", "a") as f:  # in place: the directory's mtime stays
+        f.write("/somewhere\n")
+    places, skip, shallow = capture.outside_places([str(tmp_path / "env")], [], since)
+    assert str(site) in shallow
+    listed: list[str] = []
+    scandir = os.scandir
+
+    def counting(path: str) -> object:
+        listed.append(str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counting)
+    found = capture.walk_outside(since, places, skip, str(tmp_path / "home"), shallow=shallow)
+    assert str(site / "easy-install.pth") in found
+    assert not [d for d in listed if d.startswith(str(site) + "/")]  # no package of it listed
+
+
+def test_an_install_into_the_base_site_packages_is_still_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setup that installed into the base interpreter instead of the env: its new package is found
+    by the look (in its forked child), as before."""
+    site, since = _base_interpreter(tmp_path, monkeypatch, packages=50)
+    (site / "newpkg").mkdir()
+    (site / "newpkg" / "__init__.py").write_text("")
+    (site / "newpkg-1.0.dist-info").mkdir()
+    found = capture.OutsideLook(since, [str(tmp_path / "env")], []).result()
+    assert str(site / "newpkg" / "__init__.py") in found
 
 
 def test_a_blob_written_without_the_scans_writer_gives_large_files_their_own_writer(
