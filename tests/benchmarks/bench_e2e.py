@@ -134,7 +134,11 @@ def env_parts(env: dict) -> dict[str, float]:
     dur = float(env["duration_s"])
     extra = extra_of(env)
     if "setup_s" not in extra:
-        return {f"env {env.get('outcome', '')}".rstrip(): dur}
+        out = {f"env {env.get('outcome', '')}".rstrip(): dur}
+        if "fetch_s" in extra:  # a restore: of it, the blob's fetch (swarm or store) and its extraction
+            out.update({"of it fetch": float(extra["fetch_s"]), "of it extract": float(extra["extract_s"])})
+            out["of it from peers MB"] = float(env.get("bytes_from_peers") or 0) / 1e6
+        return out
     setup = float(extra["setup_s"])
     if "capture_s" in extra:  # the stage may time capture and publish apart (issue 16)
         out = {"setup": setup, "capture": float(extra["capture_s"])}
