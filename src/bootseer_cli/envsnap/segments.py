@@ -20,6 +20,7 @@ import contextlib
 import gc
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -485,8 +486,6 @@ class _Stall:
     """The appender's deadline: STALL_S without a report and without a part growing."""
 
     def __init__(self, app: _Appender) -> None:
-        import time
-
         self.app, self.clock = app, time.monotonic
         self.since, self.size = self.clock(), -1
 
