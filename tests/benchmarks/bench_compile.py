@@ -137,7 +137,7 @@ def with_stage(work: Path, node: str) -> tuple[float, float]:
     )
     m = re.search(r"compile ([0-9.]+) (ms|s) ", err)
     stage = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1) if m else float("nan")
-    _wait_agent(work / f"xdg-{node}")  # its publish (nothing new) is not to load the next start
+    wait_agent(work / f"xdg-{node}")  # its publish (nothing new) is not to load the next start
     _note(work, node, doc, "compile")
     return float(doc["first_s"]), stage  # type: ignore[arg-type]
 
@@ -192,15 +192,16 @@ def without_stage(work: Path, node: str) -> float:
     return float(doc["first_s"])  # type: ignore[arg-type]
 
 
-def _wait_agent(xdg: Path, timeout_s: float = 120.0) -> None:
-    """The warm-up's agent publishes when the launcher has ended: wait for it to finish."""
+def wait_agent(xdg: Path, timeout_s: float = 120.0) -> None:
+    """A start's agent publishes when the launcher has ended: wait for it to finish, so that its work
+    never loads the next start (`xdg`: that node's XDG_CACHE_HOME)."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         logs = list(xdg.glob("bootseer/runs/*/agent.log"))
         if logs and "agent done" in logs[0].read_text():
             return
-        time.sleep(0.5)
-    sys.exit("the warm-up's agent did not finish publishing")
+        time.sleep(0.1)
+    sys.exit(f"the agent under {xdg} did not finish within {timeout_s:g} s")
 
 
 def main() -> None:

@@ -27,6 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_compile import wait_agent
+
 SETUP = """import pathlib, sys
 site = pathlib.Path(sys.argv[1])
 for i in range(int(sys.argv[2])):
@@ -60,20 +64,10 @@ def start(work: Path, template: Path, src: str, files: int, agent: bool) -> tupl
     if out.returncode != 0 or ("captured" not in out.stderr and "published" not in out.stderr):
         sys.exit(f"the start did not capture:\n{out.stderr}")
     if agent:
-        _wait_agent(node / "cache")
+        wait_agent(node / "cache")
     line = next((m.group(1) for ln in out.stderr.splitlines() if (m := re.search(r"\| (env [^|]*)", ln))), "")
     shutil.rmtree(node, ignore_errors=True)
     return took, line.strip()
-
-
-def _wait_agent(xdg: Path, timeout_s: float = 60.0) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        logs = list(xdg.glob("bootseer/runs/*/agent.log"))
-        if logs and "agent done" in logs[0].read_text():
-            return
-        time.sleep(0.1)
-    sys.exit("the agent did not finish its upload")
 
 
 def main() -> None:

@@ -37,3 +37,22 @@ def test_cold_start_split_from_real_events(tmp_path: Path) -> None:
     assert parts["launcher to first step"] == pytest.approx(6.0)
     assert parts["hot-record (agent, behind the launcher)"] == pytest.approx(8.0)
     assert "ready (agent, behind the launcher)" not in parts
+
+
+def test_a_restores_split_from_real_events(tmp_path: Path) -> None:
+    """A restore is the env stage's one figure, and of it the blob's fetch and extraction (the stage's
+    own facts) and the MB from peers: the e2e restore took 5-10 s on a disk where the benchmark of the
+    restore alone took 1.5 s, and the split is what told the disk from the delivery."""
+    info = RunInfo(job="j", node="n", rank=0, run="r", run_dir=tmp_path)
+    t = 1000.0
+    record(info, "env", t + 1, t + 6, "restored", bytes_from_peers=3_000_000, fetch_s=0.5, extract_s=4.25)
+    record(info, "bootseer", t + 0.5, t + 6.5, "done")
+    record(info, "ready", t + 9, t + 9, "ok", local_rank=0)
+    run = Run(0, f"train: ready t={t + 9}\n", read_events(tmp_path / "events.jsonl"), t, t + 12)
+
+    parts = stage_parts(run)
+
+    assert parts["env restored"] == pytest.approx(5.0)
+    assert parts["of it fetch"] == pytest.approx(0.5)
+    assert parts["of it extract"] == pytest.approx(4.25)
+    assert parts["of it from peers MB"] == pytest.approx(3.0)
