@@ -24,9 +24,11 @@ Everything a test or a person needs is printed by rank 0 as one line `train: <wh
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import os
 import shutil
+import sys
 import threading
 import time
 from importlib.metadata import version
@@ -204,5 +206,23 @@ def main() -> None:
         print(tabulate.tabulate([[start, step, world]], headers=["resumed at", "ended at", "ranks"]), flush=True)
 
 
+def leave() -> None:
+    """End this worker after its atexit handlers, without the interpreter's teardown.
+
+    The gloo group outlives `destroy_process_group` once DDP has used it (torch keeps it alive), so
+    its worker threads do too. One of them may still be dropping the last collective's work, whose
+    tensors need the GIL, when the interpreter finalizes: Python then ends that thread inside a C++
+    destructor and the whole worker aborts ("terminate called without an active exception",
+    SIGABRT), failing a job that had finished: 7 of 150 runs of this teardown on 2 cores.
+    The atexit handlers (logging's, torch's compile workers') run here while the interpreter is whole;
+    `os._exit` then skips only the teardown, where that race is.
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    leave()

@@ -7,6 +7,8 @@ with its own cache and venv (at the same absolute path on every node).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bootseer_cli.store import open_store
@@ -18,6 +20,25 @@ pytestmark = pytest.mark.integration
 def assert_ok(run: Run) -> None:
     assert run.rc == 0, run.output[-5000:]
     assert not run.leftover, f"processes left running after the job: {run.leftover}"
+
+
+def exit_marks(where: Path) -> dict[str, str]:
+    """The environment of a start whose torchrun workers leave a mark in `where` as they end: `atexit-<local
+    rank>` from an atexit handler, `teardown-<local rank>` from an object freed by the interpreter's
+    teardown (a sitecustomize that only records)."""
+    where.mkdir()
+    (where / "sitecustomize.py").write_text(
+        "import atexit, os\n"
+        "_rank = os.environ.get('LOCAL_RANK')\n"
+        "if _rank is not None:\n"
+        f"    _at = {str(where)!r} + '/'\n"
+        "    atexit.register(lambda: open(_at + 'atexit-' + _rank, 'w').close())\n"
+        "    class _Teardown:\n"
+        "        def __del__(self, _path=_at + 'teardown-' + _rank, _open=open):\n"
+        "            _open(_path, 'w').close()\n"
+        "    _kept = _Teardown()\n"
+    )
+    return {"PYTHONPATH": str(where)}
 
 
 def ran_setup(run: Run) -> bool:
@@ -44,8 +65,15 @@ def test_cold_start_then_restart(cold):
     assert open_store(store_uri).list_refs("hot"), "no hot-block record was published"
 
     # The same training as without bootseer: an uninterrupted plain torchrun of 5 steps.
-    plain = n2.run_job(steps=5, bootseer=False, train_args=["--no-push", "--save-dir", "plain"])
+    marks = n2.root / "exit-marks"
+    plain = n2.run_job(steps=5, bootseer=False, train_args=["--no-push", "--save-dir", "plain"], env=exit_marks(marks))
     assert_ok(plain)
+    # Each worker ran its atexit handlers and then ended without the interpreter's teardown, where a
+    # gloo thread still dropping a collective's tensors aborted a finished job (train.py's `leave`).
+    assert sorted(p.name for p in marks.iterdir() if p.name.startswith(("atexit-", "teardown-"))) == [
+        "atexit-0",
+        "atexit-1",
+    ]
     expected = plain.losses()
     for r in cold:
         assert r.losses() == {s: expected[s] for s in (1, 2, 3)}
