@@ -430,7 +430,8 @@ def main() -> int:
     args = parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root: each node runs in its own mount namespace (unshare -m)")
-    for k in [k for k in os.environ if k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_EXTENSIONS_DIR"))]:
+    compile_vars = ("TORCHINDUCTOR_", "TRITON_", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH")
+    for k in [k for k in os.environ if k.startswith(compile_vars)]:
         del os.environ[k]  # every node starts with empty compile caches unless bootseer restores them
     os.environ.update(S3_ENV)
     t_all, load_before = time.time(), os.getloadavg()

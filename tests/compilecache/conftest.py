@@ -31,7 +31,7 @@ TEST_KEYS = Keys(image=make_key({"kind": "image", "t": 1}), env=make_key({"kind"
 def no_user_cache_vars(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The stage keeps a cache directory the user set: the tests start without any; and the stage
     writes Inductor's headers under TMPDIR: each test has its own (never the machine's /tmp)."""
-    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR"):
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH"):
         monkeypatch.delenv(var, raising=False)
     (tmp_path / "tmpdir").mkdir(exist_ok=True)
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmpdir"))
@@ -49,7 +49,7 @@ def run_stage_on(ctx: StageContext) -> tuple[StageResult, dict[str, str]]:
     """The compile stage as the node of `ctx` runs it (its TMPDIR and HOME); (result, that environment)."""
     env = node_env(ctx.run.run_dir.parent, ctx.run.node)
     with pytest.MonkeyPatch.context() as mp:
-        for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR"):
+        for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH"):
             mp.delenv(var, raising=False)
         for var, value in env.items():
             mp.setenv(var, value)

@@ -275,3 +275,28 @@ def test_header_dir_not_ours_or_inside_the_users_cache_is_left_alone(
     default = Path(env["TMPDIR"]) / "torchinductor_carol"
     roots, _ = cache_roots(tmp_path / "base", D, {**env, "TORCHINDUCTOR_CACHE_DIR": str(default)})
     assert "headers" not in roots and roots["inductor"] == default  # the headers are inside it already
+
+
+def test_the_cuda_jit_cache_travels_like_the_others(tmp_path: Path) -> None:
+    """The CUDA driver JIT-compiles PTX into CUDA_CACHE_PATH (by default ~/.nv/ComputeCache, which a
+    fresh container lacks): node A's run writes it under the directory the stage exported, the agent
+    publishes it, node B's stage restores it into its own; a directory the user set is kept."""
+    store_uri = (tmp_path / "store").as_uri()
+    ctx = node_ctx(tmp_path, "a", store_uri)
+    run_stage(ctx)
+    a_jit = Path(ctx.exports["CUDA_CACHE_PATH"])
+    assert a_jit.is_dir() and a_jit.name == "cuda"
+    (a_jit / "5" / "0").mkdir(parents=True)
+    (a_jit / "index").write_bytes(b"i" * 8)
+    (a_jit / "5" / "0" / "74d689a2796b69").write_bytes(b"s" * 20)
+    publish_as_agent(ctx)
+
+    ctx = node_ctx(tmp_path, "b", store_uri)
+    res = run_stage(ctx)
+    b_jit = Path(ctx.exports["CUDA_CACHE_PATH"])
+    assert res.outcome == "hit" and b_jit != a_jit, res
+    assert (b_jit / "index").read_bytes() == b"i" * 8
+    assert (b_jit / "5" / "0" / "74d689a2796b69").read_bytes() == b"s" * 20
+
+    roots, exports = cache_roots(tmp_path / "base", D, {"CUDA_CACHE_PATH": str(tmp_path / "mine")})
+    assert roots["cuda"] == tmp_path / "mine" and "CUDA_CACHE_PATH" not in exports

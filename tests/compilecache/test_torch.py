@@ -53,7 +53,12 @@ def node_a(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeA]:
     ctx = node_ctx(root, "node-a", store_uri)
     res, env = run_stage_on(ctx)
     assert res.outcome == "miss", res
-    assert set(ctx.exports) == {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR"}
+    assert set(ctx.exports) == {
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+        "TORCH_EXTENSIONS_DIR",
+        "CUDA_CACHE_PATH",
+    }
     counters = run_model(ctx.exports, env)
     agent = publish_as_agent(ctx)
     index = read_index(open_store(store_uri), res.extra["compile_key"])

@@ -1,8 +1,8 @@
 """The compile stage of `bootseer exec`: point the launcher at node-local compile caches and fill them.
 
 With `[compile] enabled = true`: compute the compile key (image, env, device, torch), export
-TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TORCH_EXTENSIONS_DIR (each unless the user set it)
-for the launcher, restore the files the store's index lists for the key (Inductor's precompiled
+TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, TORCH_EXTENSIONS_DIR and CUDA_CACHE_PATH (each unless
+the user set it) for the launcher, restore the files the store's index lists for the key (Inductor's precompiled
 headers into the launcher's `$TMPDIR/torchinductor_<user>/`, see `tree`), take the baseline, and
 give the agent a "compile-publish" task that publishes what the run adds once the start is over.
 Without torch there is nothing to carry: the stage says so and does nothing. Everything else that

@@ -1,6 +1,6 @@
 """The node-local cache directories and what is in them.
 
-The launcher is pointed at one directory per cache (`inductor`, `triton`, `extensions`), by default
+The launcher is pointed at one directory per cache (`inductor`, `triton`, `extensions`, `cuda`), by default
 under `<cache dir>/<compile key>/`, so caches of another torch or device never share a directory.
 A variable the user already set wins: the user's directory is then restored into and published
 from. Paths in the store's index are "<cache>/<path inside it>", e.g. `inductor/fxgraph/ab/…`.
@@ -41,6 +41,11 @@ CACHE_VARS: dict[str, str] = {
     "inductor": "TORCHINDUCTOR_CACHE_DIR",
     "triton": "TRITON_CACHE_DIR",
     "extensions": "TORCH_EXTENSIONS_DIR",
+    # The CUDA driver's JIT cache (PTX compiled for this GPU; by default ~/.nv/ComputeCache). A node
+    # whose other caches all hit still JIT-compiled here on an H200 (six files under HOME, the one
+    # thing the fresh node wrote that the warm node did not). The compile key names the GPUs and the
+    # driver, so one cache per key is valid wherever it is restored.
+    "cuda": "CUDA_CACHE_PATH",
 }
 HEADERS = "headers"
 # Roots shared with the other compile keys (and other runs) of the node, not under `<cache dir>/<key>`.
