@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.compilecache.stage import run_stage
+from bootseer_cli.compilecache.tree import CACHE_VARS
 from bootseer_cli.events import RunInfo
 from bootseer_cli.keys import Keys, make_key
 from bootseer_cli.settings import CompileSettings, Settings, StoreSettings
@@ -31,7 +32,7 @@ TEST_KEYS = Keys(image=make_key({"kind": "image", "t": 1}), env=make_key({"kind"
 def no_user_cache_vars(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The stage keeps a cache directory the user set: the tests start without any; and the stage
     writes Inductor's headers under TMPDIR: each test has its own (never the machine's /tmp)."""
-    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH"):
+    for var in CACHE_VARS.values():
         monkeypatch.delenv(var, raising=False)
     (tmp_path / "tmpdir").mkdir(exist_ok=True)
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmpdir"))
@@ -49,7 +50,7 @@ def run_stage_on(ctx: StageContext) -> tuple[StageResult, dict[str, str]]:
     """The compile stage as the node of `ctx` runs it (its TMPDIR and HOME); (result, that environment)."""
     env = node_env(ctx.run.run_dir.parent, ctx.run.node)
     with pytest.MonkeyPatch.context() as mp:
-        for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH"):
+        for var in CACHE_VARS.values():
             mp.delenv(var, raising=False)
         for var, value in env.items():
             mp.setenv(var, value)
