@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import IntegrityError, StoreError
+from .errors import BlobMissing, IntegrityError, StoreError
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -179,7 +179,7 @@ def download_into(
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except FileNotFoundError:
         unlink_at(tmp, dfd)
-        raise StoreError(f"store {uri}: blob {digest[:12]} not found") from None
+        raise BlobMissing(f"store {uri}: blob {digest[:12]} not found") from None
     except OSError as e:
         unlink_at(tmp, dfd)
         raise StoreError(f"store {uri}: cannot download blob {digest[:12]}: {e}") from None
@@ -198,7 +198,7 @@ def link_into(stored: str, dfd: int, name: str, digest: str, uri: str) -> int | 
     try:
         os.link(stored, tmp, dst_dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
-        raise StoreError(f"store {uri}: blob {digest[:12]} not found") from None
+        raise BlobMissing(f"store {uri}: blob {digest[:12]} not found") from None
     except OSError:
         return None
     try:

@@ -383,7 +383,7 @@ def open_blob(
 ) -> Blob:
     """The blob to restore from, opened once, with no copy made: the node cache's file (`cached`), the
     local store's file in place, or else a fetch (swarm, remote store) into the cache, hashed on the way."""
-    from .errors import StoreError
+    from .errors import BlobMissing
     from .store import blob_path
 
     hit = cache.peek(digest) if cached else None
@@ -396,7 +396,7 @@ def open_blob(
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise StoreError(f"store {store.uri}: blob {digest[:12]} not found") from None
+            raise BlobMissing(f"store {store.uri}: blob {digest[:12]} not found") from None
         n = os.fstat(fd).st_size
         return Blob(fd, Fetched(path, "store", bytes_from_store=n), Verifier(fd, digest), store_path=path)
     if not p2p.enabled:  # a remote store: fetch, hash, decompress and write overlapped

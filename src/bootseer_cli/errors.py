@@ -39,6 +39,12 @@ class IntegrityError(StoreError):
     """Data did not match its digest: never use it."""
 
 
+class BlobMissing(StoreError):
+    """The store answered, and the blob a ref names is not in it (deleted by hand, expired by an object
+    store's lifecycle rule). Unlike an unreachable store this does not pass: the ref is unusable until
+    something replaces it, so a stage that can make a new one (a hot-block record) does."""
+
+
 class StageFatal(BootseerError):
     """A stage failure that must stop the start (the user's own setup command failed)."""
 

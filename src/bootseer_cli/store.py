@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 from .digests import sha256_file
-from .errors import IntegrityError, StoreError
+from .errors import BlobMissing, IntegrityError, StoreError
 from .storefs import SHARED, StoreFS
 from .trust import SIG_FIELD, Trust, unsigned
 
@@ -191,7 +191,7 @@ class Store(StoreFS):
     def get_blob_bytes(self, digest: str) -> bytes:
         data = self.get_bytes(blob_path(digest))
         if data is None:
-            raise StoreError(f"store {self.uri}: blob {digest[:12]} not found")
+            raise BlobMissing(f"store {self.uri}: blob {digest[:12]} not found")
         if hashlib.sha256(data).hexdigest() != digest:
             raise IntegrityError(f"blob {digest[:12]} in {self.uri} does not match its digest")
         return data

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.hotblocks.pagecache import evict, walk_files
+from bootseer_cli.store import Store
 from tests.support.lazyfs import LazyMount
 
 from .conftest import MiB, bootseer, pages, resident_set, wait_for, write_config
@@ -144,3 +145,36 @@ def test_foreground_deadline_hands_the_rest_to_the_agent(tree: Path, program: Pa
     assert "to the agent" in r.stderr
     assert pages(MiB, 200_000) <= resident_set(tree / "f1.bin")
     assert resident_set(tree / "f2.bin") == set()
+
+
+@pytest.mark.integration
+def test_a_record_whose_blob_is_gone_from_the_store_is_taken_again(
+    tree: Path, program: Path, tmp_path: Path, store_uri: str, isolated_cache: Path
+) -> None:
+    """An object store's lifecycle rule (or a hand) deletes the record's blob while its ref stays. That is
+    no passing outage: before, every start warned "cannot read the hot-block record", started without
+    replay and never took a new record, and `hot show` said only "blob … not found"."""
+    cfg = write_config(tmp_path / "bootseer.toml", [tree], ready="quiet")
+    cfg.write_text(cfg.read_text() + f'[store]\nuri = "{store_uri}"\n')
+    r = bootseer("hot", "record", "-c", str(cfg), "--", sys.executable, str(program), str(tree), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    old = json.loads(bootseer("hot", "show", "--json", "-c", str(cfg)).stdout)["record"]
+    Store(store_uri).delete_blob(old)
+    for cached in isolated_cache.rglob(f"{old}*"):
+        cached.unlink()
+
+    shown = bootseer("hot", "show", "-c", str(cfg))
+    assert shown.returncode == 1
+    assert shown.stderr.count("\n") == 1 and "gone from the store" in shown.stderr and "takes a new one" in shown.stderr
+
+    r = bootseer("exec", "-c", str(cfg), "--", sys.executable, str(program), str(tree), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "gone from the store" in r.stderr and "recording this start (record gone)" in r.stderr
+
+    def new_record() -> bool:
+        d = bootseer("hot", "show", "--json", "-c", str(cfg))
+        return d.returncode == 0 and json.loads(d.stdout)["record"] != old
+
+    wait_for(new_record, what="a new record in place of the one whose blob is gone")
+    r = bootseer("exec", "-c", str(cfg), "--", sys.executable, str(program), str(tree), cwd=tmp_path)
+    assert r.returncode == 0 and "replayed" in r.stderr, r.stderr

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import IntegrityError, StoreError
+from ..errors import BlobMissing, IntegrityError, StoreError
 from .index import Entry, Index
 from .nofollow import Refused, Tree, open_tree, stat_file, usable_file, write_file
 from .tree import index_parts
@@ -62,7 +62,7 @@ def _download(store: Store, e: Entry, fd: int) -> int:
                 except OSError as err:  # the local write (a full disk): the caller stops the restore
                     raise StoreError(f"cannot write blob {e.digest[:12]}: {err.strerror or err}") from err
     except FileNotFoundError:
-        raise StoreError(f"store {store.uri}: blob {e.digest[:12]} not found") from None
+        raise BlobMissing(f"store {store.uri}: blob {e.digest[:12]} not found") from None
     except OSError as err:
         raise StoreError(f"store {store.uri}: cannot download blob {e.digest[:12]}: {err}") from None
     if n != e.size:

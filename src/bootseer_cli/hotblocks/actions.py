@@ -142,14 +142,22 @@ def _scan_and_publish(
 
 
 def _load(settings: Settings, image_key: str) -> tuple[Record, dict[str, Any]] | None:
-    """The published record of `image_key` from the configured store, through the node cache."""
+    """The published record of `image_key` from the configured store, through the node cache. A ref whose
+    blob the store no longer holds says so, and what replaces it (`bootseer exec` takes a new record)."""
     from ..cache import cache_for
+    from ..errors import BlobMissing
     from ..store import open_store_for
     from .record import load
 
-    return load(
-        settings.p2p, open_store_for(settings), cache_for(settings.store), image_key, resolve_roots(settings.image)
-    )
+    try:
+        return load(
+            settings.p2p, open_store_for(settings), cache_for(settings.store), image_key, resolve_roots(settings.image)
+        )
+    except BlobMissing as e:
+        raise BlobMissing(
+            f"the hot-block record of image {image_key[:16]} is gone from the store ({e}); the next "
+            '`bootseer exec` with [image] record = "auto" takes a new one, or `bootseer hot record -- CMD`'
+        ) from None
 
 
 def replay_now(

@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import IntegrityError, StoreError
+from ..errors import BlobMissing, IntegrityError, StoreError
 from ..stage import StageContext, StageResult
 from ..units import fmt_bytes
 from .agent_tasks import JudgeTask, PrefetchTask, RecordTask
@@ -86,6 +86,9 @@ def run_stage(ctx: StageContext) -> StageResult:
     except IntegrityError as e:  # a corrupt record is replaced by a new one
         ctx.warn(f"image: the hot-block record is unusable ({e}); taking a new one")
         found, why_record = None, "record unusable"
+    except BlobMissing as e:  # the store answered without the blob: that lasts, so a new record replaces it
+        ctx.warn(f"image: the hot-block record is gone from the store ({e}); taking a new one")
+        found, why_record = None, "record gone"
     except (StoreError, OSError) as e:  # unreachable store: start without replay (and without a record to publish)
         ctx.warn(f"image: cannot read the hot-block record ({e}); starting without replay")
         return StageResult(outcome="fallback", summary="no replay (store)", cache="miss", reason=str(e))
