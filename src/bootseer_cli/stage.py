@@ -101,6 +101,8 @@ class StageContext:
             except (StoreError, OSError) as e:  # remembered as it is: the next stage sees the same failure
                 self._store_error = e
                 raise
+            # a store that did not answer one stage is not asked by the next before exec (storeguard)
+            self._store.breaker.hold_s = float("inf")
         return self._store
 
     @property

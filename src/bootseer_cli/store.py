@@ -386,7 +386,7 @@ class Store(StoreFS):
 
     def _mtime(self, rel: str) -> float | None:
         try:
-            info = self.fs.get_file_info(self.path(rel))
+            info = self.meta.get_file_info(self.path(rel))
         except OSError:
             return None
         return info.mtime.timestamp() if info.mtime is not None else None

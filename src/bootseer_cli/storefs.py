@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 
 from .errors import StoreError
 from .redact import redact, redact_text
+from .storeguard import Breaker, Guarded
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -73,6 +74,9 @@ class StoreFS:
                 f"store URI {self.uri!r}: unknown scheme {scheme!r} (use file://, s3://, gs://, hdfs:// or a path)"
             )
         self._fs: pafs.FileSystem | None = None
+        self._meta_fs: pafs.FileSystem | None = None  # small requests' client, where it differs (S3)
+        self._meta: Guarded | None = None
+        self.breaker = Breaker()  # a store that did not answer is not asked again for a while (`meta`)
         self.domain = ""  # the trust domain this view reads and writes (Store sets it); "" is the top level
         local = _local_root(uri, scheme)  # a local store opens without pyarrow (restores start faster)
         if local is not None:
@@ -83,7 +87,7 @@ class StoreFS:
 
             try:
                 if scheme == "s3":
-                    self._fs, self.root = _open_s3(uri)
+                    self._fs, self._meta_fs, self.root = _open_s3(uri)
                 elif scheme in ("gs", "gcs"):
                     self._fs, self.root = _open_gcs(uri)
                 elif scheme in ("hdfs", "viewfs"):
@@ -103,12 +107,22 @@ class StoreFS:
 
     @property
     def fs(self) -> pafs.FileSystem:
-        """The pyarrow filesystem; for a local store made on first use (pyarrow costs ~0.3 s to import)."""
+        """The pyarrow filesystem for transfers; for a local store made on first use (pyarrow costs
+        ~0.3 s to import). Its failures are the caller's to retry (the stripe reader rides out a cut)."""
         if self._fs is None:
             import pyarrow.fs as pafs
 
             self._fs = pafs.LocalFileSystem()
         return self._fs
+
+    @property
+    def meta(self) -> pafs.FileSystem:
+        """The filesystem for small requests (stats, refs, listings, deletes), behind the store's breaker
+        (`storeguard`): on S3 a client whose requests give up soon (`storeguard.META_*`), so a store
+        that never answers costs a start ~20 s once, not the transfers' long timeout per request."""
+        if self._meta is None:
+            self._meta = Guarded(self._meta_fs if self._meta_fs is not None else self.fs, self.breaker)
+        return self._meta  # type: ignore[return-value]
 
     def uri_with_credentials(self) -> str:
         """The full URI, secret included: only for a child's environment or a 0600 file, never argv or text."""
@@ -140,14 +154,14 @@ class StoreFS:
         import pyarrow.fs as pafs
 
         try:
-            return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+            return self.meta.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
         except OSError as e:
             raise StoreError(f"store {self.uri}: cannot stat {rel}: {e}") from None
 
     def size(self, rel: str) -> int:
         import pyarrow.fs as pafs
 
-        info = self.fs.get_file_info(self.path(rel))
+        info = self.meta.get_file_info(self.path(rel))
         if info.type == pafs.FileType.NotFound:
             raise StoreError(f"store {self.uri}: {rel} not found")
         return int(info.size or 0)
@@ -197,7 +211,7 @@ class StoreFS:
             except OSError as e:
                 raise StoreError(f"store {self.uri}: cannot read {rel}: {e}") from None
         try:
-            with self.fs.open_input_stream(self.path(rel)) as f:
+            with self.meta.open_input_stream(self.path(rel)) as f:
                 return f.read()
         except FileNotFoundError:
             return None
@@ -209,13 +223,13 @@ class StoreFS:
     def delete(self, rel: str) -> None:
         if self.kind not in _OBJECT_STORES:
             with contextlib.suppress(FileNotFoundError):
-                self.fs.delete_file(self.path(rel))
+                self.meta.delete_file(self.path(rel))
             return
         if self._delete_in_one_request(rel):
             return
         self._keep_prefix(rel)
         try:
-            self.fs.delete_file(self.path(rel))
+            self.meta.delete_file(self.path(rel))
         except FileNotFoundError:
             pass
         except OSError:
@@ -264,7 +278,7 @@ class StoreFS:
 
     def delete_dir(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.delete_dir(self.path(rel))
+            self.meta.delete_dir(self.path(rel))
 
     def _file_infos(self, prefix: str, recursive: bool) -> list[pafs.FileInfo]:
         """pyarrow's infos of the files under `prefix` (temporaries and prefix markers left out)."""
@@ -272,7 +286,7 @@ class StoreFS:
 
         sel = pafs.FileSelector(self.path(prefix), allow_not_found=True, recursive=recursive)
         try:
-            infos = self.fs.get_file_info(sel)
+            infos = self.meta.get_file_info(sel)
         except OSError as e:
             raise StoreError(f"store {self.uri}: cannot list {prefix}: {e}") from None
         return [i for i in infos if i.type == pafs.FileType.File and ".tmp-" not in i.path and i.base_name != KEEP_NAME]
@@ -307,7 +321,7 @@ class StoreFS:
 
         sel = pafs.FileSelector(self.root or "/", allow_not_found=True)
         try:
-            infos = self.fs.get_file_info(sel)
+            infos = self.meta.get_file_info(sel)
         except OSError as e:
             raise StoreError(f"store {self.uri}: cannot list its top level: {e}") from None
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
@@ -316,7 +330,7 @@ class StoreFS:
         import pyarrow.fs as pafs
 
         sel = pafs.FileSelector(self.path(prefix), allow_not_found=True)
-        infos = self.fs.get_file_info(sel)
+        infos = self.meta.get_file_info(sel)
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 
     def open_input(self, rel: str) -> pa.NativeFile:
@@ -343,8 +357,10 @@ def _open_error(scheme: str, e: Exception) -> str:
     return text
 
 
-def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, str]:
-    """pyarrow's S3FileSystem from an `s3://` URI, with directory-existence checks turned on.
+def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, pafs.S3FileSystem, str]:
+    """pyarrow's S3FileSystem from an `s3://` URI, with directory-existence checks turned on, and a
+    second client for small requests whose timeouts are short (`storeguard.META_*`), unless the URI
+    sets the timeouts itself; returns (transfers, small requests, root).
 
     `FileSystem.from_uri` cannot set `check_directory_existence_before_creation`; without it
     every delete writes a parent "directory marker", which breaks S3 servers that map keys to files
@@ -354,6 +370,8 @@ def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, str]:
 
     import pyarrow.fs as pafs
 
+    from .storeguard import META_ATTEMPTS, META_CONNECT_S, META_REQUEST_S
+
     parsed = urlparse(uri)
     # The SDK's default request timeout (3 s without a byte) fails large transfers from a busy server.
     kwargs: dict[str, str | bool | float] = {
@@ -361,6 +379,7 @@ def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, str]:
         "request_timeout": 60.0,
         "connect_timeout": 10.0,
     }
+    own_timeouts = False
     if parsed.username:
         kwargs["access_key"] = unquote(parsed.username)
         kwargs["secret_key"] = unquote(parsed.password or "")
@@ -371,12 +390,19 @@ def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, str]:
             kwargs[name] = value.lower() in ("1", "true", "yes")
         elif name in ("connect_timeout", "request_timeout"):
             kwargs[name] = float(value)
+            own_timeouts = True
         else:
             raise StoreError(f"store URI {redact(uri)!r}: unknown S3 option {name!r}")
     bucket = parsed.hostname or ""
     if not bucket:
         raise StoreError(f"store URI {redact(uri)!r}: no bucket")
-    return pafs.S3FileSystem(**kwargs), f"{bucket}{parsed.path}".rstrip("/")
+    fs = pafs.S3FileSystem(**kwargs)
+    meta = fs
+    if not own_timeouts:
+        short = {"request_timeout": META_REQUEST_S, "connect_timeout": META_CONNECT_S}
+        retry = pafs.AwsStandardS3RetryStrategy(max_attempts=META_ATTEMPTS)
+        meta = pafs.S3FileSystem(**{**kwargs, **short}, retry_strategy=retry)
+    return fs, meta, f"{bucket}{parsed.path}".rstrip("/")
 
 
 # How long a GCS operation retries before it fails. The client's own default is 15 minutes, during which

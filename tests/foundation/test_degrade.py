@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.settings import P2PSettings
+from tests.support.silentendpoint import SilentEndpoint
 
 DEADLINE_S = P2PSettings().deadline_s  # the bound a start waits for anything (issue 29: + 5 s)
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -139,6 +140,78 @@ def test_exec_with_an_unreachable_store_starts_the_job_within_the_deadline(tmp_p
     assert r.returncode == 7, r.stderr
     assert took < DEADLINE_S + 5, f"{took:.1f} s: {r.stderr}"
     assert "Traceback" not in r.stderr and "warning" in r.stderr
+
+
+@pytest.mark.parametrize("how", ["hung", "drops-syn"])
+def test_exec_with_an_s3_store_that_never_answers_starts_the_job_within_the_deadline(
+    tmp_path: Path, how: str, s3_env: dict[str, str]
+) -> None:
+    """Each request to a store that took the connection and never answered cost the SDK's 60 s low-speed
+    timeout three times, and each stage paid again: the job started after 363 s (env and image stages),
+    or 63 s where SYNs were dropped. Now small requests give up soon and the store is then taken for
+    down: the second stage does not ask it again, even after a setup that outlasts `DOWN_S` (drops-syn:
+    its first request ends sooner, so there is room for a 16 s setup within the bound)."""
+    from bootseer_cli.storeguard import DOWN_S
+
+    endpoint = SilentEndpoint(how)
+    try:
+        proj = _project(tmp_path, f"s3://bkt/p?endpoint_override=127.0.0.1:{endpoint.port}&scheme=http")
+        if how == "drops-syn":
+            config = proj / "bootseer.toml"
+            config.write_text(config.read_text().replace('setup = ["true"]', f'setup = ["sleep {DOWN_S + 1:.0f}"]'))
+        tree = tmp_path / "tree"
+        tree.mkdir()
+        (tree / "f.bin").write_bytes(b"x" * 4096)
+        with (proj / "bootseer.toml").open("a") as f:
+            f.write(f'[image]\nroots = ["{tree}"]\nready = "quiet"\n')
+        argv = [sys.executable, "-m", "bootseer_cli", "exec", "--", "sh", "-c", "exit 7"]
+        t0 = time.monotonic()
+        r = subprocess.run(
+            argv, cwd=proj, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=DEADLINE_S + 60
+        )
+        took = time.monotonic() - t0
+    finally:
+        endpoint.close()
+    assert r.returncode == 7, r.stderr
+    assert took < DEADLINE_S + 5, f"{took:.1f} s: {r.stderr}"
+    assert "Traceback" not in r.stderr
+    env_warning, image_warning = (line for line in r.stderr.splitlines() if "warning" in line)
+    assert "env: store unreachable" in env_warning
+    assert "image: cannot read the hot-block record" in image_warning
+    assert "did not answer an earlier request" in image_warning  # not asked again
+
+
+def test_a_store_taken_for_down_is_asked_again_later_and_other_errors_do_not_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bootseer_cli import storeguard
+
+    calls: list[str] = []
+
+    class Fs:
+        type_name = "s3"
+
+        def get_file_info(self, path: str) -> str:
+            calls.append(path)
+            if path == "gone":
+                raise FileNotFoundError("gone: not found")
+            if path == "silent":
+                raise OSError("AWS Error NETWORK_CONNECTION during HeadObject: curlCode: 28, Timeout was reached")
+            return "info"
+
+    breaker = storeguard.Breaker()
+    fs = storeguard.Guarded(Fs(), breaker)
+    assert fs.type_name == "s3"
+    with pytest.raises(FileNotFoundError):
+        fs.get_file_info("gone")
+    assert fs.get_file_info("a") == "info"  # "not found" says nothing of whether the store answers
+    with pytest.raises(OSError, match="NETWORK_CONNECTION"):
+        fs.get_file_info("silent")
+    with pytest.raises(OSError, match=r"did not answer an earlier request \(curlCode: 28, Timeout was reached\)"):
+        fs.get_file_info("b")
+    assert calls == ["gone", "a", "silent"]  # "b" never reached the store
+    monkeypatch.setattr(breaker, "until", time.monotonic() - 1)  # DOWN_S later
+    assert fs.get_file_info("c") == "info"
 
 
 def test_ctrl_c_is_honoured_while_the_store_does_not_answer(tmp_path: Path) -> None:
