@@ -172,33 +172,38 @@ class StoreFS:
             self.fs.create_dir(parent, recursive=True)
 
     @contextlib.contextmanager
-    def _atomic_output(self, rel: str) -> Iterator[IO[bytes]]:
-        """A stream that appears at `rel` whole or not at all (see the module docstring)."""
+    def _atomic_output(self, rel: str, fs: pafs.FileSystem | None = None) -> Iterator[IO[bytes]]:
+        """A stream that appears at `rel` whole or not at all (see the module docstring), written
+        through `fs` (default: the transfers' client)."""
         import uuid  # lazily: it imports platform
 
+        fs = fs if fs is not None else self.fs
         self._ensure_parent(rel)
         final = self.path(rel)
         direct = self.kind in _OBJECT_STORES
         target = final if direct else f"{final}.tmp-{uuid.uuid4().hex[:12]}"
-        out = self.fs.open_output_stream(target)
+        out = fs.open_output_stream(target)
         try:
             yield out
             out.close()
             if not direct:
-                self.fs.move(target, final)
+                fs.move(target, final)
         except BaseException:
             # Cleanup on the way out: the original error is the one to report (pyarrow raises OSError).
             with contextlib.suppress(OSError):
                 out.close()
             with contextlib.suppress(OSError):
-                self.fs.delete_file(target)
+                fs.delete_file(target)
             raise
 
     def put_bytes(self, rel: str, data: bytes) -> None:
+        """Write a small object (a ref, a lease, a run's events) through the small requests' client: a
+        silent store fails it soon, or at once once it is taken for down (`storeguard`)."""
         try:
-            with self._atomic_output(rel) as out:
+            with self._atomic_output(rel, self.meta) as out:
                 out.write(data)
         except OSError as e:
+            self.breaker.trip(e)  # the upload itself happens at close, past the guard's call
             raise StoreError(f"store {self.uri}: cannot write {rel}: {e}") from None
 
     def get_bytes(self, rel: str) -> bytes | None:

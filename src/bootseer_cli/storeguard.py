@@ -8,8 +8,9 @@ every stage paid again: `bootseer exec` with the env and image stages took 363 s
 and 63 s where the endpoint dropped SYNs (10 s connect timeout, three attempts, two stages).
 
 Two parts, both per store handle (so per process), both for small requests only (refs, stats,
-listings, deletes: `StoreFS.meta`). Blob transfers keep their long timeout and are not guarded: their
-readers own their retries (the stripe reader rides out a link cut of seconds).
+listings, deletes, small writes such as a run's events: `StoreFS.meta`). Blob transfers keep their
+long timeout and are not guarded: their readers own their retries (the stripe reader rides out a
+link cut of seconds).
 
 - **Short timeouts** (`META_*`, applied in `storefs`). On S3 the small requests go through a second
   client whose requests give up after `META_REQUEST_S` without a byte and `META_CONNECT_S` to connect,

@@ -150,15 +150,18 @@ def test_exec_with_an_s3_store_that_never_answers_starts_the_job_within_the_dead
     timeout three times, and each stage paid again: the job started after 363 s (env and image stages),
     or 63 s where SYNs were dropped. Now small requests give up soon and the store is then taken for
     down: the second stage does not ask it again, even after a setup that outlasts `DOWN_S` (drops-syn:
-    its first request ends sooner, so there is room for a 16 s setup within the bound)."""
+    its first request ends sooner, so there is room for a 16 s setup within the bound). Without an agent
+    (hung) the run's events are uploaded before exec, and that small write took another 180 s."""
     from bootseer_cli.storeguard import DOWN_S
 
     endpoint = SilentEndpoint(how)
     try:
         proj = _project(tmp_path, f"s3://bkt/p?endpoint_override=127.0.0.1:{endpoint.port}&scheme=http")
+        config = proj / "bootseer.toml"
         if how == "drops-syn":
-            config = proj / "bootseer.toml"
             config.write_text(config.read_text().replace('setup = ["true"]', f'setup = ["sleep {DOWN_S + 1:.0f}"]'))
+        else:
+            config.write_text("[exec]\nagent = false\n" + config.read_text())
         tree = tmp_path / "tree"
         tree.mkdir()
         (tree / "f.bin").write_bytes(b"x" * 4096)
@@ -175,10 +178,13 @@ def test_exec_with_an_s3_store_that_never_answers_starts_the_job_within_the_dead
     assert r.returncode == 7, r.stderr
     assert took < DEADLINE_S + 5, f"{took:.1f} s: {r.stderr}"
     assert "Traceback" not in r.stderr
-    env_warning, image_warning = (line for line in r.stderr.splitlines() if "warning" in line)
-    assert "env: store unreachable" in env_warning
-    assert "image: cannot read the hot-block record" in image_warning
-    assert "did not answer an earlier request" in image_warning  # not asked again
+    warnings = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert "env: store unreachable" in warnings[0]
+    assert "image: cannot read the hot-block record" in warnings[1]
+    assert "did not answer an earlier request" in warnings[1]  # not asked again
+    if how == "hung":
+        assert "could not upload the stage events" in warnings[2] and "earlier request" in warnings[2]
+    assert len(warnings) == (3 if how == "hung" else 2), r.stderr
 
 
 def test_a_store_taken_for_down_is_asked_again_later_and_other_errors_do_not_count(
