@@ -165,7 +165,7 @@ def test_exec_with_an_s3_store_that_never_answers_starts_the_job_within_the_dead
         tree = tmp_path / "tree"
         tree.mkdir()
         (tree / "f.bin").write_bytes(b"x" * 4096)
-        with (proj / "bootseer.toml").open("a") as f:
+        with config.open("a") as f:
             f.write(f'[image]\nroots = ["{tree}"]\nready = "quiet"\n')
         argv = [sys.executable, "-m", "bootseer_cli", "exec", "--", "sh", "-c", "exit 7"]
         t0 = time.monotonic()
