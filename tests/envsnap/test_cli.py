@@ -133,6 +133,7 @@ def test_corrupt_and_truncated_blobs_are_caught(tmp_path: Path, store_uri: str) 
     r = cli(tmp_path, "exec", "--", "true", node="exec1")
     assert r.returncode == 0, r.stderr
     assert "could not restore" in r.stderr and "published" in r.stderr and " compressed)" in r.stderr, r.stderr
+    assert r.stderr.count("could not restore") == 1, "the lease holder tried the blob that just failed again"
     assert (tmp_path / "setup-runs").read_text().count("run") == 2
     assert tree_state(root) == want
     make_base(root)

@@ -21,7 +21,8 @@ NODES = 3
 BIND = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
 
 
-def test_exactly_one_node_runs_the_setup(tmp_path: Path, store_uri: str) -> None:
+def _config(tmp_path: Path, store_uri: str) -> tuple[Path, Path]:
+    """The project every node starts: its env at one path, a 3 s setup that counts its runs."""
     env_at = tmp_path / "env"  # the path every node sees its env at
     env_at.mkdir()
     marker = tmp_path / "setup-runs"
@@ -30,9 +31,14 @@ def test_exactly_one_node_runs_the_setup(tmp_path: Path, store_uri: str) -> None
         f'[env]\nroots = ["{env_at}"]\nwait_s = 90\n'
         f'setup = ["echo $$ >> {marker}; sleep 3; mkdir -p {env_at}/lib && echo built > {env_at}/lib/data.txt"]\n'
     )
+    return env_at, marker
+
+
+def _start_nodes(tmp_path: Path, env_at: Path, name: str) -> list[tuple[Path, int, str]]:
+    """NODES nodes (`name`0, `name`1, …, each with a fresh cache and env) start at once; (node, exit, stderr)."""
     procs = []
     for i in range(NODES):
-        node = tmp_path / f"node{i}"
+        node = tmp_path / f"{name}{i}"
         (node / "env").mkdir(parents=True)
         env = pkgindex.clean_env({**S3_ENV, "XDG_CACHE_HOME": str(node / "cache")})
         for k in [k for k in env if k.startswith("BOOTSEER_")]:
@@ -57,17 +63,52 @@ def test_exactly_one_node_runs_the_setup(tmp_path: Path, store_uri: str) -> None
             *launcher,
         ]
         procs.append(
-            subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            (
+                node,
+                subprocess.Popen(
+                    argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                ),
+            )
         )
-    results = [p.communicate(timeout=180) for p in procs]
-    errs = [err for _out, err in results]
-    assert [p.returncode for p in procs] == [0] * NODES, errs
-    assert len(marker.read_text().split()) == 1, f"the setup ran more than once: {errs}"
+    done = [(node, p.communicate(timeout=180)[1], p.returncode) for node, p in procs]
+    return [(node, rc, err) for node, err, rc in done]
+
+
+def _assert_one_built_the_rest_restored(ran: list[tuple[Path, int, str]], env_at: Path) -> None:
+    errs = [err for _node, _rc, err in ran]
+    assert [rc for _node, rc, _err in ran] == [0] * NODES, errs
     assert sum("published" in e for e in errs) == 1, errs
     assert sum("restored" in e for e in errs) == NODES - 1, errs
-    for i in range(NODES):
-        node = tmp_path / f"node{i}"
-        assert (node / "out").read_text() == "built\n", errs[i]
+    for node, _rc, err in ran:
+        assert (node / "out").read_text() == "built\n", err
         assert (node / "env" / "lib" / "data.txt").read_text() == "built\n"
         assert (node / "env" / ".bootseer-env.json").exists(), "each node's env is stamped"
     assert not (env_at / "lib").exists(), "nodes wrote only into their own namespaces"
+
+
+def test_exactly_one_node_runs_the_setup(tmp_path: Path, store_uri: str) -> None:
+    env_at, marker = _config(tmp_path, store_uri)
+    ran = _start_nodes(tmp_path, env_at, "node")
+    assert len(marker.read_text().split()) == 1, f"the setup ran more than once: {[e for *_, e in ran]}"
+    _assert_one_built_the_rest_restored(ran, env_at)
+
+
+def test_a_snapshot_that_cannot_be_restored_is_rebuilt_by_one_node(tmp_path: Path, store_uri: str) -> None:
+    """The store's snapshot for the key is broken (its blob gone). Every node fails to restore it; one
+    takes the lease and builds, and the others wait for its snapshot. Before, a waiting node's first
+    poll read the same broken ref, tried it again, and then ran the setup itself: three setups, not one,
+    and each node warned twice."""
+    from bootseer_cli.store import Store
+
+    env_at, marker = _config(tmp_path, store_uri)
+    _assert_one_built_the_rest_restored(_start_nodes(tmp_path, env_at, "first"), env_at)
+    store = Store(store_uri)
+    (key,) = store.list_refs("env")
+    store.delete_blob(store.read_ref("env", key)["blob"])
+
+    ran = _start_nodes(tmp_path, env_at, "node")
+    errs = [err for *_, err in ran]
+    assert len(marker.read_text().split()) == 2, f"the broken snapshot was rebuilt more than once: {errs}"
+    _assert_one_built_the_rest_restored(ran, env_at)
+    assert all(e.count("could not restore") == 1 for e in errs), errs
+    assert sum("waited for the builder" in e for e in errs) == NODES - 1, errs

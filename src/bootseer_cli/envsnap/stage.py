@@ -111,15 +111,15 @@ def _locked_stage(ctx: StageContext, roots: list[str], key: str) -> StageResult:
     except Exception as e:  # the store (or its client library) failed in any way: set up locally
         ctx.warn(f"env: store unreachable ({e}); running the setup locally")
         return _local_setup(ctx, roots, key, reason="store unreachable")
-    note = ""
+    note, failed = "", ""
     if ref is not None:
         result = _try_restore(ctx, store, key, roots, ref)
         if result is not None:
             return result
-        note = "restore failed"
+        note, failed = "restore failed", str(ref.get("blob", ""))
     ran = {"setup": False}
     try:
-        return _single_flight(ctx, store, key, roots, note, ran)
+        return _single_flight(ctx, store, key, roots, note, ran, failed)
     except StageFatal:
         raise
     # Broad on purpose: whatever bootseer's own machinery throws half way (store, cache, archive),
@@ -154,8 +154,15 @@ def _try_restore(
     return _restored_result(r)
 
 
+def _replaced(ref: dict[str, Any], failed: str) -> bool:
+    """Whether `ref` names a snapshot other than the one this start just failed to restore (`failed`):
+    the same one again is not retried (a second download of a broken blob, a second warning) but
+    waited on, as no ref yet, until a builder publishes its replacement."""
+    return not (failed and ref.get("blob") == failed)
+
+
 def _single_flight(
-    ctx: StageContext, store: Store, key: str, roots: list[str], note: str, ran: dict[str, bool]
+    ctx: StageContext, store: Store, key: str, roots: list[str], note: str, ran: dict[str, bool], failed: str = ""
 ) -> StageResult:
     """Take the lease and build, or wait for the holder's snapshot (then restore it, or set up here)."""
     from .catalog import REF_KIND
@@ -171,7 +178,7 @@ def _single_flight(
             ctx.warn(f"env: cannot take the build lease ({e}); running the setup locally")
             return _local_setup(ctx, roots, key, reason="lease failed")
         if lease is not None:
-            return _build(ctx, store, key, roots, lease, note, ran)
+            return _build(ctx, store, key, roots, lease, note, ran, failed)
         if not announced:
             ctx.info(f"env: another node is building env {key[:12]}; waiting up to {wait_s:.0f} s for its snapshot")
             announced = True
@@ -183,7 +190,7 @@ def _single_flight(
             ref = store.read_ref(REF_KIND, key)
         except Exception:  # a read that failed is a poll that saw nothing yet
             ref = None
-        if ref is not None:
+        if ref is not None and _replaced(ref, failed):
             result = _try_restore(ctx, store, key, roots, ref)
             if result is not None:
                 result.summary += " (waited for the builder)"
@@ -192,7 +199,14 @@ def _single_flight(
 
 
 def _build(
-    ctx: StageContext, store: Store, key: str, roots: list[str], lease: Lease, note: str, ran: dict[str, bool]
+    ctx: StageContext,
+    store: Store,
+    key: str,
+    roots: list[str],
+    lease: Lease,
+    note: str,
+    ran: dict[str, bool],
+    failed: str = "",
 ) -> StageResult:
     """Holder of the lease: setup, capture, publish (or hand the upload and the lease to the agent).
     A failed capture/publish only warns."""
@@ -203,7 +217,7 @@ def _build(
     with LeaseKeeper(lease, _lease_ttl(ctx)) as keeper:
         # The lease may have been taken just after another node published: check once more.
         ref = store.read_ref(REF_KIND, key)
-        if ref is not None:
+        if ref is not None and _replaced(ref, failed):
             result = _try_restore(ctx, store, key, roots, ref)
             if result is not None:
                 return result
