@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from .errors import StoreError
 from .redact import redact, redact_text
-from .storeguard import Breaker, Guarded
+from .storeguard import META_ATTEMPTS, META_CONNECT_S, META_REQUEST_S, Breaker, Guarded
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -374,8 +374,6 @@ def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, pafs.S3FileSystem, str]:
     from urllib.parse import parse_qsl, unquote
 
     import pyarrow.fs as pafs
-
-    from .storeguard import META_ATTEMPTS, META_CONNECT_S, META_REQUEST_S
 
     parsed = urlparse(uri)
     # The SDK's default request timeout (3 s without a byte) fails large transfers from a busy server.

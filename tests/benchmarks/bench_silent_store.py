@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -60,7 +59,7 @@ def start(src: str, how: str, work: Path) -> tuple[float, str]:
         endpoint.close()
     if out.returncode != 0:
         sys.exit(f"the job did not start:\n{out.stderr}")
-    line = next((ln for ln in out.stderr.splitlines() if re.match(r"bootseer: image ", ln)), "")
+    line = next((ln for ln in out.stderr.splitlines() if ln.startswith("bootseer: image ")), "")
     return took, line.removeprefix("bootseer: ")
 
 

@@ -70,8 +70,11 @@ def _start_nodes(tmp_path: Path, env_at: Path, name: str) -> list[tuple[Path, in
                 ),
             )
         )
-    done = [(node, p.communicate(timeout=180)[1], p.returncode) for node, p in procs]
-    return [(node, rc, err) for node, err, rc in done]
+    ran = []
+    for node, p in procs:
+        _out, err = p.communicate(timeout=180)
+        ran.append((node, p.returncode, err))
+    return ran
 
 
 def _assert_one_built_the_rest_restored(ran: list[tuple[Path, int, str]], env_at: Path) -> None:
