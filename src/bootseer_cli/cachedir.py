@@ -20,13 +20,11 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from .errors import BlobMissing, IntegrityError, StoreError
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-CHUNK = 4 << 20  # as the store reads
 
 
 class UnsafeCacheDir(StoreError):
@@ -150,15 +148,16 @@ def unlink_at(name: str, dfd: int) -> None:
 
 
 def download_into(
-    open_stream: Callable[[], Any],
+    chunks: contextlib.AbstractContextManager[Iterator[bytes]],
     dfd: int,
     name: str,
     digest: str,
     uri: str,
     progress: Callable[[int], None] | None,
 ) -> int:
-    """A blob read from `open_stream()` into `name` in directory `dfd`, through a private temporary
-    name (O_EXCL, no-follow), hashed on the way and renamed into place only when it matches."""
+    """A blob read from `chunks` (`StoreFS.read_chunks`: each chunk has a deadline) into `name` in
+    directory `dfd`, through a private temporary name (O_EXCL, no-follow), hashed on the way and renamed
+    into place only when it matches."""
     import hashlib
     import uuid
 
@@ -167,8 +166,8 @@ def download_into(
     n = 0
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        with open_stream() as src, os.fdopen(os.open(tmp, flags, 0o644, dir_fd=dfd), "wb") as out:
-            while chunk := src.read(CHUNK):
+        with os.fdopen(os.open(tmp, flags, 0o644, dir_fd=dfd), "wb") as out, chunks as src:
+            for chunk in src:
                 h.update(chunk)
                 out.write(chunk)
                 n += len(chunk)

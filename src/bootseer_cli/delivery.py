@@ -286,12 +286,18 @@ class Download(_Threaded):
 
     def __init__(self, store: Store, cache: BlobCache, digest: str) -> None:
         from .store import blob_path
+        from .storeguard import within
 
         self.store = store
         self.dest = cache.path(digest)
-        src = store.open_input(blob_path(digest))  # ranged reads: the size and the metadata at the end
-        self.size = int(src.size())
-        self.tail: tuple[Callable[[int, int], bytes], int] = (lambda n, off: bytes(src.read_at(n, off)), self.size)
+        # ranged reads: the size and the metadata at the end; each waited for at most STALL_S (storeguard)
+        what = f"blob {digest[:12]}"
+        src = within(lambda: store.open_input(blob_path(digest)), store.breaker, what)
+        self.size = int(within(src.size, store.breaker, what))
+        self.tail: tuple[Callable[[int, int], bytes], int] = (
+            lambda n, off: bytes(within(lambda: src.read_at(n, off), store.breaker, what)),
+            self.size,
+        )
         # The part file lives in the fan-out directory, entered no-follow: created, renamed and removed
         # by name in that descriptor (a user's `sha256/86 -> /etc` is refused, never written through).
         self._dfd = cache.dir_fd(digest)
@@ -314,8 +320,8 @@ class Download(_Threaded):
         h = hashlib.sha256()
         n = 0
         try:
-            with self.store.fs.open_input_stream(self.store.path(blob_path(self.digest))) as src:
-                while chunk := src.read(4 << 20):
+            with self.store.read_chunks(blob_path(self.digest), 4 << 20, f"blob {self.digest[:12]}") as src:
+                for chunk in src:
                     h.update(chunk)
                     view = memoryview(chunk)
                     while view:

@@ -226,8 +226,8 @@ class Store(StoreFS):
                     if progress:
                         progress(n)
                     return n
-            stream = lambda: self.fs.open_input_stream(self.path(rel))  # noqa: E731
-            return download_into(stream, dfd, dest.name, digest, self.uri, progress)
+            chunks = self.read_chunks(rel, CHUNK, f"blob {digest[:12]}")
+            return download_into(chunks, dfd, dest.name, digest, self.uri, progress)
 
     def delete_blob(self, digest: str) -> None:
         self.delete(blob_path(digest))

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from .errors import StoreError
 from .redact import redact, redact_text
-from .storeguard import META_ATTEMPTS, META_CONNECT_S, META_REQUEST_S, Breaker, Guarded
+from .storeguard import META_ATTEMPTS, META_CONNECT_S, META_REQUEST_S, Breaker, Chunks, Guarded
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -337,6 +337,12 @@ class StoreFS:
         sel = pafs.FileSelector(self.path(prefix), allow_not_found=True)
         infos = self.meta.get_file_info(sel)
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+    def read_chunks(self, rel: str, chunk: int, what: str) -> Chunks:
+        """`rel` streamed in chunks of `chunk` bytes, each waited for at most `storeguard.STALL_S`: a store
+        that stops sending part way fails the read soon and is taken for down (`storeguard.Chunks`)."""
+        fs, path = self.fs, self.path(rel)
+        return Chunks(lambda: fs.open_input_stream(path), chunk, self.breaker, what)
 
     def open_input(self, rel: str) -> pa.NativeFile:
         """A random-access file (pyarrow NativeFile: read_at, seek, size) for ranged reads."""

@@ -24,14 +24,27 @@ link cut of seconds).
   request may try again, so a long-lived agent is not cut off by a blip of a restarting server. Other
   errors (not found, access denied) do not trip it: they say nothing of whether the next request is
   answered.
+- **A deadline on blob reads** (`within`, `Chunks`). A store may answer the ref and then stop sending
+  the blob (a hung proxy, an overloaded server). The transfers' client waits its low-speed timeout
+  (60 s without a byte on S3) per attempt, three attempts: `bootseer exec` took 201 s before the job
+  ran, where issue 29 promises `[p2p] deadline_s` + 5 s. Every blob read of the stages now runs in a
+  daemon thread that the reader waits for at most `STALL_S` per read (a chunk of at most 4 MiB: a store
+  slower than ~200 kB/s is taken for stalled, and the stage's fallback beats the blob then). A read
+  that overruns marks the store down (`Breaker.down`) and fails as an OSError, which each caller turns
+  into its StoreError and fallback; the abandoned thread ends with its client's timeout, or with the
+  process at exec. Not for the checkpoint's stripe reader, whose reads are large and retried.
 """
 
 from __future__ import annotations
 
+import queue
 import re
+import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # After a network failure, how long every small request fails at once (then one may try again): short,
 # for long-lived processes (the agent) that a blip of a restarting server must not cut off for long.
@@ -40,6 +53,8 @@ DOWN_S = 15.0
 META_REQUEST_S = 10.0
 META_CONNECT_S = 5.0
 META_ATTEMPTS = 2
+# A blob read (one chunk, or an open) that brings nothing for this long is given up (`within`, `Chunks`).
+STALL_S = 20.0
 # Texts of errors that mean "the store did not answer", from pyarrow's S3 (curl), GCS and HDFS clients.
 NETWORK_MARKERS = (
     "NETWORK_CONNECTION",
@@ -76,6 +91,11 @@ class Breaker:
             self.reason = curl.group(0) if curl else marker
             self.until = time.monotonic() + self.hold_s
 
+    def down(self, reason: str) -> None:
+        """Mark the store down for `reason` (a read that overran its deadline: no error text to go on)."""
+        self.reason = reason
+        self.until = time.monotonic() + self.hold_s
+
 
 class Guarded:
     """A pyarrow filesystem whose every method call passes `breaker` first and trips it on failure.
@@ -103,3 +123,88 @@ class Guarded:
                 raise
 
         return call
+
+
+def _stalled(breaker: Breaker, what: str, limit_s: float) -> OSError:
+    """The error of a read that overran its deadline; the store is marked down meanwhile."""
+    breaker.down(f"{what}: nothing for {limit_s:g} s")
+    return OSError(f"the store sent nothing for {limit_s:g} s ({what}); given up")
+
+
+def within(call: Callable[[], T], breaker: Breaker, what: str, limit_s: float = STALL_S) -> T:
+    """`call()` (one read of a blob, an open, a size) waited for at most `limit_s`, in a daemon thread
+    that is left to its client's own timeout when it overruns (a blocked C++ read cannot be interrupted).
+    The store is asked only while `breaker` says it is up."""
+    breaker.check()
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as e:  # handed to the waiting thread as it is
+            box.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="bootseer-store-read", daemon=True).start()
+    if not done.wait(limit_s):
+        raise _stalled(breaker, what, limit_s)
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
+
+
+class Chunks:
+    """A blob streamed in chunks (`with Chunks(...) as chunks: for chunk in chunks`): a daemon thread
+    opens the stream and reads ahead of the consumer (two chunks at most), and the consumer waits at
+    most `limit_s` for each chunk. An open or a read that overruns marks the store down and raises
+    OSError; leaving the `with` stops the reader at its next chunk."""
+
+    def __init__(
+        self, open_stream: Callable[[], Any], chunk: int, breaker: Breaker, what: str, limit_s: float = STALL_S
+    ) -> None:
+        self._open, self._chunk, self._breaker, self._what, self._limit = open_stream, chunk, breaker, what, limit_s
+        self._q: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=2)
+        self._stop = threading.Event()
+
+    def __enter__(self) -> Iterator[bytes]:
+        self._breaker.check()
+        threading.Thread(target=self._pump, name="bootseer-store-stream", daemon=True).start()
+        return self._chunks()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _chunks(self) -> Iterator[bytes]:
+        while True:
+            try:
+                item = self._q.get(timeout=self._limit)
+            except queue.Empty:
+                self._stop.set()
+                raise _stalled(self._breaker, self._what, self._limit) from None
+            if isinstance(item, BaseException):
+                raise item
+            if not item:
+                return
+            yield item
+
+    def _pump(self) -> None:
+        try:
+            with self._open() as src:
+                while not self._stop.is_set():
+                    piece = bytes(src.read(self._chunk))
+                    self._put(piece)
+                    if not piece:
+                        return
+        except BaseException as e:  # handed to the consumer as it is
+            self._put(e)
+
+    def _put(self, item: bytes | BaseException) -> None:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue

@@ -5,15 +5,20 @@ The store is a loopback endpoint that is silent one of two ways (`tests/support/
 "hung" takes the connection and never sends a byte (a hung proxy or load balancer), "drops-syn"
 never completes it (a firewall that drops packets). Each start runs the env stage (`setup = true`)
 and the image stage (a one-file tree) against it, with a fresh node cache, and the job is `true`.
-Issue 29's bound on what a start waits for is `[p2p] deadline_s` + 5 s (35 s by default).
+"stalls-blob" is a real S3 server behind a proxy (`StallingProxy`): a first node publishes a 2 MB
+env snapshot (untimed); then the proxy passes only the first 64 kB of each response, and a second
+node with a fresh cache and an empty env tree starts (timed): the store answers the ref and stops
+sending the blob. Issue 29's bound on what a start waits for is `[p2p] deadline_s` + 5 s (35 s by
+default).
 
-    python tests/benchmarks/bench_silent_store.py [--against OLD_SRC] [--how hung,drops-syn] [--runs 1]
+    python tests/benchmarks/bench_silent_store.py [--against OLD_SRC] [--how hung,drops-syn,stalls-blob] [--runs 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -24,49 +29,77 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.s3server import S3_ENV  # noqa: E402
-from tests.support.silentendpoint import SilentEndpoint  # noqa: E402
+from tests.support.s3server import S3_ENV, S3Server  # noqa: E402
+from tests.support.silentendpoint import SilentEndpoint, StallingProxy  # noqa: E402
 
 TIMEOUT_S = 900.0  # the old code's hung case took 363 s
 
 
-def start(src: str, how: str, work: Path) -> tuple[float, str]:
-    """One start against a silent store: (wall seconds of `bootseer exec -- true`, its summary line)."""
-    endpoint = SilentEndpoint(how)
-    node = Path(tempfile.mkdtemp(prefix="node-", dir=work))
-    try:
-        (node / "envroot").mkdir()
-        (node / "tree").mkdir()
-        (node / "tree" / "f.bin").write_bytes(b"x" * 4096)
-        (node / "bootseer.toml").write_text(
-            f'[store]\nuri = "s3://bkt/p?endpoint_override=127.0.0.1:{endpoint.port}&scheme=http"\n'
-            f'[env]\nsetup = ["true"]\nroots = ["{node / "envroot"}"]\n'
-            f'[image]\nroots = ["{node / "tree"}"]\nready = "quiet"\n'
-        )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
-        env.update(S3_ENV, XDG_CACHE_HOME=str(node / "cache"), PYTHONPATH=src)
-        t = time.perf_counter()
-        out = subprocess.run(
-            [sys.executable, "-m", "bootseer_cli", "exec", "--", "true"],
-            cwd=node,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-        )
-        took = time.perf_counter() - t
-    finally:
-        endpoint.close()
+def _exec(src: str, node: Path, cache: Path) -> tuple[float, str]:
+    """`bootseer exec -- true` in `node` with its own node cache: (wall seconds, the summary line)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
+    env.update(S3_ENV, XDG_CACHE_HOME=str(cache), PYTHONPATH=src)
+    t = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "bootseer_cli", "exec", "--", "true"],
+        cwd=node,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    took = time.perf_counter() - t
     if out.returncode != 0:
         sys.exit(f"the job did not start:\n{out.stderr}")
     line = next((ln for ln in out.stderr.splitlines() if ln.startswith("bootseer: image ")), "")
     return took, line.removeprefix("bootseer: ")
 
 
+def start(src: str, how: str, work: Path) -> tuple[float, str]:
+    """One start against a silent store: (wall seconds of `bootseer exec -- true`, its summary line)."""
+    node = Path(tempfile.mkdtemp(prefix="node-", dir=work))
+    (node / "envroot").mkdir()
+    (node / "tree").mkdir()
+    (node / "tree" / "f.bin").write_bytes(b"x" * 4096)
+    image = f'[image]\nroots = ["{node / "tree"}"]\nready = "quiet"\n'
+    if how == "stalls-blob":
+        return _stalled_blob(src, node, image)
+    endpoint = SilentEndpoint(how)
+    try:
+        (node / "bootseer.toml").write_text(
+            f'[store]\nuri = "s3://bkt/p?endpoint_override=127.0.0.1:{endpoint.port}&scheme=http"\n'
+            f'[env]\nsetup = ["true"]\nroots = ["{node / "envroot"}"]\n' + image
+        )
+        return _exec(src, node, node / "cache")
+    finally:
+        endpoint.close()
+
+
+def _stalled_blob(src: str, node: Path, image: str) -> tuple[float, str]:
+    """A first node publishes the env (untimed); the second starts while the store stops sending blobs."""
+    server = S3Server(node / "s3").start()
+    proxy = StallingProxy(("127.0.0.1", server.port))
+    try:
+        root = node / "envroot"
+        (node / "bootseer.toml").write_text(
+            f'[store]\nuri = "s3://{server.bucket}/p?endpoint_override=127.0.0.1:{proxy.port}&scheme=http"\n'
+            f'[env]\nsetup = ["head -c 2000000 /dev/urandom > {root}/lib.so"]\nroots = ["{root}"]\n'
+            f"[exec]\nagent = false\n" + image
+        )
+        _exec(src, node, node / "cache-a")
+        shutil.rmtree(root)  # a new node: an empty tree
+        root.mkdir()
+        proxy.stall()
+        return _exec(src, node, node / "cache-b")
+    finally:
+        proxy.close()
+        server.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", help="another checkout's src/ directory, in the same rounds")
-    ap.add_argument("--how", default="hung,drops-syn", help="how the store is silent: hung, drops-syn")
+    ap.add_argument("--how", default="hung,drops-syn", help="how the store is silent: hung, drops-syn, stalls-blob")
     ap.add_argument("--runs", type=int, default=1)
     args = ap.parse_args()
     srcs = {"this": str(ROOT / "src")}

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.settings import P2PSettings
-from tests.support.silentendpoint import SilentEndpoint
+from tests.support.s3server import S3Server
+from tests.support.silentendpoint import SilentEndpoint, StallingProxy
 
 DEADLINE_S = P2PSettings().deadline_s  # the bound a start waits for anything (issue 29: + 5 s)
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -185,6 +186,85 @@ def test_exec_with_an_s3_store_that_never_answers_starts_the_job_within_the_dead
     if how == "hung":
         assert "could not upload the stage events" in warnings[2] and "earlier request" in warnings[2]
     assert len(warnings) == (3 if how == "hung" else 2), r.stderr
+
+
+def test_exec_with_a_store_that_stops_sending_the_blob_starts_the_job_within_the_deadline(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    """The store answered the ref, then sent 64 kB of the snapshot and nothing more: the restore waited the
+    SDK's 60 s low-speed timeout three times, and the job started after 201 s. Now each read of a blob
+    has `STALL_S`; the start gives the snapshot up, runs the setup and does not ask the store again."""
+    proxy = StallingProxy(("127.0.0.1", s3_server.port))
+    try:
+        uri = f"s3://{s3_server.bucket}/t-{os.urandom(6).hex()}?endpoint_override=127.0.0.1:{proxy.port}&scheme=http"
+        proj = _project(tmp_path, uri)
+        root = tmp_path / "envroot"
+        make = f"head -c 2000000 /dev/urandom > {root}/lib.so && echo built >> {tmp_path}/setups"
+        config = proj / "bootseer.toml"
+        config.write_text("[exec]\nagent = false\n" + config.read_text().replace('"true"', repr(make)))
+        argv = [sys.executable, "-m", "bootseer_cli", "exec", "--", "sh", "-c", "exit 7"]
+        env = _env(tmp_path / "cache-a")
+        first = subprocess.run(argv, cwd=proj, env=env, capture_output=True, text=True, timeout=120)
+        assert first.returncode == 7 and "published" in first.stderr, first.stderr
+        shutil.rmtree(root)
+        root.mkdir()
+        proxy.stall()
+        t0 = time.monotonic()
+        r = subprocess.run(
+            argv, cwd=proj, env=_env(tmp_path / "cache-b"), capture_output=True, text=True, timeout=DEADLINE_S + 60
+        )
+        took = time.monotonic() - t0
+    finally:
+        proxy.close()
+    assert r.returncode == 7, r.stderr
+    assert took < DEADLINE_S + 5, f"{took:.1f} s: {r.stderr}"
+    assert "Traceback" not in r.stderr
+    assert "could not restore snapshot" in r.stderr and "the store sent nothing for 20 s" in r.stderr, r.stderr
+    assert "did not answer an earlier request" in r.stderr  # the lease is not asked for: the store is down
+    assert (tmp_path / "setups").read_text().count("built") == 2  # the second node set up itself
+    assert (root / "lib.so").stat().st_size == 2_000_000
+
+
+def test_a_blob_read_has_a_deadline_and_marks_the_store_down() -> None:
+    """`within` and `Chunks` give up on a read that brings nothing in time, mark the store down, and pass
+    data and the store's own errors through unchanged."""
+    import threading
+
+    from bootseer_cli import storeguard
+
+    breaker = storeguard.Breaker()
+    assert storeguard.within(lambda: 42, breaker, "x", limit_s=1) == 42
+    with pytest.raises(FileNotFoundError):
+        storeguard.within(lambda: os.stat("/nonexistent/blob"), breaker, "x", limit_s=1)
+    release = threading.Event()
+
+    class Stream:
+        def __init__(self, pieces: list[bytes]) -> None:
+            self.pieces = pieces
+
+        def __enter__(self) -> Stream:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def read(self, n: int) -> bytes:
+            if not self.pieces:
+                release.wait(30)  # a store that went silent part way
+                return b""
+            return self.pieces.pop(0)
+
+    with storeguard.Chunks(lambda: Stream([b"a", b"b", b""]), 1, breaker, "x", limit_s=1) as chunks:
+        assert list(chunks) == [b"a", b"b"]
+    t0 = time.monotonic()
+    got: list[bytes] = []
+    stalling = storeguard.Chunks(lambda: Stream([b"a"]), 1, breaker, "blob abc", limit_s=0.5)
+    with pytest.raises(OSError, match=r"sent nothing for 0.5 s \(blob abc\)"), stalling as chunks:
+        got.extend(chunks)
+    assert got == [b"a"] and time.monotonic() - t0 < 5
+    with pytest.raises(OSError, match="did not answer an earlier request"):  # down: not asked again
+        storeguard.within(lambda: 42, breaker, "x", limit_s=1)
+    release.set()
 
 
 def test_a_store_taken_for_down_is_asked_again_later_and_other_errors_do_not_count(

@@ -51,8 +51,8 @@ def _download(store: Store, e: Entry, fd: int) -> int:
     h = hashlib.sha256()
     n = 0
     try:
-        with store.fs.open_input_stream(store.path(blob_path(e.digest))) as src:
-            while chunk := src.read(CHUNK):
+        with store.read_chunks(blob_path(e.digest), CHUNK, f"blob {e.digest[:12]}") as src:
+            for chunk in src:
                 h.update(chunk)
                 n += len(chunk)
                 if n > e.size:
