@@ -32,7 +32,9 @@ link cut of seconds).
   slower than ~200 kB/s is taken for stalled, and the stage's fallback beats the blob then). A read
   that overruns marks the store down (`Breaker.down`) and fails as an OSError, which each caller turns
   into its StoreError and fallback; the abandoned thread ends with its client's timeout, or with the
-  process at exec. Not for the checkpoint's stripe reader, whose reads are large and retried.
+  process at exec. Not for the checkpoint's stripe reader (large reads, retried after exec), the
+  swarm's store feeder (16 MiB reads) or uploads (pyarrow's S3 writes return at once and the close
+  waits for every part: no progress to judge a stall by).
 """
 
 from __future__ import annotations
