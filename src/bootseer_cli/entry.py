@@ -18,7 +18,21 @@ if TYPE_CHECKING:
 
 
 def main() -> None:
-    """`bootseer …`: exec and restore by hand-parsed arguments when they are plain, else the typer app."""
+    """`bootseer …`; a command that gave up a stalled store read leaves without waiting for it (`storeguard`)."""
+    code: int | str | None = 0
+    try:
+        _main()
+    except SystemExit as e:
+        code = e.code
+        raise
+    finally:
+        guard = sys.modules.get("bootseer_cli.storeguard")  # never imported here: exec's path stays as it was
+        if guard is not None and guard.ABANDONED.is_set():
+            guard.leave(code)
+
+
+def _main() -> None:
+    """exec and restore by hand-parsed arguments when they are plain, else the typer app."""
     argv = sys.argv[1:]
     if argv[:1] in (["exec"], ["restore"]) and _modules_cold():
         from .readahead import read_ahead_modules

@@ -32,19 +32,21 @@ link cut of seconds).
   slower than ~200 kB/s is taken for stalled, and the stage's fallback beats the blob then). A read
   that overruns marks the store down (`Breaker.down`) and fails as an OSError, which each caller turns
   into its StoreError and fallback; the abandoned thread ends with its client's timeout, or with the
-  process at exec. Not for the checkpoint's stripe reader (large reads, retried after exec), the
-  swarm's store feeder (16 MiB reads) or uploads (pyarrow's S3 writes return at once and the close
-  waits for every part: no progress to judge a stall by).
+  process at exec. The swarm's origin reads up to 16 MiB at once under the same deadline (0.8 MB/s:
+  an origin slower than that serves its job nothing). Not for the checkpoint's stripe reader (large
+  reads, retried after exec) or uploads (pyarrow's S3 writes return at once and the close waits for
+  every part: no progress to judge a stall by).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -127,8 +129,14 @@ class Guarded:
         return call
 
 
+# Set once a read was given up: its thread is still inside the client, and pyarrow's S3 finalizer at
+# exit waits for it (a command that had printed its error at 20 s ended at 200 s): `leave`.
+ABANDONED = threading.Event()
+
+
 def _stalled(breaker: Breaker, what: str, limit_s: float) -> OSError:
     """The error of a read that overran its deadline; the store is marked down meanwhile."""
+    ABANDONED.set()
     breaker.down(f"{what}: nothing for {limit_s:g} s")
     return OSError(f"the store sent nothing for {limit_s:g} s ({what}); given up")
 
@@ -210,3 +218,24 @@ class Chunks:
                 return
             except queue.Full:
                 continue
+
+
+def leave(code: int | str | None) -> NoReturn:
+    """End the process now, with `code` as `sys.exit` takes it, after the exit handlers but pyarrow's S3
+    finalizer: that one waits for the requests of the reads given up (the client's own timeouts, 180 s).
+    `os._exit` skips the C++ static destructors as well, which would otherwise meet an S3 client that was
+    never shut down."""
+    import atexit
+    import os
+    import sys
+
+    fs = sys.modules.get("pyarrow.fs")
+    if fs is not None and hasattr(fs, "ensure_s3_finalized"):
+        atexit.unregister(fs.ensure_s3_finalized)
+    atexit._run_exitfuncs()
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)

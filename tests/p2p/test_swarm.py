@@ -16,6 +16,8 @@ import pytest
 from bootseer_cli.p2p.publish import publish_file
 from bootseer_cli.store import Store
 from tests.p2p.nodes import REPO, STARTED, node_env, port_range, random_file, sha256, start_node, swarm_secret_file
+from tests.support.s3server import S3Server
+from tests.support.silentendpoint import StallingProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -157,6 +159,31 @@ def test_no_peer_falls_back_to_store_within_deadline(tmp_path: Path, store_uri: 
     assert "no peer within 2 s" in doc["note"], doc
     assert doc["bytes_from_peers"] == 0 and doc["bytes_from_store"] >= size
     assert doc["seconds"] < 2 + 8, doc  # the deadline, then one local read
+
+
+def test_a_store_that_stops_sending_fails_the_fetch_soon(tmp_path: Path, s3_server: S3Server) -> None:
+    """The store answers the torrent's ref and the lease, then sends 64 kB of each response and nothing
+    more. The origin's reads waited the S3 client's low-speed timeout (60 s, three attempts), the read
+    from the store after it as long again, and the process's exit waited for its abandoned request:
+    `bootseer p2p fetch` failed after 401 s. Now each read has `storeguard.STALL_S` (20 s), the store is
+    then taken for down, and the exit does not wait for the read it gave up."""
+    from bootseer_cli.storeguard import STALL_S
+
+    uri = s3_server.uri(f"t-{os.urandom(6).hex()}")
+    _, digest, _ = _publish(tmp_path, uri, 8 * MiB)
+    proxy = StallingProxy(("127.0.0.1", s3_server.port))
+    proxy.stall()
+    try:
+        stalled = uri.replace(s3_server.endpoint, f"127.0.0.1:{proxy.port}")
+        node = start_node(node_env(tmp_path, "n0", stalled, port_range()), digest)
+        _, err = node.proc.communicate(timeout=STALL_S + 60)
+        took = time.time() - node.started
+    finally:
+        proxy.close()
+    assert node.proc.returncode == 1, err
+    assert took < STALL_S + 10, f"{took:.1f} s: {err}"
+    assert "swarm failed (the store sent nothing for 20 s" in err, err
+    assert err.strip().splitlines()[-1].startswith("bootseer: error: ") and "Traceback" not in err, err
 
 
 def _wait_seeding(run_dir: Path, agent: subprocess.Popen[str], timeout: float = 20) -> None:

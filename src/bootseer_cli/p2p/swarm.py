@@ -321,11 +321,13 @@ class StoreFeeder(threading.Thread):
         to READ_AHEAD bytes (a request per piece left the link idle between requests); a piece out of
         order is one ranged read."""
         from ..store import blob_path
+        from ..storeguard import within
 
         if i in self._ahead:
             return self._ahead.pop(i)
-        if self._random is None:
-            self._random = self.store.open_input(blob_path(self.digest))
+        what = f"blob {self.digest[:12]}"
+        if self._random is None:  # each call into the store has storeguard's deadline: a store may stall
+            self._random = within(lambda: self.store.open_input(blob_path(self.digest)), self.store.breaker, what)
         plen, n = ti.piece_length(), ti.num_pieces()
         run = [i]
         while (
@@ -336,7 +338,12 @@ class StoreFeeder(threading.Thread):
         ):
             run.append(run[-1] + 1)
         sizes = [ti.piece_size(j) for j in run]
-        buf = self._random.read_at(sum(sizes), i * plen)
+        src = self._random
+        try:
+            buf = within(lambda: src.read_at(sum(sizes), i * plen), self.store.breaker, what)
+        except OSError:
+            self._random = None  # not closed here: a read that overran may still be using it
+            raise
         if len(buf) != sum(sizes):
             raise OSError(f"short read of pieces {run[0]}-{run[-1]} of blob {self.digest[:12]}")
         self.bytes_read += len(buf)  # what the store sent, used or not
