@@ -2,16 +2,18 @@
 another, side by side in one run.
 
 The store is a loopback endpoint that is silent one of two ways (`tests/support/silentendpoint.py`):
-"hung" takes the connection and never sends a byte (a hung proxy or load balancer), "drops-syn"
-never completes it (a firewall that drops packets). Each start runs the env stage (`setup = true`)
-and the image stage (a one-file tree) against it, with a fresh node cache, and the job is `true`.
-"stalls-blob" is a real S3 server behind a proxy (`StallingProxy`): a first node publishes a 2 MB
-env snapshot (untimed); then the proxy passes only the first 64 kB of each response, and a second
-node with a fresh cache and an empty env tree starts (timed): the store answers the ref and stops
-sending the blob. Issue 29's bound on what a start waits for is `[p2p] deadline_s` + 5 s (35 s by
-default).
+"hung" takes the connection and never sends a byte (a hung proxy or load balancer), "drops-syn" never
+completes it (a firewall that drops packets). Each start runs the env stage (`setup = true`) and the
+image stage (a one-file tree) against it, with a fresh node cache, and the job is `true`. "stalls-blob"
+is a real S3 server behind a proxy (`StallingProxy`): a first node publishes a 2 MB env snapshot
+(untimed); then the proxy passes only the first 64 kB of each response, and a second node with a fresh
+cache and an empty env tree starts (timed): the store answers the ref and stops sending the blob.
+"stalls-swarm" is the same store under `bootseer p2p fetch` of a 24 MiB blob on one node (the swarm's
+origin): it fails, and the time is until the command has ended. Issue 29's bound on what a start waits
+for is `[p2p] deadline_s` + 5 s (35 s by default).
 
-    python tests/benchmarks/bench_silent_store.py [--against OLD_SRC] [--how hung,drops-syn,stalls-blob] [--runs 1]
+    python tests/benchmarks/bench_silent_store.py [--against OLD_SRC] [--runs 1] \
+        [--how hung,drops-syn,stalls-blob,stalls-swarm]
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def start(src: str, how: str, work: Path) -> tuple[float, str]:
     image = f'[image]\nroots = ["{node / "tree"}"]\nready = "quiet"\n'
     if how == "stalls-blob":
         return _stalled_blob(src, node, image)
+    if how == "stalls-swarm":
+        return _stalled_swarm(src, node)
     endpoint = SilentEndpoint(how)
     try:
         (node / "bootseer.toml").write_text(
@@ -96,10 +100,43 @@ def _stalled_blob(src: str, node: Path, image: str) -> tuple[float, str]:
         server.stop()
 
 
+def _stalled_swarm(src: str, node: Path) -> tuple[float, str]:
+    """`bootseer p2p fetch` of a published blob while the store stops sending: (seconds until the command
+    ended, its last line)."""
+    from tests.p2p.nodes import node_env, port_range, random_file
+
+    from bootseer_cli.p2p.publish import publish_file
+    from bootseer_cli.store import Store
+
+    server = S3Server(node / "s3").start()
+    proxy = StallingProxy(("127.0.0.1", server.port))
+    try:
+        os.environ.update(S3_ENV)
+        digest, _ = publish_file(Store(server.uri("p")), random_file(node / "blob.bin", 24 << 20))
+        proxy.stall()
+        env = node_env(node, "n0", server.uri("p").replace(server.endpoint, f"127.0.0.1:{proxy.port}"), port_range())
+        env["PYTHONPATH"] = os.pathsep.join([src, str(ROOT)])
+        t = time.perf_counter()
+        out = subprocess.run(
+            [sys.executable, "-m", "bootseer_cli", "p2p", "fetch", digest],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+        took = time.perf_counter() - t
+    finally:
+        proxy.close()
+        server.stop()
+    lines = out.stderr.strip().splitlines()
+    return took, f"exit {out.returncode}: {lines[-1][:150] if lines else ''}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", help="another checkout's src/ directory, in the same rounds")
-    ap.add_argument("--how", default="hung,drops-syn", help="how the store is silent: hung, drops-syn, stalls-blob")
+    how = "how the store is silent: hung, drops-syn, stalls-blob, stalls-swarm"
+    ap.add_argument("--how", default="hung,drops-syn", help=how)
     ap.add_argument("--runs", type=int, default=1)
     args = ap.parse_args()
     srcs = {"this": str(ROOT / "src")}
