@@ -19,16 +19,29 @@ if TYPE_CHECKING:
 
 def main() -> None:
     """`bootseer …`; a command that gave up a stalled store read leaves without waiting for it (`storeguard`)."""
-    code: int | str | None = 0
     try:
         _main()
     except SystemExit as e:
-        code = e.code
+        _leave_if_abandoned(e.code)
         raise
-    finally:
-        guard = sys.modules.get("bootseer_cli.storeguard")  # never imported here: exec's path stays as it was
-        if guard is not None and guard.ABANDONED.is_set():
-            guard.leave(code)
+    except BaseException as e:  # not expected (run_guarded): shown, with the status Python would give
+        if _abandoned():
+            import traceback
+
+            traceback.print_exc()
+            _leave_if_abandoned(130 if isinstance(e, KeyboardInterrupt) else 1)
+        raise
+    _leave_if_abandoned(0)
+
+
+def _abandoned() -> bool:
+    guard = sys.modules.get("bootseer_cli.storeguard")  # never imported here: exec's path stays as it was
+    return guard is not None and guard.ABANDONED.is_set()
+
+
+def _leave_if_abandoned(code: int | str | None) -> None:
+    if _abandoned():
+        sys.modules["bootseer_cli.storeguard"].leave(code)
 
 
 def _main() -> None:

@@ -221,14 +221,17 @@ class Chunks:
 
 
 def leave(code: int | str | None) -> NoReturn:
-    """End the process now, with `code` as `sys.exit` takes it, after the exit handlers but pyarrow's S3
-    finalizer: that one waits for the requests of the reads given up (the client's own timeouts, 180 s).
-    `os._exit` skips the C++ static destructors as well, which would otherwise meet an S3 client that was
-    never shut down."""
+    """End the process now, with `code` as `sys.exit` takes it, after its other threads (but daemons) and
+    the exit handlers, all but pyarrow's S3 finalizer: that one waits for the requests of the reads given
+    up (the client's own timeouts, 180 s). `os._exit` skips the C++ static destructors as well, which
+    would otherwise meet an S3 client that was never shut down."""
     import atexit
     import os
     import sys
 
+    for t in threading.enumerate():  # as the interpreter's exit does: threads that are not daemons end first
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
     fs = sys.modules.get("pyarrow.fs")
     if fs is not None and hasattr(fs, "ensure_s3_finalized"):
         atexit.unregister(fs.ensure_s3_finalized)
