@@ -40,8 +40,19 @@ def _abandoned() -> bool:
 
 
 def _leave_if_abandoned(code: int | str | None) -> None:
-    if _abandoned():
-        sys.modules["bootseer_cli.storeguard"].leave(code)
+    """After a read given up: end once the other threads (but daemons) have, without the S3 finalizer
+    that waits for that read (`storeguard.skip_s3_finalizer`), with the status `sys.exit(code)` gives."""
+    if not _abandoned():
+        return
+    import threading
+
+    sys.modules["bootseer_cli.storeguard"].skip_s3_finalizer()
+    for t in threading.enumerate():  # as the interpreter's exit does; then `_exit_now` takes its fast path
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    _exit_now(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 def _main() -> None:

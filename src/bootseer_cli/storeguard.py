@@ -40,13 +40,12 @@ link cut of seconds).
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -130,7 +129,7 @@ class Guarded:
 
 
 # Set once a read was given up: its thread is still inside the client, and pyarrow's S3 finalizer at
-# exit waits for it (a command that had printed its error at 20 s ended at 200 s): `leave`.
+# exit waits for it (a command that had printed its error at 21 s ended at 200 s): `skip_s3_finalizer`.
 ABANDONED = threading.Event()
 
 
@@ -220,25 +219,14 @@ class Chunks:
                 continue
 
 
-def leave(code: int | str | None) -> NoReturn:
-    """End the process now, with `code` as `sys.exit` takes it, after its other threads (but daemons) and
-    the exit handlers, all but pyarrow's S3 finalizer: that one waits for the requests of the reads given
-    up (the client's own timeouts, 180 s). `os._exit` skips the C++ static destructors as well, which
-    would otherwise meet an S3 client that was never shut down."""
+def skip_s3_finalizer() -> None:
+    """Leave pyarrow's S3 finalizer out of the exit handlers: it waits for the requests of the reads
+    given up (the client's own timeouts, 180 s: a command that printed its error at 21 s ended at 200 s).
+    For a process that then ends by `os._exit` (`entry._exit_now`), which also skips the C++ static
+    destructors that would otherwise meet an S3 client never shut down."""
     import atexit
-    import os
     import sys
 
-    for t in threading.enumerate():  # as the interpreter's exit does: threads that are not daemons end first
-        if t is not threading.current_thread() and not t.daemon:
-            t.join()
     fs = sys.modules.get("pyarrow.fs")
     if fs is not None and hasattr(fs, "ensure_s3_finalized"):
         atexit.unregister(fs.ensure_s3_finalized)
-    atexit._run_exitfuncs()
-    if isinstance(code, str):
-        print(code, file=sys.stderr)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code if isinstance(code, int) else 0 if code is None else 1)

@@ -249,7 +249,9 @@ def test_a_blob_read_has_a_deadline_and_marks_the_store_down() -> None:
     assert got == [b"a"] and time.monotonic() - t0 < 5
     with pytest.raises(OSError, match="did not answer an earlier request"):  # down: not asked again
         storeguard.within(lambda: 42, breaker, "x", limit_s=1)
+    assert storeguard.ABANDONED.is_set()
     release.set()
+    storeguard.ABANDONED.clear()  # this process is pytest: nothing here may leave it early
 
 
 def test_a_store_taken_for_down_is_asked_again_later_and_other_errors_do_not_count(
