@@ -33,9 +33,9 @@ link cut of seconds).
   that overruns marks the store down (`Breaker.down`) and fails as an OSError, which each caller turns
   into its StoreError and fallback; the abandoned thread ends with its client's timeout, or with the
   process at exec. The swarm's origin reads up to 16 MiB at once under the same deadline (0.8 MB/s:
-  an origin slower than that serves its job nothing). Not for the checkpoint's stripe reader (large
-  reads, retried after exec) or uploads (pyarrow's S3 writes return at once and the close waits for
-  every part: no progress to judge a stall by).
+  an origin slower than that serves its job nothing). The checkpoint's stripe reader waits as long per
+  request, with a breaker per stripe (`stripe/reader.py`). Not for uploads (pyarrow's S3 writes return
+  at once and the close waits for every part: no progress to judge a stall by).
 """
 
 from __future__ import annotations
@@ -80,9 +80,12 @@ class Breaker:
         self.until = 0.0
         self.hold_s = hold_s
 
+    def is_down(self) -> bool:
+        return bool(self.reason) and time.monotonic() < self.until
+
     def check(self) -> None:
         """Raise at once while the store is down."""
-        if self.reason and time.monotonic() < self.until:
+        if self.is_down():
             raise OSError(f"the store did not answer an earlier request ({self.reason}); not asked again for a while")
 
     def trip(self, e: BaseException) -> None:

@@ -14,6 +14,16 @@
   briefly answer "not found") is retried with backoff on a freshly opened handle, a few times. A
   stripe that has run out of retries fails the reads queued for it at once for `down_s`, so a dead
   server costs a reader one retry cycle, not one per queued cell.
+- **A deadline on each request.** A store that takes a ranged read and then sends nothing (a hung
+  proxy, an overloaded server) held each attempt for the S3 client's low-speed timeout times its own
+  attempts (3 x 60 s), and every retry again: `ckpt pull`, the checkpoint stage before exec and a read
+  through the mount waited 12 min. Each open and read of a store's stripe now waits at most
+  `storeguard.STALL_S` (`within`); one that overruns marks the stripe down (its retries and queued
+  reads fail at once, so the caller gets its error in about `STALL_S`: the stage starts without the
+  checkpoint, the mount answers EIO) and its store (the start's later stages do not ask it again). A
+  stripe keeps a breaker of its own: a failed small request elsewhere (the store's breaker) does not
+  stop its retries, so a link cut is still ridden out, and a cut shorter than `STALL_S` by the
+  request itself.
 - **Checksums.** Every cell is checked against the manifest before anyone sees it. A mismatch is an
   `IntegrityError`, which the mount turns into EIO: never silent bad bytes.
 """
@@ -34,6 +44,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..errors import IntegrityError, StoreError
 from ..store import blob_path
+from ..storeguard import STALL_S, Breaker, within
 from .layout import FileEntry, Manifest
 
 if TYPE_CHECKING:
@@ -64,8 +75,22 @@ class StripeSource(Protocol):
     def close(self) -> None: ...
 
 
+class _StripeBreaker(Breaker):
+    """A stripe's own breaker: tripped only by a read that overran its deadline, which also marks the
+    stripe's store down."""
+
+    def __init__(self, store: Breaker) -> None:
+        super().__init__()
+        self._store = store
+
+    def down(self, reason: str) -> None:
+        super().down(reason)
+        self._store.down(reason)
+
+
 class StoreStripe:
-    """Ranged reads of one stripe object on its target (pyarrow's ReadAt is thread-safe)."""
+    """Ranged reads of one stripe object on its target (pyarrow's ReadAt is thread-safe), each waited for
+    at most `storeguard.STALL_S`."""
 
     def __init__(self, store: Store, digest: str, index: int) -> None:
         self.store = store
@@ -73,12 +98,17 @@ class StoreStripe:
         self.index = index
         self._f: pyarrow.NativeFile | None = None
         self._lock = threading.Lock()
+        self._breaker = _StripeBreaker(store.breaker)
+        self._what = f"stripe {index} of a checkpoint"
 
     def _handle(self) -> pyarrow.NativeFile:
         with self._lock:
             if self._f is None:
                 try:
-                    self._f = self.store.open_input(self.rel)
+                    self._f = within(lambda: self.store.open_input(self.rel), self._breaker, self._what)
+                except OSError:
+                    self._stalled()
+                    raise
                 except StoreError:
                     if self._is_missing():  # worth naming: a removed checkpoint, not a flaky server
                         raise MissingStripe(
@@ -94,14 +124,23 @@ class StoreStripe:
         except StoreError:
             return False
 
+    def _stalled(self) -> None:
+        """Raise StripeStalled while a request of this stripe has lately overrun its deadline."""
+        if self._breaker.is_down():
+            raise StripeStalled(
+                f"stripe {self.index} ({self.store.uri}): the store sent nothing for {STALL_S:g} s; given up"
+            ) from None
+
     def read_at(self, offset: int, n: int) -> bytes:
+        self._stalled()
         f = self._handle()
         try:
-            return f.read_at(n, offset)
+            return within(lambda: f.read_at(n, offset), self._breaker, self._what)
         except read_errors():
             with self._lock:  # the next attempt opens a fresh handle; others may still use this one
                 if self._f is f:
                     self._f = None
+            self._stalled()
             raise
 
     def reset(self) -> None:
@@ -140,6 +179,10 @@ class StripeError(StoreError):
 
 class MissingStripe(StripeError):
     """A stripe object is not on its target."""
+
+
+class StripeStalled(StripeError):
+    """A request of the stripe brought nothing for `STALL_S`: not retried (each retry would wait as long)."""
 
 
 @dataclass
@@ -198,6 +241,9 @@ class Reader:
                 if len(data) != n:
                     raise StripeError(f"stripe {s}: short read at {off} ({len(data)} of {n} bytes): truncated stripe")
                 return data
+            except StripeStalled as e:
+                self.down[s] = (time.monotonic() + self.opts.down_s, str(e))
+                raise
             except read_errors() as e:
                 if self.closed or attempt >= self.opts.retries:
                     err = e if isinstance(e, StripeError) else None
