@@ -9,11 +9,13 @@ is a real S3 server behind a proxy (`StallingProxy`): a first node publishes a 2
 (untimed); then the proxy passes only the first 64 kB of each response, and a second node with a fresh
 cache and an empty env tree starts (timed): the store answers the ref and stops sending the blob.
 "stalls-swarm" is the same store under `bootseer p2p fetch` of a 24 MiB blob on one node (the swarm's
-origin): it fails, and the time is until the command has ended. Issue 29's bound on what a start waits
-for is `[p2p] deadline_s` + 5 s (35 s by default).
+origin): it fails, and the time is until the command has ended. "stalls-ckpt" is the same store under
+a start whose checkpoint stage pulls (`[checkpoint] mode = "pull"`) an 8 MiB checkpoint in two stripes
+of 1 MiB cells, pushed before the stall (untimed); the job starts without it. Issue 29's bound on what
+a start waits for is `[p2p] deadline_s` + 5 s (35 s by default).
 
     python tests/benchmarks/bench_silent_store.py [--against OLD_SRC] [--runs 1] \
-        [--how hung,drops-syn,stalls-blob,stalls-swarm]
+        [--how hung,drops-syn,stalls-blob,stalls-swarm,stalls-ckpt]
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def start(src: str, how: str, work: Path) -> tuple[float, str]:
         return _stalled_blob(src, node, image)
     if how == "stalls-swarm":
         return _stalled_swarm(src, node)
+    if how == "stalls-ckpt":
+        return _stalled_ckpt(src, node)
     endpoint = SilentEndpoint(how)
     try:
         (node / "bootseer.toml").write_text(
@@ -95,6 +99,29 @@ def _stalled_blob(src: str, node: Path, image: str) -> tuple[float, str]:
         root.mkdir()
         proxy.stall()
         return _exec(src, node, node / "cache-b")
+    finally:
+        proxy.close()
+        server.stop()
+
+
+def _stalled_ckpt(src: str, node: Path) -> tuple[float, str]:
+    """A checkpoint pushed (untimed); then a start that pulls it while the store stops sending."""
+    from bootseer_cli.store import Store
+    from bootseer_cli.stripe.push import push
+
+    server = S3Server(node / "s3").start()
+    proxy = StallingProxy(("127.0.0.1", server.port))
+    try:
+        os.environ.update(S3_ENV)
+        uri = f"s3://{server.bucket}/p?endpoint_override=127.0.0.1:{proxy.port}&scheme=http"
+        (node / "ckpt").mkdir()
+        (node / "ckpt" / "model.bin").write_bytes(os.urandom(8 << 20))
+        push(Store(uri), node / "ckpt", "job", "t1", stripes=2, cell_size=1 << 20)
+        (node / "bootseer.toml").write_text(
+            f'[store]\nuri = "{uri}"\n[checkpoint]\nname = "job"\nmountpoint = "{node / "ck"}"\nmode = "pull"\n'
+        )
+        proxy.stall()
+        return _exec(src, node, node / "cache")
     finally:
         proxy.close()
         server.stop()
@@ -135,7 +162,7 @@ def _stalled_swarm(src: str, node: Path) -> tuple[float, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", help="another checkout's src/ directory, in the same rounds")
-    how = "how the store is silent: hung, drops-syn, stalls-blob, stalls-swarm"
+    how = "how the store is silent: hung, drops-syn, stalls-blob, stalls-swarm, stalls-ckpt"
     ap.add_argument("--how", default="hung,drops-syn", help=how)
     ap.add_argument("--runs", type=int, default=1)
     args = ap.parse_args()

@@ -17,6 +17,10 @@ and then, uncapped on loopback (4 servers on 127.0.0.1), `ckpt pull` against `ca
 Throughput is the checkpoint's bytes over the transfer time (measured inside the process: the
 transfer, without interpreter start-up); the whole-process wall time is reported beside it.
 
+`--against OLD_SRC --reps N` runs every row with this checkout's `src` and with OLD_SRC in turn, N
+rounds, and prints each row's median transfer time and the pull's CPU seconds for both, and their
+ratio (a change to the read path, measured side by side).
+
 Everything it creates (namespaces, servers, mounts, files) is removed however it ends.
 """
 
@@ -126,9 +130,9 @@ from bootseer_cli.stripe.catalog import Targets, load_manifest
 from bootseer_cli.stripe.pull import pull
 st = Store(sys.argv[1])
 m = load_manifest(st, sys.argv[2])
-t = time.perf_counter()
-r = pull(m, Targets(st), Path(sys.argv[3]))
-print(r.bytes, time.perf_counter() - t)
+t, c = time.perf_counter(), time.process_time()
+r = pull(m, Targets(st, sys.argv[4].split(",")), Path(sys.argv[3]))  # the targets are configured, as a user's
+print(r.bytes, time.perf_counter() - t, time.process_time() - c)
 """
 TORCH_LOAD = """
 import sys, time
@@ -146,10 +150,12 @@ def drop_caches() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3")
 
 
-def measure(work: Path, main_uri: str, targets: list[str], single: tuple[str, str, str] | None, size: int) -> dict:
-    """One scenario: rows of (label, transfer s, whole-process s)."""
+def measure(
+    work: Path, main_uri: str, targets: list[str], single: tuple[str, str, str] | None, size: int, src: str
+) -> dict:
+    """One scenario with bootseer from `src`: rows of (label, transfer s, whole-process s)."""
     rows = {}
-    env = {"BOOTSEER_STORE": main_uri, "BOOTSEER_CHECKPOINT_TARGETS": ",".join(targets)}
+    env = {"BOOTSEER_STORE": main_uri, "BOOTSEER_CHECKPOINT_TARGETS": ",".join(targets), "PYTHONPATH": src}
     if single:
         drop_caches()
         # One GET over one connection (curl, SigV4): the plain single-stream baseline.
@@ -176,8 +182,9 @@ def measure(work: Path, main_uri: str, targets: list[str], single: tuple[str, st
         rows["single stream (bootseer fetch_blob)"] = (float(out.split()[1]), whole)
         (work / "single.bin").unlink()
     drop_caches()
-    whole, out = run([PY, "-c", TIMED_PULL, main_uri, "ck", str(work / "pulled")], env)
+    whole, out = run([PY, "-c", TIMED_PULL, main_uri, "ck", str(work / "pulled"), ",".join(targets)], env)
     rows["ckpt pull (4 stripes)"] = (float(out.split()[1]), whole)
+    rows["  its CPU seconds"] = (None, float(out.split()[2]))
     whole_cli, _ = run([PY, "-m", "bootseer_cli", "ckpt", "pull", "ck", str(work / "pulled-cli")], env)
     rows["  `bootseer ckpt pull` process"] = (None, whole_cli)
     shutil.rmtree(work / "pulled", ignore_errors=True)
@@ -199,9 +206,40 @@ def measure(work: Path, main_uri: str, targets: list[str], single: tuple[str, st
                 whole, out = run([PY, "-c", TORCH_LOAD, f"{mp}/model.pt"])
                 rows[label] = (float(out.split()[1]), whole + t_mount)
         finally:
-            run([PY, "-m", "bootseer_cli", "ckpt", "umount", mp])
+            run([PY, "-m", "bootseer_cli", "ckpt", "umount", mp], env)
             MOUNTS.remove(mp)
     return rows
+
+
+def measure_all(work: Path, main_uri: str, targets: list[str], single: tuple | None, size: int, srcs: dict, reps: int):
+    """Each rep measures every src in turn (the order alternating): {src name: [rows per rep]}."""
+    runs: dict[str, list[dict]] = {name: [] for name in srcs}
+    for rep in range(reps):
+        names = list(srcs) if rep % 2 == 0 else list(reversed(srcs))
+        for name in names:
+            runs[name].append(measure(work, main_uri, targets, single, size, srcs[name]))
+    return runs
+
+
+def medians(runs: list[dict]) -> dict:
+    """Each row's (transfer s, whole-process s) as the median over the rounds."""
+    import statistics
+
+    def median(label: str, i: int) -> float | None:
+        return None if runs[0][label][i] is None else statistics.median(r[label][i] for r in runs)
+
+    return {label: (median(label, 0), median(label, 1)) for label in runs[0]}
+
+
+def compare(title: str, runs: dict[str, list[dict]]) -> list[str]:
+    """this / other per row, of the medians (transfer time; the whole process where there is none)."""
+    this, other = medians(runs["this"]), medians(runs["other"])
+    lines = [f"\n{title}: this / other, medians of {len(runs['this'])} interleaved rounds"]
+    for label, (t, whole) in this.items():
+        ot, ow = other[label]
+        a, b = (t, ot) if t is not None else (whole, ow)
+        lines.append(f"{label:32} {a:>8.2f} {b:>8.2f} {a / b:>7.3f}")
+    return lines
 
 
 def table(title: str, rows: dict, size: int, base: str | None) -> list[str]:
@@ -224,7 +262,12 @@ def main() -> int:
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--cell-size", default="1MiB")
     ap.add_argument("--skip-uncapped", action="store_true")
+    ap.add_argument("--against", help="another checkout's src/ directory, measured in the same rounds")
+    ap.add_argument("--reps", type=int, default=1)
     args = ap.parse_args()
+    srcs = {"this": str(ROOT / "src")}
+    if args.against:
+        srcs["other"] = str(Path(args.against).resolve())
     if not available():
         print("needs root with iproute2 and tc", file=sys.stderr)
         return 2
@@ -248,18 +291,24 @@ def main() -> int:
         push(Store(main_uri), work / "ckpt", "ck", "v1", stripes=args.servers, targets=[Store(t) for t in targets])
         print(f"setup: {size / 2**20:.0f} MiB checkpoint pushed in {time.time() - t0:.1f} s", file=sys.stderr)
         url = f"http://{eps[0]}/{BUCKET}/single/{blob_path(digest)}"
-        rows = measure(work, main_uri, targets, (uri(eps[0], "single"), digest, url), size)
+        single = (uri(eps[0], "single"), digest, url)
+        runs = measure_all(work, main_uri, targets, single, size, srcs, args.reps)
+        rows = medians(runs["this"])
         title = (
             f"{args.servers} S3 servers, each capped at {args.rate_mbit:g} mbit (tc tbf, own netns); "
             f"{size / 2**20:.0f} MiB torch.save checkpoint, {args.servers} stripes"
         )
         out += table(title, rows, size, "single stream (curl, one GET)")
+        if args.against:
+            out += compare("capped", runs)
         if not args.skip_uncapped:
             eps2 = [start_server(work / f"lo{i}" / "data", "127.0.0.1", _free_port(), None) for i in range(4)]
             main2, targets2 = uri(eps2[0], "main"), [uri(e, "stripes") for e in eps2]
             push(Store(main2), work / "ckpt", "ck", "v1", stripes=4, targets=[Store(t) for t in targets2])
-            rows2 = measure(work, main2, targets2, None, size)
-            out += table("uncapped, 4 servers on loopback", rows2, size, "ckpt pull (4 stripes)")
+            runs2 = measure_all(work, main2, targets2, None, size, srcs, args.reps)
+            out += table("uncapped, 4 servers on loopback", medians(runs2["this"]), size, "ckpt pull (4 stripes)")
+            if args.against:
+                out += compare("uncapped", runs2)
         print("\n".join(out))
         print(json.dumps({"rows": {k: v for k, v in rows.items()}, "size": size}), file=sys.stderr)
     finally:
