@@ -81,6 +81,7 @@ class Breaker:
         self.hold_s = hold_s
 
     def is_down(self) -> bool:
+        """Whether a failure still holds the store down (`check` raises meanwhile)."""
         return bool(self.reason) and time.monotonic() < self.until
 
     def check(self) -> None:

@@ -17,7 +17,7 @@
 - **A deadline on each request.** A store that takes a ranged read and then sends nothing (a hung
   proxy, an overloaded server) held each attempt for the S3 client's low-speed timeout times its own
   attempts (3 x 60 s), and every retry again: `ckpt pull`, the checkpoint stage before exec and a read
-  through the mount waited 12 min. Each open and read of a store's stripe now waits at most
+  through the mount waited minutes (the stage: 802 s). Each open and read of a store's stripe now waits at most
   `storeguard.STALL_S` (`within`); one that overruns marks the stripe down (its retries and queued
   reads fail at once, so the caller gets its error in about `STALL_S`: the stage starts without the
   checkpoint, the mount answers EIO) and its store (the start's later stages do not ask it again). A
@@ -107,7 +107,7 @@ class StoreStripe:
                 try:
                     self._f = within(lambda: self.store.open_input(self.rel), self._breaker, self._what)
                 except OSError:
-                    self._stalled()
+                    self._raise_if_stalled()
                     raise
                 except StoreError:
                     if self._is_missing():  # worth naming: a removed checkpoint, not a flaky server
@@ -124,7 +124,7 @@ class StoreStripe:
         except StoreError:
             return False
 
-    def _stalled(self) -> None:
+    def _raise_if_stalled(self) -> None:
         """Raise StripeStalled while a request of this stripe has lately overrun its deadline."""
         if self._breaker.is_down():
             raise StripeStalled(
@@ -132,7 +132,7 @@ class StoreStripe:
             ) from None
 
     def read_at(self, offset: int, n: int) -> bytes:
-        self._stalled()
+        self._raise_if_stalled()
         f = self._handle()
         try:
             return within(lambda: f.read_at(n, offset), self._breaker, self._what)
@@ -140,7 +140,7 @@ class StoreStripe:
             with self._lock:  # the next attempt opens a fresh handle; others may still use this one
                 if self._f is f:
                     self._f = None
-            self._stalled()
+            self._raise_if_stalled()
             raise
 
     def reset(self) -> None:
