@@ -21,6 +21,7 @@ a start waits for is `[p2p] deadline_s` + 5 s (35 s by default).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,11 +85,21 @@ def start(src: str, how: str, work: Path) -> tuple[float, str]:
         endpoint.close()
 
 
-def _stalled_blob(src: str, node: Path, image: str) -> tuple[float, str]:
-    """A first node publishes the env (untimed); the second starts while the store stops sending blobs."""
+@contextlib.contextmanager
+def _stalling_store(node: Path) -> Iterator[tuple[S3Server, StallingProxy]]:
+    """A real S3 server behind a `StallingProxy` (not stalling yet), both stopped on the way out."""
     server = S3Server(node / "s3").start()
     proxy = StallingProxy(("127.0.0.1", server.port))
     try:
+        yield server, proxy
+    finally:
+        proxy.close()
+        server.stop()
+
+
+def _stalled_blob(src: str, node: Path, image: str) -> tuple[float, str]:
+    """A first node publishes the env (untimed); the second starts while the store stops sending blobs."""
+    with _stalling_store(node) as (server, proxy):
         root = node / "envroot"
         (node / "bootseer.toml").write_text(
             f'[store]\nuri = "s3://{server.bucket}/p?endpoint_override=127.0.0.1:{proxy.port}&scheme=http"\n'
@@ -99,9 +111,6 @@ def _stalled_blob(src: str, node: Path, image: str) -> tuple[float, str]:
         root.mkdir()
         proxy.stall()
         return _exec(src, node, node / "cache-b")
-    finally:
-        proxy.close()
-        server.stop()
 
 
 def _stalled_ckpt(src: str, node: Path) -> tuple[float, str]:
@@ -109,9 +118,7 @@ def _stalled_ckpt(src: str, node: Path) -> tuple[float, str]:
     from bootseer_cli.store import Store
     from bootseer_cli.stripe.push import push
 
-    server = S3Server(node / "s3").start()
-    proxy = StallingProxy(("127.0.0.1", server.port))
-    try:
+    with _stalling_store(node) as (server, proxy):
         os.environ.update(S3_ENV)
         uri = f"s3://{server.bucket}/p?endpoint_override=127.0.0.1:{proxy.port}&scheme=http"
         (node / "ckpt").mkdir()
@@ -122,9 +129,6 @@ def _stalled_ckpt(src: str, node: Path) -> tuple[float, str]:
         )
         proxy.stall()
         return _exec(src, node, node / "cache")
-    finally:
-        proxy.close()
-        server.stop()
 
 
 def _stalled_swarm(src: str, node: Path) -> tuple[float, str]:
@@ -135,9 +139,7 @@ def _stalled_swarm(src: str, node: Path) -> tuple[float, str]:
     from bootseer_cli.p2p.publish import publish_file
     from bootseer_cli.store import Store
 
-    server = S3Server(node / "s3").start()
-    proxy = StallingProxy(("127.0.0.1", server.port))
-    try:
+    with _stalling_store(node) as (server, proxy):
         os.environ.update(S3_ENV)
         digest, _ = publish_file(Store(server.uri("p")), random_file(node / "blob.bin", 24 << 20))
         proxy.stall()
@@ -152,9 +154,6 @@ def _stalled_swarm(src: str, node: Path) -> tuple[float, str]:
             timeout=TIMEOUT_S,
         )
         took = time.perf_counter() - t
-    finally:
-        proxy.close()
-        server.stop()
     lines = out.stderr.strip().splitlines()
     return took, f"exit {out.returncode}: {lines[-1][:150] if lines else ''}"
 
