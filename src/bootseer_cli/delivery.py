@@ -286,18 +286,13 @@ class Download(_Threaded):
 
     def __init__(self, store: Store, cache: BlobCache, digest: str) -> None:
         from .store import blob_path
-        from .storeguard import within
 
         self.store = store
         self.dest = cache.path(digest)
         # ranged reads: the size and the metadata at the end; each waited for at most STALL_S (storeguard)
-        what = f"blob {digest[:12]}"
-        src = within(lambda: store.open_input(blob_path(digest)), store.breaker, what)
-        self.size = int(within(src.size, store.breaker, what))
-        self.tail: tuple[Callable[[int, int], bytes], int] = (
-            lambda n, off: bytes(within(lambda: src.read_at(n, off), store.breaker, what)),
-            self.size,
-        )
+        src = store.open_ranged(blob_path(digest), f"blob {digest[:12]}")
+        self.size = src.size()
+        self.tail: tuple[Callable[[int, int], bytes], int] = (lambda n, off: bytes(src.read_at(n, off)), self.size)
         # The part file lives in the fan-out directory, entered no-follow: created, renamed and removed
         # by name in that descriptor (a user's `sha256/86 -> /etc` is refused, never written through).
         self._dfd = cache.dir_fd(digest)

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from .errors import StoreError
 from .redact import redact, redact_text
-from .storeguard import META_ATTEMPTS, META_CONNECT_S, META_REQUEST_S, Breaker, Chunks, Guarded
+from .storeguard import META_ATTEMPTS, META_CONNECT_S, META_REQUEST_S, Breaker, Chunks, Guarded, Ranged
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -343,6 +343,11 @@ class StoreFS:
         that stops sending part way fails the read soon and is taken for down (`storeguard.Chunks`)."""
         fs, path = self.fs, self.path(rel)
         return Chunks(lambda: fs.open_input_stream(path), chunk, self.breaker, what)
+
+    def open_ranged(self, rel: str, what: str, breaker: Breaker | None = None) -> Ranged:
+        """`rel` for ranged reads whose open, size and reads each wait at most `storeguard.STALL_S`; one
+        that overruns marks `breaker` (default: this store's) down (`storeguard.Ranged`)."""
+        return Ranged(lambda: self.open_input(rel), breaker or self.breaker, what)
 
     def open_input(self, rel: str) -> pa.NativeFile:
         """A random-access file (pyarrow NativeFile: read_at, seek, size) for ranged reads."""

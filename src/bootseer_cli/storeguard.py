@@ -169,6 +169,26 @@ def within(call: Callable[[], T], breaker: Breaker, what: str, limit_s: float = 
     raise value
 
 
+class Ranged:
+    """A blob opened for ranged reads whose open, `size()` and each `read_at` wait at most `limit_s`
+    (`within`): the one way the stages, the swarm's origin and the stripe reader read parts of a blob."""
+
+    def __init__(self, open_file: Callable[[], Any], breaker: Breaker, what: str, limit_s: float = STALL_S) -> None:
+        self._breaker, self._what, self._limit = breaker, what, limit_s
+        self._f = within(open_file, breaker, what, limit_s)
+
+    def size(self) -> int:
+        return int(within(self._f.size, self._breaker, self._what, self._limit))
+
+    def read_at(self, n: int, offset: int) -> bytes:
+        f = self._f
+        return within(lambda: f.read_at(n, offset), self._breaker, self._what, self._limit)
+
+    def close(self) -> None:
+        """Close the file (only when no read of it may still be running: not after a read overran)."""
+        self._f.close()
+
+
 class Chunks:
     """A blob streamed in chunks (`with Chunks(...) as chunks: for chunk in chunks`): a daemon thread
     opens the stream and reads ahead of the consumer (two chunks at most), and the consumer waits at

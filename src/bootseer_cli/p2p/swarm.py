@@ -32,9 +32,9 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     import libtorrent as lt
-    import pyarrow as pa
 
     from ..store import Store
+    from ..storeguard import Ranged
 
 MiB = 1 << 20
 
@@ -321,13 +321,11 @@ class StoreFeeder(threading.Thread):
         to READ_AHEAD bytes (a request per piece left the link idle between requests); a piece out of
         order is one ranged read."""
         from ..store import blob_path
-        from ..storeguard import within
 
         if i in self._ahead:
             return self._ahead.pop(i)
-        what = f"blob {self.digest[:12]}"
         if self._random is None:  # each call into the store has storeguard's deadline: a store may stall
-            self._random = within(lambda: self.store.open_input(blob_path(self.digest)), self.store.breaker, what)
+            self._random = self.store.open_ranged(blob_path(self.digest), f"blob {self.digest[:12]}")
         plen, n = ti.piece_length(), ti.num_pieces()
         run = [i]
         while (
@@ -340,7 +338,7 @@ class StoreFeeder(threading.Thread):
         sizes = [ti.piece_size(j) for j in run]
         src = self._random
         try:
-            buf = within(lambda: src.read_at(sum(sizes), i * plen), self.store.breaker, what)
+            buf = src.read_at(sum(sizes), i * plen)
         except OSError:
             self._random = None  # not closed here: a read that overran may still be using it
             raise
@@ -372,7 +370,7 @@ class StoreFeeder(threading.Thread):
             self.stop.wait(0.02)
 
     def run(self) -> None:
-        self._random: pa.NativeFile | None = None  # the blob in the store, opened on the first read
+        self._random: Ranged | None = None  # the blob in the store, opened on the first read
         self._ahead: dict[int, bytes] = {}
         self._next_in_order: dict[int, int] = {}
         try:

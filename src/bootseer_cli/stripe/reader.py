@@ -44,12 +44,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..errors import IntegrityError, StoreError
 from ..store import blob_path
-from ..storeguard import STALL_S, Breaker, within
+from ..storeguard import STALL_S, Breaker, Ranged
 from .layout import FileEntry, Manifest
 
 if TYPE_CHECKING:
-    import pyarrow
-
     from ..store import Store
     from .catalog import Targets
 
@@ -96,16 +94,16 @@ class StoreStripe:
         self.store = store
         self.rel = blob_path(digest)
         self.index = index
-        self._f: pyarrow.NativeFile | None = None
+        self._f: Ranged | None = None
         self._lock = threading.Lock()
         self._breaker = _StripeBreaker(store.breaker)
         self._what = f"stripe {index} of a checkpoint"
 
-    def _handle(self) -> pyarrow.NativeFile:
+    def _handle(self) -> Ranged:
         with self._lock:
             if self._f is None:
                 try:
-                    self._f = within(lambda: self.store.open_input(self.rel), self._breaker, self._what)
+                    self._f = self.store.open_ranged(self.rel, self._what, self._breaker)
                 except OSError:
                     self._raise_if_stalled()
                     raise
@@ -135,7 +133,7 @@ class StoreStripe:
         self._raise_if_stalled()
         f = self._handle()
         try:
-            return within(lambda: f.read_at(n, offset), self._breaker, self._what)
+            return f.read_at(n, offset)
         except read_errors():
             with self._lock:  # the next attempt opens a fresh handle; others may still use this one
                 if self._f is f:
