@@ -27,6 +27,18 @@ def cache_root() -> Path:
     return usable_or_scratch(configured, "cache") or configured
 
 
+def store_flag_problem(value: str) -> str | None:
+    """Why `--store VALUE` names no store, or None. A flag's value is checked before any stage runs: the
+    fast parser took `bootseer exec --store -- CMD` as a store named `--`, and a bare relative path
+    (`--store cache`) as a store that moves with the working directory, so every stage ran against a
+    directory nobody meant (issue 46)."""
+    if not value.strip() or value.startswith("-"):
+        return "needs a store URI (file://…, s3://…, gs://…, hdfs://… or an absolute path)"
+    if "://" not in value and not os.path.isabs(os.path.expanduser(value)):
+        return f"{value!r} is a relative path; give an absolute path or a URI (file:///…, s3://…)"
+    return None
+
+
 def default_store_uri() -> str:
     return (cache_root() / "store").as_uri()
 

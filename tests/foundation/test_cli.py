@@ -46,6 +46,9 @@ def test_fast_exec_parser(args: list[str], expected: object) -> None:
         (["--skip=env", "--confg=a.toml", "ls"], "no such option --confg (did you mean --config?)"),
         (["-qx", "ls"], "no such option -qx"),
         (["--quiet=1", "ls"], "option --quiet takes no value"),
+        (["--store", "--", "ls"], "option --store needs a store URI"),
+        (["--store=", "ls"], "option --store needs a store URI"),
+        (["--store", "cache", "ls"], "option --store 'cache' is a relative path"),
     ],
 )
 def test_fast_exec_parser_refuses_unknown_options(args: list[str], message: str) -> None:
@@ -82,6 +85,26 @@ def test_unknown_exec_option_is_a_usage_error_before_any_stage(tmp_path: Path, f
         assert r.returncode == 2, r.stderr
         assert "--sotre" in r.stderr and "--store" in r.stderr, r.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("args", [["exec", "--store", "--", "true"], ["exec", "--store", "rel", "--", "true"]])
+def test_exec_store_flag_without_a_store_is_a_usage_error(tmp_path: Path, args: list[str]) -> None:
+    """Issue 46: `exec --store -- CMD` took `--` as the store and ran every stage against a directory named
+    `--` (and a relative path was a store that moves with the working directory). Now: exit 2, one line,
+    no stage ran, no such directory made."""
+    marker = tmp_path / "marker"
+    (tmp_path / "bootseer.toml").write_text(f'[env]\nsetup = ["touch {marker}"]\n')
+    r = run(args, tmp_path, env={**_env(), "XDG_CACHE_HOME": str(tmp_path)})
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "--store" in line, line
+    assert not marker.exists() and not (tmp_path / "--").exists() and not (tmp_path / "rel").exists()
+
+
+def test_a_verb_refuses_a_relative_store(tmp_path: Path) -> None:
+    r = run(["env", "ls", "--store", "rel"], tmp_path, env={**_env(), "XDG_CACHE_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "relative path" in r.stderr, r.stderr
+    assert not (tmp_path / "rel").exists()
 
 
 def test_exec_skip_help_lists_the_stages_of_the_table(tmp_path: Path) -> None:

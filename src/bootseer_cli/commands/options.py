@@ -23,11 +23,24 @@ ConfigOpt = Annotated[
         help="bootseer.toml to use (default: $BOOTSEER_CONFIG, else the nearest bootseer.toml from here up).",
     ),
 ]
+
+
+def _store_flag(value: str | None) -> str | None:
+    """`--store`'s value, refused before the verb runs when it names no store (`--`, a relative path)."""
+    from ..paths import store_flag_problem
+
+    problem = None if value is None else store_flag_problem(value)
+    if problem:
+        raise typer.BadParameter(problem)
+    return value
+
+
 StoreOpt = Annotated[
     str | None,
     typer.Option(
         "--store",
         metavar="URI",
+        callback=_store_flag,
         help="Store URI (file://…, s3://…, hdfs://…); overrides [store] uri and $BOOTSEER_STORE.",
     ),
 ]

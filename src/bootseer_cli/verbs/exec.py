@@ -62,7 +62,7 @@ def parse_exec(args: list[str]) -> tuple[ExecOptions, list[str]] | None:
     while i < len(args):
         a = args[i]
         if a == "--":
-            return _options(opts), args[i + 1 :]
+            return _checked(_options(opts)), args[i + 1 :]
         if a in HELP:
             return None
         if a in FLAGS:
@@ -83,9 +83,19 @@ def parse_exec(args: list[str]) -> tuple[ExecOptions, list[str]] | None:
         elif a.startswith("-") and a != "-":
             raise unknown_option(a)
         else:
-            return _options(opts), args[i:]
+            return _checked(_options(opts)), args[i:]
         i += 1
-    return _options(opts), []
+    return _checked(_options(opts)), []
+
+
+def _checked(opts: ExecOptions) -> ExecOptions:
+    """`opts`, once its store is one (`--store --` or a relative path is a usage error, exit 2)."""
+    from ..paths import store_flag_problem
+
+    problem = None if opts.store is None else store_flag_problem(opts.store)
+    if problem:
+        raise ExecUsageError(f"exec: option --store {problem}; usage: {USAGE}")
+    return opts
 
 
 def _short_cluster(word: str, following: str | None, opts: dict[str, str | bool]) -> int | None:
