@@ -201,11 +201,24 @@ def _run_task(agent: Agent, decl: AgentTask, spec: Any) -> None:
         agent.log(f"task {decl.kind} failed:\n{traceback.format_exc()}")
 
 
+def _write_pid(run_dir: Path) -> None:
+    """`agent.pid`, whole or not at all: a reader (`gc`, whoever waits for the agent) that opened it
+    between the create and the write read "" (a ValueError under load, issue 46; gc took the run's agent
+    for gone). Written under a private temporary name and renamed over."""
+    tmp = run_dir / f".agent.pid.{os.getpid()}.{os.urandom(4).hex()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, str(os.getpid()).encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, run_dir / "agent.pid")
+
+
 def main(run_dir: Path) -> int:
     """Run the tasks of `run_dir/agent.json` until the launcher ends, then stop them and upload the events."""
     agent = Agent(run_dir)
     agent.log(f"agent for launcher pid {agent.launcher_pid}, run {agent.run.run}")
-    (run_dir / "agent.pid").write_text(str(os.getpid()))
+    _write_pid(run_dir)
 
     def _on_term(signum: int, _frame: Any) -> None:
         agent.stopping.set()
