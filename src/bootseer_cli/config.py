@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,15 +109,21 @@ def _line_of(text: str, section: str, key: str) -> int:
 
 
 def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """--config, else $BOOTSEER_CONFIG, else the nearest bootseer.toml from the working directory up."""
+    """--config, else $BOOTSEER_CONFIG, else the nearest bootseer.toml from the working directory up that
+    the caller may trust (`_walk_up`). `/dev/null` named explicitly means no file (the entrypoint hook's
+    way of saying "defaults and environment only" without a walk)."""
     if explicit:
         p = Path(explicit).expanduser()
+        if str(p) == os.devnull:
+            return None
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         return p
     env = os.environ.get("BOOTSEER_CONFIG")
     if env:
         p = Path(env).expanduser()
+        if str(p) == os.devnull:
+            return None
         if not p.is_file():
             raise ConfigError(f"BOOTSEER_CONFIG names a file that does not exist: {p}")
         return p
@@ -124,24 +131,88 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | N
 
 
 def _walk_up(start: Path) -> Path | None:
-    """The nearest bootseer.toml in `start` or a folder above it, up to the filesystem root (as ruff and uv
-    find theirs), so a job started from a subdirectory of its project still gets the project's config."""
+    """The nearest bootseer.toml in `start` or a folder above it (as ruff and uv find theirs), so a job
+    started from a subdirectory of its project still gets the project's config.
+
+    A config is code (its setup runs as the caller), so the walk is git's safe.directory: it stops at the
+    first folder the caller does not own (for root: not owned by root), naming a bootseer.toml found
+    there as ignored, and refuses a found file that another user owns or can write (`_refusal`). A file
+    named with --config or $BOOTSEER_CONFIG is the caller's explicit choice and is read as it is."""
+    me = os.geteuid()
     for folder in (start, *start.parents):
         p = folder / CONFIG_NAME
-        if p.is_file():
+        try:
+            owner = folder.stat().st_uid
+        except OSError:
+            return None
+        if owner != me:
+            if p.is_file():
+                _warn(
+                    f"ignored {p}: its directory {folder} belongs to {_who(owner)}, not you ({_who(me)}); "
+                    f"a config is code: pass it with --config {p} if you trust it"
+                )
+            return None
+        if p.is_symlink() or p.is_file():
+            problem = _refusal(p, me)
+            if problem:
+                raise ConfigError(
+                    f"refusing {p}: {problem}; a config is code: fix that, or pass it with --config {p} if you trust it"
+                )
             return p
     return None
+
+
+def _refusal(path: Path, me: int) -> str:
+    """Why a found bootseer.toml may not be obeyed by `me` ('' when it may): a link another user made, or
+    a file that fails `refusal_of`."""
+    try:
+        link = path.lstat()
+        st = path.stat()
+    except OSError as e:
+        return f"cannot read it ({e.strerror})"
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
+        return f"it is a link made by {_who(link.st_uid)}, not you ({_who(me)})"
+    return refusal_of(st, me)
+
+
+def refusal_of(st: os.stat_result, me: int) -> str:
+    """Why a found config file with status `st` may not be obeyed by `me`: another user owns it, or its
+    group or others can write it. Checked again on the descriptor the file is read from, so a file
+    swapped in after the walk looked is refused too. Root's own files are trusted by everyone."""
+    if st.st_uid not in (me, 0):
+        return f"it belongs to {_who(st.st_uid)}, not you ({_who(me)})"
+    if st.st_mode & 0o022:
+        return f"it is writable by {'group' if st.st_mode & 0o020 else 'others'} (chmod go-w it)"
+    return ""
+
+
+def _who(uid: int) -> str:
+    """`uid 1000 (alice)` for a message."""
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
 
 
 def _warn(msg: str) -> None:
     print(f"bootseer: warning: {msg}", file=sys.stderr, flush=True)
 
 
-def _read_file(path: Path, spec: dict[str, dict[str, Meta]], settings: dict[str, dict[str, Setting]]) -> None:
+def _read_file(
+    path: Path, spec: dict[str, dict[str, Meta]], settings: dict[str, dict[str, Setting]], found: bool = False
+) -> None:
+    """Read `path` into `settings`; a `found` file (not named by the caller) is checked again on its fd."""
     from .safeopen import read_capped
 
-    try:
-        text = read_capped(path).decode("utf-8")  # regular files only, capped: a config may be a job's
+    def trusted(st: os.stat_result) -> None:
+        problem = refusal_of(st, os.geteuid())
+        if problem:
+            raise ConfigError(f"refusing {path}: {problem}; pass it with --config {path} if you trust it")
+
+    try:  # regular files only, capped: a config may be a job's
+        text = read_capped(path, check=trusted if found else None).decode("utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:
@@ -198,7 +269,7 @@ def load(
     base_dir = Path.cwd()
     if path is not None:
         base_dir = path.resolve().parent
-        _read_file(path, spec, settings)
+        _read_file(path, spec, settings, found=not config_file and not os.environ.get("BOOTSEER_CONFIG"))
     _read_environ(environ, spec, settings)
     for (section, key), value in (overrides or {}).items():
         if value is None:

@@ -15,16 +15,25 @@ import errno
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 
 CONFIG_MAX_BYTES = 1 << 20  # a bootseer.toml is a few kB; this bounds what a parse can be made to hold
 FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def open_regular(path: str | os.PathLike[str], *, follow: bool = True, private: bool = False) -> int:
+def open_regular(
+    path: str | os.PathLike[str],
+    *,
+    follow: bool = True,
+    private: bool = False,
+    check: Callable[[os.stat_result], None] | None = None,
+) -> int:
     """A descriptor of `path` if it is a regular file; OSError (with a readable strerror) otherwise.
 
     `follow=False` refuses a link at the last component (ELOOP); `private=True` refuses a file whose
-    mode lets its group or others read or write it (a secret others can read is not one)."""
+    mode lets its group or others read or write it (a secret others can read is not one); `check` sees
+    the descriptor's status (the file actually read, not the one a path named a moment before) and
+    raises to refuse it."""
     fd = os.open(path, FLAGS | (0 if follow else os.O_NOFOLLOW))
     try:
         st = os.fstat(fd)
@@ -32,6 +41,8 @@ def open_regular(path: str | os.PathLike[str], *, follow: bool = True, private: 
             raise OSError(errno.EINVAL, "not a regular file (a device, FIFO or socket is never read)")
         if private and st.st_mode & 0o077:
             raise OSError(errno.EACCES, "readable by others (chmod 600 it)")
+        if check is not None:
+            check(st)
     except BaseException:
         os.close(fd)
         raise
@@ -39,10 +50,15 @@ def open_regular(path: str | os.PathLike[str], *, follow: bool = True, private: 
 
 
 def read_capped(
-    path: str | os.PathLike[str], cap: int = CONFIG_MAX_BYTES, *, follow: bool = True, private: bool = False
+    path: str | os.PathLike[str],
+    cap: int = CONFIG_MAX_BYTES,
+    *,
+    follow: bool = True,
+    private: bool = False,
+    check: Callable[[os.stat_result], None] | None = None,
 ) -> bytes:
     """The bytes of regular file `path`, refused (OSError EFBIG) when it holds more than `cap`."""
-    fd = open_regular(path, follow=follow, private=private)
+    fd = open_regular(path, follow=follow, private=private, check=check)
     try:
         chunks, n = [], 0
         while chunk := os.read(fd, 1 << 16):

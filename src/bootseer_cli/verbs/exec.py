@@ -143,7 +143,7 @@ def config_line(cfg: Config) -> str:
     uri = redact(cfg.get("store", "uri") or "")
     store = f"store {uri}" if uri else f"the local store {default_store_uri()}"
     if cfg.path is None:
-        where = "no config file (no --config, no $BOOTSEER_CONFIG, no bootseer.toml from here up to /)"
+        where = "no config file (no --config, no $BOOTSEER_CONFIG, no bootseer.toml of yours from here up)"
         return f"bootseer: {where}; {store}"
     return f"bootseer: config {cfg.path.resolve()}; {store}"
 
