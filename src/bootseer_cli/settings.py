@@ -81,7 +81,7 @@ class ExecSettings:
     skip: tuple[str, ...] = strings((), "Stages not to run (see bootseer exec --help).")
     agent: bool = flag(True, "Start the agent that serves mounts, seeds and uploads after exec.")
     pass_store_credentials: bool = flag(
-        False, "Hand the store's credentials to the launcher (a job that pushes checkpoints itself)."
+        False, "Hand the store's credentials and the signing key to the launcher (a job pushing checkpoints itself)."
     )
 
 
