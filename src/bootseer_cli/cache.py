@@ -255,7 +255,9 @@ class BlobCache:
 def _warn(msg: str) -> None:
     import sys
 
-    print(f"bootseer: warning: {msg}", file=sys.stderr, flush=True)
+    from .redact import redact_text
+
+    print(f"bootseer: warning: {redact_text(msg)}", file=sys.stderr, flush=True)
 
 
 def cache_for(settings: StoreSettings, degrade: bool = True) -> BlobCache:

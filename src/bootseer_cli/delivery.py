@@ -90,7 +90,9 @@ def fetch_blob(
 def _warn(msg: str) -> None:
     import sys
 
-    print(f"bootseer: warning: {msg}", file=sys.stderr, flush=True)
+    from .redact import redact_text
+
+    print(f"bootseer: warning: {redact_text(msg)}", file=sys.stderr, flush=True)
 
 
 def after_publish(p2p: P2PSettings, store: Store, digest: str, path: Path) -> dict[str, Any]:

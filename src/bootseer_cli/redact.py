@@ -5,12 +5,19 @@ stage events (uploaded to the shared store), reports, `config`, `doctor`, and th
 show where the store is without the secret, so every such text goes through `redact` (one URI) or
 `redact_text` (free text that may contain URIs). The full URI stays in memory (`Store`) and reaches a
 child process only through its environment or a 0600 file, never its argv.
+
+A client's error text can hold a secret outside any URI: pyarrow split `s3://KEY:abc/Secret@bkt/p` at
+the secret's "/" and said `key 'Secret@bkt/p…'`. So `redact` also remembers every secret it masks (and
+its "/"-separated pieces), and `redact_text`, which every message, warning and event passes through,
+masks those, and the store credentials of the environment, wherever they appear: the one place where
+the text of errors from pyarrow, obstore and libtorrent is cleaned.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 MASK = "***"
 
@@ -21,6 +28,13 @@ _SECRET_EXACT = ("sig", "key", "pwd", "auth", "authorization", "sas")
 
 # A URI inside free text: a scheme, "://", then anything up to white space or a quote/bracket.
 _URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
+
+# Secrets seen by `redact` in this process, masked in free text by `redact_text`. A piece shorter than
+# this is not kept on its own (it would mask ordinary words); the whole secret always is.
+_SEEN: set[str] = set()
+_MIN_PIECE = 6
+# Environment variables whose values are store credentials (a client may echo them in its errors).
+_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_CONTAINER_AUTHORIZATION_TOKEN")
 
 
 def _secret_name(name: str) -> bool:
@@ -36,6 +50,7 @@ def redact(uri: str) -> str:
     """
     if "://" not in uri:
         return uri
+    _remember(uri)
     uri = _userinfo_to_last_at(uri)
     try:
         parts = urlsplit(uri)
@@ -73,8 +88,36 @@ def _redact_pair(pair: str) -> str:
     return f"{name}={MASK}" if eq and _secret_name(unquote(name)) else pair
 
 
+def _remember(uri: str) -> None:
+    """Keep the secrets `uri` carries (its user info's password, secret-looking query values) for
+    `redact_text`, with their decoded forms and "/"-separated pieces: a client that split the URI at
+    a "/" of the secret prints the piece after it."""
+    rest = uri.split("://", 1)[1]
+    head = re.split(r"[?#]", rest, maxsplit=1)[0]
+    at = head.rfind("@")
+    found = []
+    if at >= 0 and (":" in head[:at] or "/" not in head[:at]):
+        found.append(head[:at].partition(":")[2] or head[:at])
+    query = rest.partition("?")[2].partition("#")[0]
+    found += [v for k, v in parse_qsl(query, keep_blank_values=False) if _secret_name(k)]
+    for secret in found:
+        for form in {secret, unquote(secret)}:
+            _SEEN.add(form)
+            _SEEN.update(p for p in form.split("/") if len(p) >= _MIN_PIECE)
+
+
+def _secrets() -> list[str]:
+    """What `redact_text` masks outside URIs, longest first (a piece never leaves its whole half-shown)."""
+    env = (os.environ.get(name, "") for name in _SECRET_ENV)
+    return sorted(_SEEN.union(v for v in env if len(v) >= _MIN_PIECE), key=len, reverse=True)
+
+
 def redact_text(text: str) -> str:
-    """Free text (an error message, a warning, a log line) with every URI in it redacted."""
-    if "://" not in text:
-        return text
-    return _URI_IN_TEXT.sub(lambda m: redact(m.group(0)), text)
+    """Free text (an error message, a warning, a log line) with every URI in it redacted and every
+    secret this process knows of masked, wherever it stands (a client's error may print one bare)."""
+    if "://" in text:
+        text = _URI_IN_TEXT.sub(lambda m: redact(m.group(0)), text)
+    for secret in _secrets():
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text

@@ -24,7 +24,9 @@ SHOWN_FIELDS = ("env_key", "blob", "size", "files", "bytes", "deletions", "creat
 
 
 def _warn(msg: str) -> None:
-    typer.echo(f"bootseer: warning: {msg}", err=True)
+    from ..redact import redact_text
+
+    typer.echo(f"bootseer: warning: {redact_text(msg)}", err=True)
 
 
 def baseline(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
@@ -32,7 +34,9 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt 
     from ..envsnap.actions import baseline_here
 
     def say(msg: str) -> None:
-        typer.echo(f"bootseer: {msg}", err=True)
+        from ..redact import redact_text
+
+        typer.echo(f"bootseer: {redact_text(msg)}", err=True)
 
     taken = baseline_here(Settings.from_config(load_config(config, store)), say, _warn)
     if as_json:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError, ConfigError, StoreError
 from ..events import COLUMNS
+from ..redact import redact_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -89,7 +90,7 @@ def _read_one_by_one(store: Store, files: list[EventFile], schema: pa.Schema) ->
         try:
             return _read_file(store, rel, schema)
         except (StoreError, OSError, pa.ArrowException, KeyError, ValueError) as e:
-            print(f"bootseer: warning: skipping unreadable event file {rel}: {e}", file=sys.stderr)
+            print(f"bootseer: warning: skipping unreadable event file {rel}: {redact_text(str(e))}", file=sys.stderr)
             return None
 
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BootseerError
+from ..redact import redact_text
 from .layout import Manifest
 
 FSTYPE = "fuse.bootseer-ckpt"
@@ -395,7 +396,7 @@ def _main(spec_path: str) -> int:
     try:
         return serve(spec)
     except _BE as e:
-        print(f"bootseer: error: {e}", file=sys.stderr, flush=True)
+        print(f"bootseer: error: {redact_text(str(e))}", file=sys.stderr, flush=True)
         return e.exit_code
 
 
