@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 from .digests import sha256_file
 from .errors import BlobMissing, IntegrityError, StoreError
 from .storefs import SHARED, StoreFS
-from .trust import SIG_FIELD, Trust, unsigned
+from .trust import SIG_FIELD, Trust, announce_unverified, unsigned
 
 CHUNK = 4 << 20
 
@@ -290,6 +290,7 @@ class Store(StoreFS):
             if why:
                 _warn_once(f"{domain}/{rel} in {self.uri} is not used: {why}")
                 continue
+            announce_unverified(self.trust, domain, rel)
             doc.pop(SIG_FIELD, None)
             return doc
         return None

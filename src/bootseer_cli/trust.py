@@ -11,8 +11,9 @@ domain no longer verifies; a key removed from `verify_keys` no longer verifies a
 
 Without any key configured, refs are unsigned and a reader accepts only its own domain (a user never
 runs another user's code by accident; a store writer can still forge refs in it, which `bootseer
-doctor` says). With keys, `[trust] verify = "required"` (the default then) refuses an unsigned or
-wrongly signed ref: the reader treats it as a miss and warns, never stops the job.
+doctor` says, and a start that uses such a ref says once, on one line: `announce_unverified`). With
+keys, `[trust] verify = "required"` (the default then) refuses an unsigned or wrongly signed ref: the
+reader treats it as a miss and warns, never stops the job.
 
 Signatures are Ed25519 through `cryptography` (public keys, so that a reader cannot forge what it
 verifies; a well-kept library already in most Python images); it is imported only where a key is
@@ -310,3 +311,29 @@ def describe(trust: Trust) -> tuple[str, str, str]:
         )
     signs = f"signs with key {trust.signer.kid}" if trust.signer else "does not sign (no [trust] signing_key)"
     return "ok", f"domain {trust.domain}; reads {domains}; {len(trust.verifiers)} verify key(s); {signs}", ""
+
+
+# Documents that name code a start runs or loads (a snapshot's files, compiled kernels, the pages of a
+# hot-block record, a torrent's pieces): used unverified only with the notice below, or when the
+# configuration says `[trust] verify = "off"`.
+CODE_REFS = ("refs/env/", "refs/compile/", "refs/hot/", "refs/torrent/")
+_announced: list[str] = []
+
+
+def announce_unverified(trust: Trust, domain: str, rel: str) -> None:
+    """Say once per process (one start), on one line, that code from the store is used without a verified
+    signature, and how to turn signing on. A downgrade must not be silent; a notice per ref would be noise.
+    Nothing is said where the configuration chose `verify = "off"`, or where every use was verified."""
+    if _announced or trust.required or trust.verify == "off" or not rel.startswith(CODE_REFS):
+        return
+    _announced.append(domain)
+    import sys
+
+    print(
+        f"bootseer: warning: running unsigned: env/compile/hot/torrent refs of domain {domain} are used without "
+        "a signature (whoever can write the store can put code into this job); turn signing on: bootseer trust "
+        f'keygen --domain {domain} --out KEY, then [trust] signing_key = "KEY.key", verify_keys = ["KEY.pub"] '
+        '(or [trust] verify = "off" to run unsigned knowingly)',
+        file=sys.stderr,
+        flush=True,
+    )

@@ -205,7 +205,7 @@ def test_slurm_script_speaks_pyxis(tmp_path: Path) -> None:
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     script = tmp_path / "train.sbatch"
-    script.write_text(render("slurm-job.sbatch", VALUES))
+    script.write_text(render("slurm-job.sbatch", VALUES | {"KEYS_DIR": ""}))  # unsigned on purpose: no keys here
     argv_file = tmp_path / "argv"
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SRUN_ARGV": str(argv_file), "SLURM_SUBMIT_DIR": str(job)}
     subprocess.run(["bash", str(script)], env=env | {"USER": "u"}, check=True, cwd=job)
@@ -374,8 +374,9 @@ def test_slurm_job_gets_public_keys_never_the_signing_key(tmp_path: Path) -> Non
     argv = (tmp_path / "argv").read_text().splitlines()
     mounts = next(a for a in argv if a.startswith("--container-mounts=")).split("=", 1)[1].split(",")
     assert f"{keys}:{keys}:ro" in mounts and f"{creds}:{creds}:ro" in mounts
-    # No keys, no credentials file on the node: nothing to verify with, nothing mounted, the job still runs.
-    script.write_text(render("slurm-job.sbatch", VALUES | {"KEYS_DIR": str(tmp_path / "none")}))
+    # Unsigned on purpose (KEYS_DIR=), no credentials file on the node: nothing verified or mounted, the job
+    # runs (a configured KEYS_DIR without a readable key fails closed: tests/security/test_unsigned_start.py).
+    script.write_text(render("slurm-job.sbatch", VALUES | {"KEYS_DIR": ""}))
     subprocess.run(["bash", str(script)], env=env, check=True, cwd=job)
     got = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line)
     assert "BOOTSEER_TRUST_VERIFY_KEYS" not in got and "AWS_SHARED_CREDENTIALS_FILE" not in got
