@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
@@ -81,9 +83,7 @@ class DirFds:
     def _open(self, path: str, create: bool) -> int:
         if path in self.roots:
             return self._open_root(path, create)
-        parent, _, name = path.rpartition("/")
-        if not parent or not name:
-            raise UnsafeArchive(f"{path} lies outside the roots")
+        parent, name = _split(path)
         pfd = self.dir(parent, create)
         try:
             try:
@@ -149,3 +149,61 @@ def _not_a_dir(path: str, e: OSError) -> BaseException:
             f"{path} is not a directory (a symlink put there?): refusing to follow it, it could lead outside the roots"
         )
     return e
+
+
+def _split(path: str) -> tuple[str, str]:
+    """(parent, name) of `path`; UnsafeArchive for a name that is not one entry of its directory (`..`
+    would climb out of the roots through descriptors that never see a link)."""
+    parent, _, name = path.rpartition("/")
+    if not parent or name in ("", ".", ".."):
+        raise UnsafeArchive(f"{path} lies outside the roots")
+    return parent, name
+
+
+def rename_at(d: DirFds, src: str, dst: str) -> None:
+    """rename(2) between the no-follow descriptors of both directories (the names themselves are
+    renamed, never followed)."""
+    sparent, sname = _split(src)
+    sfd = os.dup(d.dir(sparent))  # held across the next `dir`, which may evict it
+    try:
+        dparent, dname = _split(dst)
+        os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=d.dir(dparent))
+    finally:
+        os.close(sfd)
+
+
+def remove_at(d: DirFds, path: str) -> None:
+    """Remove `path` (a file, link or directory tree) from its directory, reached without following a
+    link: a parent swapped for a symlink raises, nothing is removed through it."""
+    parent, name = _split(path)
+    try:
+        pfd = d.dir(parent)
+        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=pfd)
+        return
+    try:
+        os.rmdir(name, dir_fd=pfd)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        rmtree_at(pfd, name)
+
+
+def rmtree_at(pfd: int, name: str) -> None:
+    """A non-empty directory the extraction created (a dead worker's files in it): by descriptor."""
+    if sys.version_info >= (3, 11):
+        shutil.rmtree(name, dir_fd=pfd)
+        return
+    fd = os.open(name, DIR_FLAGS, dir_fd=pfd)  # pragma: no cover - Python 3.10
+    try:  # pragma: no cover
+        for child in os.listdir(fd):
+            if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                rmtree_at(fd, child)
+            else:
+                os.unlink(child, dir_fd=fd)
+    finally:  # pragma: no cover
+        os.close(fd)
+    os.rmdir(name, dir_fd=pfd)  # pragma: no cover

@@ -13,6 +13,12 @@ journal file itself (each version is locked before it is renamed into place) for
 and the kernel drops it when the writer dies. Recovery takes that flock without waiting; when it is
 held, the restore is live (another process, e.g. one that did not share our tree lock) and nothing
 of it is touched. A writer likewise refuses to start over a live journal.
+
+The tree may be writable by a plain user while root recovers it, so the journal is a file in the
+tree, not a trusted one: it is opened no-follow, non-blocking, type-checked and size-capped
+(`treefiles.py`), written under an unguessable temporary name, and what it names is only acted on
+through no-follow directory descriptors from the roots (`dirfd.py`): a planted journal naming
+`<root>/link/x`, with `link` a symlink out of the tree, removes nothing outside.
 """
 
 from __future__ import annotations
@@ -21,13 +27,16 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import BootseerError
+from .dirfd import DirFds, fd_budget, remove_at, rename_at, rmtree_at
+from .format import UnsafeArchive
 from .manifest import JOURNAL_NAME, UNDO_PREFIX, under
+from .treefiles import JOURNAL_MAX, create_temp, open_regular_at, read_fd, root_dir
 
 # journal path -> descriptor of the journal this process is writing, flocked while its restore runs
 _held: dict[str, int] = {}
@@ -41,10 +50,11 @@ def journal_path(roots: list[str]) -> Path:
     return Path(roots[0]) / JOURNAL_NAME
 
 
-def _is_live(path: Path) -> bool:
-    """Some process holds the flock of the journal at `path`: its restore is still running."""
+def _is_live(roots: list[str]) -> bool:
+    """Some process holds the flock of the journal of `roots`: its restore is still running."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with root_dir(roots) as dfd:
+            fd = open_regular_at(dfd, JOURNAL_NAME)
     except OSError:
         return False
     try:
@@ -69,18 +79,20 @@ def write(roots: list[str], doc: dict[str, Any]) -> None:
     the setup then fills as it would have."""
     path = journal_path(roots)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if str(path) not in _held and _is_live(path):
+    if str(path) not in _held and _is_live(roots):
         raise LiveJournal(f"another process is restoring {', '.join(roots)} (its journal {path} is live)")
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else can hold it
-        os.write(fd, json.dumps(doc).encode())
-        os.fsync(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        os.close(fd)
-        raise
+    with root_dir(roots) as dfd:
+        tmp, fd = create_temp(dfd, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else can hold it
+            os.write(fd, json.dumps(doc).encode())
+            os.fsync(fd)
+            os.rename(tmp, JOURNAL_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
     old = _held.get(str(path))
     _held[str(path)] = fd
     if old is not None:
@@ -95,47 +107,39 @@ def _release(path: Path) -> None:
 
 def remove(roots: list[str]) -> None:
     """Remove the journal, then drop its flock (this process's restore is over)."""
-    path = journal_path(roots)
-    path.unlink(missing_ok=True)
-    _release(path)
+    with contextlib.suppress(FileNotFoundError), root_dir(roots) as dfd:
+        os.unlink(JOURNAL_NAME, dir_fd=dfd)
+    _release(journal_path(roots))
 
 
-def _remove_path(p: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p)
-        else:
-            os.unlink(p)
-
-
-def _take(path: Path) -> int | None:
-    """The journal at `path`, opened and flocked (its writer is gone); None when there is none.
+def _take(roots: list[str]) -> int | None:
+    """The journal of `roots`, opened and flocked (its writer is gone); None when there is none.
 
     Raises BlockingIOError when its writer still holds it. The flock is taken before the journal is
-    read, and the path is checked to still name that file (a writer renames each version in)."""
-    while True:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            st, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
-        except FileNotFoundError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
-            return fd
-        os.close(fd)  # replaced while we locked it: look again
+    read, and the name is checked to still be that file (a writer renames each version in)."""
+    with root_dir(roots) as dfd:
+        while True:
+            try:
+                fd = open_regular_at(dfd, JOURNAL_NAME)
+            except FileNotFoundError:
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                st, now = os.fstat(fd), os.stat(JOURNAL_NAME, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                os.close(fd)
+                return None
+            except BaseException:
+                os.close(fd)
+                raise
+            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                return fd
+            os.close(fd)  # replaced while we locked it: look again
 
 
 def _read(fd: int) -> dict[str, Any]:
     try:
-        with os.fdopen(os.dup(fd)) as f:
-            doc = json.loads(f.read())
+        doc = json.loads(read_fd(fd, JOURNAL_MAX, JOURNAL_NAME))
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
@@ -148,31 +152,44 @@ def _strs(v: Any) -> list[str]:
 def undo_paths(roots: list[str], new: list[str], moves: list[tuple[str, str]]) -> int:
     """Remove the planned new paths (deepest first), then rename the moved originals back.
 
-    Only paths under the roots, also through the symlinks on disk, are touched (the journal is a
-    file in the tree, not trusted further). Returns how many paths could not be put back.
+    Only paths under the roots are touched, each through directory descriptors opened from a root
+    without following a link (the journal is a file in the tree, not trusted further): a path through
+    a symlink counts as not put back. Returns how many paths could not be put back.
     """
-    real_roots = [os.path.realpath(r) for r in roots]
 
     def inside(p: str) -> bool:
-        return under(p, roots) and p not in roots and under(os.path.realpath(os.path.dirname(p)), real_roots)
+        return under(p, roots) and p not in roots
 
     errors = 0
-    for p in sorted(set(new), key=lambda q: q.count("/"), reverse=True):
-        if inside(p):
-            try:
-                _remove_path(p)
-            except OSError:
-                errors += 1
-    for path, dest in reversed(moves):
-        if not (inside(path) and inside(dest)) or not os.path.lexists(dest):
-            continue
-        try:
-            if os.path.lexists(path):
-                _remove_path(path)
-            os.rename(dest, path)
-        except OSError:
-            errors += 1
+    d = DirFds(roots, fd_budget())
+    try:
+        for p in sorted(set(new), key=lambda q: q.count("/"), reverse=True):
+            if inside(p):
+                errors += not _attempt(remove_at, d, p)
+        for path, dest in reversed(moves):
+            if inside(path) and inside(dest) and _exists(d, dest):
+                errors += not (_attempt(remove_at, d, path) and _attempt(rename_at, d, dest, path))
+    finally:
+        d.close()
     return errors
+
+
+def _attempt(op: Callable[..., None], *args: Any) -> bool:
+    try:
+        op(*args)
+    except (OSError, UnsafeArchive):
+        return False
+    return True
+
+
+def _exists(d: DirFds, path: str) -> bool:
+    """Whether `path` is there, its directory reached without following a link."""
+    parent, _, name = path.rpartition("/")
+    try:
+        os.stat(name, dir_fd=d.dir(parent), follow_symlinks=False)
+    except (OSError, UnsafeArchive):
+        return False
+    return True
 
 
 def recover(roots: list[str], info: Callable[[str], None]) -> None:
@@ -182,7 +199,7 @@ def recover(roots: list[str], info: Callable[[str], None]) -> None:
     path = journal_path(roots)
     _release(path)  # this process's own restore that stopped part way is over: its journal is a dead one
     try:
-        fd = _take(path)
+        fd = _take(roots)
     except BlockingIOError:
         info(f"env: another process is restoring {', '.join(roots)}; its journal is live, leaving it alone")
         return
@@ -199,7 +216,6 @@ def recover(roots: list[str], info: Callable[[str], None]) -> None:
 
 def _recover(roots: list[str], doc: dict[str, Any], info: Callable[[str], None]) -> None:
     """Undo (or finish) what the dead writer's journal `doc` says, under its flock."""
-    undo_dirs = [d for d in _strs(doc.get("undo_dirs")) if under(d, roots) and d not in roots]
     if not doc.get("committed"):
         moves = [
             (m[0], m[1])
@@ -211,19 +227,26 @@ def _recover(roots: list[str], doc: dict[str, Any], info: Callable[[str], None])
             info(f"env: an interrupted restore could not be fully undone ({errors} path(s) left)")
         else:
             info("env: an interrupted restore was undone; the tree is as it was before it")
-    for d in undo_dirs:
-        shutil.rmtree(d, ignore_errors=True)
-    journal_path(roots).unlink(missing_ok=True)
+    with contextlib.suppress(OSError), root_dir(roots) as dfd:
+        os.unlink(JOURNAL_NAME, dir_fd=dfd)
     _sweep_undo_dirs(roots)
 
 
 def _sweep_undo_dirs(roots: list[str]) -> None:
-    """Undo directories no journal names (left by a restore from before the journal): nothing can
-    put them back, and under the tree lock no restore is using them (nor, with a live journal, at all)."""
-    if _is_live(journal_path(roots)):
+    """Remove the undo directories at the top of each root (a journal names those of its restore; any
+    other is left by a restore from before the journal, and nothing can put it back): under the tree
+    lock and with no live journal, no restore is using them. Each goes by descriptor: a symlink put at
+    such a name is removed itself, never followed."""
+    if _is_live(roots):
         return
     for root in roots:
-        with contextlib.suppress(OSError), os.scandir(root) as it:
-            for e in it:
-                if e.name.startswith(UNDO_PREFIX) and e.is_dir(follow_symlinks=False):
-                    shutil.rmtree(e.path, ignore_errors=True)
+        with contextlib.suppress(OSError), root_dir([root]) as dfd:
+            for name in os.listdir(dfd):
+                if name.startswith(UNDO_PREFIX):
+                    _remove_undo_dir(dfd, name)
+
+
+def _remove_undo_dir(dfd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+            rmtree_at(dfd, name)

@@ -9,6 +9,7 @@ entry through `os.scandir` and entries are plain tuples, not objects.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -248,9 +249,18 @@ def save(manifest: Manifest, path: Path, roots: list[str], extra: dict[str, Any]
     doc = {"format": 1, "roots": roots, "rows": rows, "extra": extra or {}}
     data = zlib.compress(json.dumps(doc).encode(), 1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)  # O_EXCL, unguessable: no link followed
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def load(path: Path) -> tuple[Manifest, list[str], dict[str, Any]]:

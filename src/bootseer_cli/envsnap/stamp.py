@@ -8,6 +8,11 @@ when bootseer wrote it) and deleted. The list serves two rules:
   (restore again), never "env present";
 - nothing a user installed is removed without their say: switching the tree to another env (or a
   setup on it) removes only the listed paths that nobody changed since, and says so first.
+
+Both files live in a tree a plain user may write while root reads them: they are read and written
+only through `treefiles.py` (no link followed, no FIFO or device read, size-capped, unguessable
+temporaries), and a path the paths file names is removed only through no-follow directory
+descriptors from the roots (`dirfd.py`), never by path.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import stat
 import sys
 import threading
@@ -26,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError
-from .format import HARDLINK, ArchiveEntry, Meta
+from .dirfd import DirFds, fd_budget
+from .format import HARDLINK, ArchiveEntry, Meta, UnsafeArchive
 from .manifest import CARRIED_NAME, DIR, FILE, STAMP_NAME, SYMLINK, Manifest, under
+from .treefiles import CARRIED_MAX, STAMP_MAX, read_own, unlink_own, write_own
 
 MAX_SENTINELS = 512
 
@@ -58,7 +64,7 @@ def read_carried(roots: list[str]) -> dict[str, Any] | None:
     from what bootseer wrote. A file written by an older bootseer lists bare `paths`: nothing of it
     can be checked, so nothing of it is ever removed."""
     try:
-        doc = json.loads(carried_path(roots).read_text())
+        doc = json.loads(read_own(roots, CARRIED_NAME, CARRIED_MAX))
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict):
@@ -184,26 +190,43 @@ def strip_carried(roots: list[str], info: Callable[[str], None]) -> None:
         return
     gone = removable(roots, doc)
     say_removal(info, gone, "the tree carries another env")
-    dirs = []
-    for p in gone.paths:
-        if os.path.isdir(p) and not os.path.islink(p):
-            dirs.append(p)
-            continue
-        with contextlib.suppress(OSError):
-            os.unlink(p)
-    for d in sorted(dirs, key=lambda q: q.count("/"), reverse=True):
-        _remove_if_empty(d)
-    carried_path(roots).unlink(missing_ok=True)
+    fds = DirFds(roots, fd_budget())
+    try:
+        dirs = []
+        for p in gone.paths:
+            with contextlib.suppress(OSError, UnsafeArchive):
+                parent, _, name = p.rpartition("/")
+                pfd = fds.dir(parent)
+                if stat.S_ISDIR(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode):
+                    dirs.append(p)
+                elif name not in ("", ".", ".."):
+                    os.unlink(name, dir_fd=pfd)
+        for d in sorted(dirs, key=lambda q: q.count("/"), reverse=True):
+            _remove_if_empty(fds, d)
+    finally:
+        fds.close()
+    unlink_own(roots, CARRIED_NAME)
 
 
-def _remove_if_empty(d: str) -> bool:
-    """Remove directory `d` if nothing but bytecode caches is left in it."""
-    with contextlib.suppress(OSError):
-        pycache = os.path.join(d, "__pycache__")
-        only_bytecode = os.path.isdir(pycache) and not os.path.islink(pycache)
-        if only_bytecode and all(n.endswith((".pyc", ".pyo")) for n in os.listdir(pycache)):
-            shutil.rmtree(pycache)
-        os.rmdir(d)
+def _remove_if_empty(fds: DirFds, d: str) -> bool:
+    """Remove directory `d` if nothing but bytecode caches is left in it (each reached without
+    following a link: the paths file is the tree's, and may name a path through one)."""
+    with contextlib.suppress(OSError, UnsafeArchive):
+        parent, _, name = d.rpartition("/")
+        if name in ("", ".", ".."):
+            return False
+        pfd = os.dup(fds.dir(parent))
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                cfd = fds.dir(d + "/__pycache__")
+                names = os.listdir(cfd)
+                if all(n.endswith((".pyc", ".pyo")) for n in names):
+                    for n in names:
+                        os.unlink(n, dir_fd=cfd)
+                    os.rmdir("__pycache__", dir_fd=fds.dir(d))
+            os.rmdir(name, dir_fd=pfd)
+        finally:
+            os.close(pfd)
         return True
     return False
 
@@ -232,15 +255,18 @@ def switch_deletions(roots: list[str], meta: Meta, digest: str, say: Callable[[s
     return gone.paths
 
 
-def _replace_json(path: Path, doc: dict[str, Any]) -> None:
+def _replace_json(roots: list[str], name: str, doc: dict[str, Any]) -> None:
     """Write by temporary name and rename, so a reader sees the old file or the new one."""
-    _replace_text(path, json.dumps(doc, check_circular=False))  # a tree of plain rows: 30 % faster unchecked
+    _replace_text(roots, name, json.dumps(doc, check_circular=False))  # plain rows: 30 % faster unchecked
 
 
-def _replace_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _replace_text(roots: list[str], name: str, text: str) -> None:
+    write_own(roots, name, text.encode())
+
+
+def _read_stamp(roots: list[str]) -> Any:
+    """The stamp's JSON (FileNotFoundError when there is none; OSError or ValueError when unusable)."""
+    return json.loads(read_own(roots, STAMP_NAME, STAMP_MAX))
 
 
 def merged_carried(prev: dict[str, Any], entries: Sequence[ArchiveEntry], deletions: Sequence[str]) -> Carried:
@@ -338,22 +364,20 @@ def write_stamp(
 def write_drafted_stamp(roots: list[str], keys: list[str], draft: StampDraft) -> None:
     """`write_stamp` from a draft: the paths file, then the stamp with its sentinels as they are now."""
     draft.finish()
-    cpath = carried_path(roots)
-    if cpath.parent.is_dir():
-        _replace_text(cpath, draft.text)
+    if os.path.isdir(roots[0]):
+        _replace_text(roots, CARRIED_NAME, draft.text)
     sentinels: dict[str, list[int]] = {}
     for p in draft.sentinel_paths:
         with contextlib.suppress(OSError):
             st = os.lstat(p)
             sentinels[p] = [st.st_size, st.st_mtime_ns]
     doc = {"env_keys": list(dict.fromkeys(keys)), "blob": draft.digest, "written": time.time(), "sentinels": sentinels}
-    path = stamp_path(roots)
-    if path.parent.is_dir():
-        _replace_json(path, doc)
+    if os.path.isdir(roots[0]):
+        _replace_json(roots, STAMP_NAME, doc)
 
 
 def remove_stamp(roots: list[str]) -> None:
-    stamp_path(roots).unlink(missing_ok=True)
+    unlink_own(roots, STAMP_NAME)
 
 
 def stamped_blob(roots: list[str], env_key: str) -> str | None:
@@ -363,7 +387,7 @@ def stamped_blob(roots: list[str], env_key: str) -> str | None:
         return None
     doc = read_carried(roots)
     try:
-        stamp = json.loads(stamp_path(roots).read_text())
+        stamp = _read_stamp(roots)
     except (OSError, ValueError):
         return None
     blob = stamp.get("blob") if isinstance(stamp, dict) else None
@@ -376,7 +400,7 @@ def stamp_state(roots: list[str], env_key: str) -> tuple[bool, str]:
     """(True, "") when the tree carries `env_key` and every file the env wrote is still as written
     (the sentinels of a stamp without a paths file); else the reason, "stale …" when the tree changed."""
     try:
-        doc = json.loads(stamp_path(roots).read_text())
+        doc = _read_stamp(roots)
     except FileNotFoundError:
         return False, "no stamp"
     except (OSError, ValueError):
@@ -421,7 +445,7 @@ def carried_note(roots: list[str]) -> str:
     a baseline taken over it is not the image's clean state."""
     doc = read_carried(roots)
     try:
-        stamp = json.loads(stamp_path(roots).read_text())
+        stamp = _read_stamp(roots)
     except (OSError, ValueError):
         stamp = None
     if doc is None and not isinstance(stamp, dict):

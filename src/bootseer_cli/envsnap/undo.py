@@ -10,7 +10,6 @@ the root without following a link (`dirfd.py`), never a call by path.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
 import signal
@@ -20,7 +19,7 @@ from typing import Any
 
 from ..errors import interrupts_deferred
 from .apply import State
-from .dirfd import DIR_FLAGS, DirFds, NotADir, fd_budget
+from .dirfd import DirFds, NotADir, fd_budget, remove_at, rename_at
 from .format import UnsafeArchive
 from .manifest import DIR, UNDO_PREFIX, under
 
@@ -55,7 +54,7 @@ class Undo:
                 undo_dir = os.path.dirname(dest)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(os.path.basename(undo_dir), 0o700, dir_fd=d.dir(os.path.dirname(undo_dir)))
-                _rename(d, path, dest)
+                rename_at(d, path, dest)
                 self.moved.append((path, dest))
         finally:
             d.close()
@@ -67,7 +66,7 @@ class Undo:
         try:
             for path, dest in reversed(self.moved):
                 try:
-                    _rename(d, dest, path)
+                    rename_at(d, dest, path)
                 except (OSError, UnsafeArchive) as e:  # the others still go back; the journal keeps this one
                     failed.append(e)
         finally:
@@ -82,55 +81,6 @@ class Undo:
         rmtree walks by descriptor and refuses a symlink at the top: nothing outside is removed."""
         for d in self.dirs.values():
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _rename(d: DirFds, src: str, dst: str) -> None:
-    """rename(2) between the no-follow descriptors of both directories (the names themselves are
-    renamed, never followed)."""
-    sparent, _, sname = src.rpartition("/")
-    sfd = os.dup(d.dir(sparent))  # held across the next `dir`, which may evict it
-    try:
-        dparent, _, dname = dst.rpartition("/")
-        os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=d.dir(dparent))
-    finally:
-        os.close(sfd)
-
-
-def _remove(d: DirFds, path: str) -> None:
-    """Remove `path` (a file, link or directory tree) from its directory, reached without following a
-    link: a parent swapped for a symlink raises, nothing is removed through it."""
-    parent, _, name = path.rpartition("/")
-    try:
-        pfd = d.dir(parent)
-        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=pfd)
-        return
-    try:
-        os.rmdir(name, dir_fd=pfd)
-    except OSError as e:
-        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-            raise
-        _rmtree_at(pfd, name)
-
-
-def _rmtree_at(pfd: int, name: str) -> None:
-    """A non-empty directory the extraction created (a dead worker's files in it): by descriptor."""
-    if sys.version_info >= (3, 11):
-        shutil.rmtree(name, dir_fd=pfd)
-        return
-    fd = os.open(name, DIR_FLAGS, dir_fd=pfd)  # pragma: no cover - Python 3.10
-    try:  # pragma: no cover
-        for child in os.listdir(fd):
-            if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
-                _rmtree_at(fd, child)
-            else:
-                os.unlink(child, dir_fd=fd)
-    finally:  # pragma: no cover
-        os.close(fd)
-    os.rmdir(name, dir_fd=pfd)  # pragma: no cover
 
 
 def _below(path: str, tops: set[str]) -> bool:
@@ -232,7 +182,7 @@ def _rollback(st: State, undo: Undo) -> str:
         gone = made | replaced | (st.new - set(st.plan.roots))
         for q in sorted(gone, key=lambda q: q.count("/"), reverse=True):
             try:
-                _remove(d, q)
+                remove_at(d, q)
             except NotADir:  # below a symlink: only planned, never written through (else: out of reach)
                 errors += q in made
             except (OSError, UnsafeArchive):

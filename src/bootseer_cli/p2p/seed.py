@@ -35,9 +35,17 @@ Seeding = list[tuple[str, "RemoteHandle", Announcer]]  # (blob digest, libtorren
 
 
 def _write_status(run_dir: Path, doc: dict[str, Any]) -> None:
-    tmp = run_dir / f".{STATUS_NAME}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-    os.replace(tmp, run_dir / STATUS_NAME)
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{STATUS_NAME}.tmp-", dir=run_dir)  # O_EXCL, unguessable: no link followed
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(json.dumps(doc, indent=1, sort_keys=True))
+        os.replace(tmp, run_dir / STATUS_NAME)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @dataclass(frozen=True)
