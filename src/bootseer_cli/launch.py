@@ -158,6 +158,9 @@ def _launcher_environ(ctx: StageContext) -> dict[str, str]:
             "BOOTSEER_EXEC_TIME": f"{time.time():.6f}",
         }
     )
+    from .firststep import launcher_pythonpath
+
+    env.update(launcher_pythonpath(ctx.run, ctx.settings, env))  # the report's first step without ready()
     return env
 
 

@@ -110,6 +110,9 @@ class ReportSettings:
     gpus_per_node: int | None = integer(
         None, "GPUs per node for the report (unset: what the launcher said, else 8).", minimum=1
     )
+    first_step: bool = flag(
+        True, "Detect the first optimizer step in the launcher's Python processes (a sitecustomize on its PYTHONPATH)."
+    )
 
 
 # ---- the capabilities' sections ----------------------------------------------------------------------

@@ -32,7 +32,9 @@ def expected(rows: list[dict[str, Any]], gpus: int) -> dict[str, Any]:
     start = {n: min(e["start"] for e in evs if e["stage"] == "bootseer") for n, evs in nodes.items()}
     ready = {}
     for n, evs in nodes.items():
+        # ready(), else the detected first optimizer step, else exec's hand-over
         readies = [e["end"] for e in evs if e["stage"] == "ready"]
+        readies = readies or [e["end"] for e in evs if e["stage"] == "first_step"]
         ready[n] = max(readies) if readies else max(e["end"] for e in evs if e["stage"] == "bootseer")
     t0 = min(start.values())
     slowest = max(ready, key=lambda n: ready[n])

@@ -67,7 +67,12 @@ def report(
         return
     name = job or load.last_job(st)
     result = analysis.analyze_job(
-        load.load_job(st, name), name, gpus_flag=gpus_per_node, gpus_configured=configured, attempt=start
+        load.load_job(st, name),
+        name,
+        gpus_flag=gpus_per_node,
+        gpus_configured=configured,
+        attempt=start,
+        store_uri=st.uri,
     )
     if html:
         _write(html, page.job_html(result))

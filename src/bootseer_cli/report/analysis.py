@@ -8,8 +8,10 @@ Definitions (the tests recompute each of them from the raw events):
   started, or when a node starts a second time; `--start K` shows the K-th.
 - A node's *start time* is the start of its `bootseer` event (the first thing exec records; the
   earliest event when that is missing). It is *ready* at the latest end of its `ready` events (one
-  per local rank; `bootseer_cli.ready()`), or, when the script never calls it, when exec handed over
-  to the launcher (the end of the `bootseer` event).
+  per local rank; `bootseer_cli.ready()`, the explicit signal), else at the latest end of its
+  `first_step` events (the first optimizer step of each local rank, detected without a code change:
+  `firststep`), else, for a program that is no torch trainer, when exec handed over to the launcher
+  (the end of the `bootseer` event).
 - The job starts when its slowest node is ready: *startup* = max(ready) − min(start).
 - *GPU time wasted* = nodes × GPUs per node × startup: every allocated GPU idles from the job's
   first start to the slowest node's ready.
@@ -48,8 +50,9 @@ def analyze_job(
     gpus_flag: int | None = None,
     gpus_configured: int | None = None,
     attempt: int | None = None,
+    store_uri: str | None = None,
 ) -> JobReport:
-    """The report of one job from its events."""
+    """The report of one job from its events (`store_uri`: where they were read, for the advice)."""
     from ..errors import BootseerError
 
     every = node_starts(events)
@@ -82,15 +85,22 @@ def analyze_job(
         median_ready_s=median_ready,
         straggler_wait_s=startup - median_ready,
         ready_called=sum(1 for s in starts if s.ready_at is not None),
+        first_step_detected=sum(1 for s in starts if s.ready_at is None and s.first_step_at is not None),
         gpus_per_node=gpus.per_node,
         gpus_source=gpus.source,
         gpu_hours_wasted=len(starts) * gpus.per_node * startup / 3600.0,
         stages=stats,
         rows=node_rows(starts, t0, done_all),
         verdict="",
+        store_remote=is_remote(store_uri),
     )
     report.verdict = verdict(report)
     return report
+
+
+def is_remote(uri: str | None) -> bool:
+    """A store other nodes reach over the network (s3://, gs://, hdfs://…); a local path or file:// is not."""
+    return bool(uri) and "://" in str(uri) and not str(uri).startswith("file://")
 
 
 # ---- across jobs ---------------------------------------------------------------------------

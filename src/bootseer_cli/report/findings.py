@@ -7,17 +7,23 @@ from typing import Literal
 
 from ..units import fmt_seconds
 from .job import STAGE_LABELS, JobReport, NodeRow, StageStats
-from .starts import FAILED_OUTCOMES, READY_STAGE, TOTAL_STAGE, count
+from .starts import FAILED_OUTCOMES, FIRST_STEP_STAGE, LAUNCHER_STAGES, TOTAL_STAGE, count
 
 _ADVICE_MISS = {
-    "image": "no hot-block record for this image yet (one is recorded on a first start; call "
-    "bootseer_cli.ready() after the first step so it ends at the right moment)",
+    "image": "no hot-block record for this image yet (one is recorded on a first start, ending at the first "
+    "optimizer step or at bootseer_cli.ready())",
     "env": "the environment snapshot missed: run `bootseer prewarm` in CI (or `bootseer snapshot` after a "
     "manual setup) so every start restores it",
     "checkpoint": "the checkpoint was not in the striped layout or the node cache: push it with `bootseer ckpt push`",
 }
 _ADVICE_SLOW = {
     "image": "the hot-block replay is slow: raise [image] prefetch_threads, or look at the image's lazy loading",
+    "env": "the snapshot restore is slow: it is bound by the store's read speed and the node's disk (its bytes "
+    "and seconds are in the stage's row)",
+    "checkpoint": "the checkpoint read is slow: spread it over more stripes/targets ([checkpoint] stripes, targets)",
+}
+# Where peers can take the load off the store: several nodes reading the same bytes from a remote store.
+_ADVICE_SLOW_P2P = {
     "env": "the snapshot restore is slow: enable [p2p] so nodes fetch it from each other instead of the store",
     "checkpoint": "the checkpoint read is slow: spread it over more stripes/targets ([checkpoint] stripes, targets) "
     "or enable [p2p]",
@@ -67,7 +73,7 @@ def findings(r: JobReport) -> list[Finding]:
     for s in r.stages:
         if s.stage == TOTAL_STAGE or s.behind:
             continue
-        found.append(_launcher_finding(r, s) if s.stage == READY_STAGE else _stage_finding(s))
+        found.append(_launcher_finding(r, s) if s.stage in LAUNCHER_STAGES else _stage_finding(r, s))
         straggler = _straggler_finding(r, s)
         if straggler is not None:
             found.append(straggler)
@@ -82,17 +88,30 @@ def findings(r: JobReport) -> list[Finding]:
 
 
 def _launcher_finding(r: JobReport, s: StageStats) -> Finding:
-    """The launcher's own time to ready(): outside bootseer, but often the largest part."""
+    """The launcher's own time to ready() or to its first optimizer step: outside bootseer's stages, but
+    often the largest part (imports, torch.compile, data loading); the compile stage caches one of them."""
+    what = "imports, rendezvous, first step"
+    if s.stage == FIRST_STEP_STAGE:
+        what = "imports, compile, data loading, rendezvous, the step itself"
+    hint = "profile the training script's start"
+    if not any(st.stage == "compile" for st in r.stages):
+        hint += "; if it uses torch.compile, [compile] enabled = true restores its caches"
     return Finding(
         "launcher",
         s.p50_s,
-        f"the launcher's own startup (imports, rendezvous, first step) takes {fmt_seconds(s.p50_s)} p50 of the "
-        f"job's {fmt_seconds(r.startup_s)}: that is outside bootseer's stages; profile the training script's start",
+        f"the launcher's own startup ({what}) takes {fmt_seconds(s.p50_s)} p50 of the job's "
+        f"{fmt_seconds(r.startup_s)}: that is outside bootseer's stages; {hint}",
         stage=s.stage,
     )
 
 
-def _stage_finding(s: StageStats) -> Finding:
+def p2p_fits(r: JobReport, s: StageStats) -> bool:
+    """Whether [p2p] could speed this stage up: more than one node reads the same bytes from a remote
+    store, and none came from peers yet (P2P is off). One node, or a local store, has no one to share with."""
+    return r.nodes > 1 and r.store_remote and s.bytes_from_peers == 0
+
+
+def _stage_finding(r: JobReport, s: StageStats) -> Finding:
     """A stage slow on every node (its median), with the advice for why: failures, misses, or plain speed."""
     if s.failed:
         why = f" ({s.reasons[0]})" if s.reasons else ""
@@ -100,7 +119,8 @@ def _stage_finding(s: StageStats) -> Finding:
     elif s.misses:
         advice = _ADVICE_MISS.get(s.stage, f"{s.misses} cache misses")
     else:
-        advice = _ADVICE_SLOW.get(s.stage, "look at what this stage does on every node")
+        slow = _ADVICE_SLOW_P2P if p2p_fits(r, s) else _ADVICE_SLOW
+        advice = slow.get(s.stage, "look at what this stage does on every node")
     return Finding("stage", s.p50_s, f"{s.stage} takes {fmt_seconds(s.p50_s)} p50 on every node: {advice}", s.stage)
 
 
@@ -145,7 +165,7 @@ def _overhead_finding(r: JobReport) -> Finding | None:
     total = by_name.get(TOTAL_STAGE)
     if total is None:
         return None
-    inside = [n for n, st in by_name.items() if n not in (TOTAL_STAGE, READY_STAGE) and not st.behind]
+    inside = [n for n, st in by_name.items() if n not in (TOTAL_STAGE, *LAUNCHER_STAGES) and not st.behind]
     own = total.p50_s - sum(by_name[n].p50_s for n in inside)
     if own <= 1.0:
         return None

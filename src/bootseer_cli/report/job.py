@@ -9,12 +9,23 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..capabilities import labels, stage_names
-from .starts import FAILED_OUTCOMES, READY_STAGE, TOTAL_STAGE, NodeStart, Span, cache_class, percentile
+from .starts import (
+    FAILED_OUTCOMES,
+    FIRST_STEP_STAGE,
+    LAUNCHER_STAGES,
+    READY_STAGE,
+    TOTAL_STAGE,
+    NodeStart,
+    Span,
+    cache_class,
+    percentile,
+)
 
 STAGE_LABELS = {
     **labels(),
     TOTAL_STAGE: "bootseer (exec total)",
     READY_STAGE: "launcher → ready()",
+    FIRST_STEP_STAGE: "launcher → first step",
 }
 
 
@@ -43,8 +54,8 @@ class StageStats:
 def stage_order(names: set[str]) -> list[str]:
     order = stage_names()
     known = [s for s in order if s in names]
-    others = sorted(names - set(order) - {TOTAL_STAGE, READY_STAGE})
-    tail = [s for s in (TOTAL_STAGE, READY_STAGE) if s in names]
+    others = sorted(names - set(order) - {TOTAL_STAGE, *LAUNCHER_STAGES})
+    tail = [s for s in (TOTAL_STAGE, FIRST_STEP_STAGE, READY_STAGE) if s in names]
     return known + others + tail
 
 
@@ -78,7 +89,7 @@ def stage_stats(starts: list[NodeStart]) -> list[StageStats]:
                 if str(e.get("outcome") or "") in FAILED_OUTCOMES:
                     failed += 1
                     reasons[str(e.get("reason") or "?")] += 1
-        behind = name not in (READY_STAGE, TOTAL_STAGE) and _mostly_after_exec(rows)
+        behind = name not in (*LAUNCHER_STAGES, TOTAL_STAGE) and _mostly_after_exec(rows)
         out.append(
             StageStats(
                 stage=name,
@@ -133,6 +144,7 @@ class NodeRow:
     wait_s: float  # how long this node then waited for the slowest one
     segments: list[Segment]
     ready_called: bool
+    first_step: bool = False  # ready came from the detected first optimizer step (no ready() call)
 
 
 @dataclass
@@ -161,6 +173,10 @@ class JobReport:
     stages: list[StageStats]
     rows: list[NodeRow]
     verdict: str
+    first_step_detected: int = 0  # nodes ready at their first optimizer step (no ready() call)
+    # The store the events (and so the job's snapshots) came from is remote (not file://): only then
+    # can peers take load off it, so only then does the advice name [p2p].
+    store_remote: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,6 +207,7 @@ def node_rows(starts: list[NodeStart], t0: float, done_all: float) -> list[NodeR
                 wait_s=done_all - s.done,
                 segments=segs,
                 ready_called=s.ready_at is not None,
+                first_step=s.ready_at is None and s.first_step_at is not None,
             )
         )
     return rows

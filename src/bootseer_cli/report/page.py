@@ -9,7 +9,7 @@ from ..units import fmt_bytes, fmt_seconds, fmt_time
 from .analysis import TrendReport
 from .findings import already_fast
 from .job import JobReport
-from .starts import READY_STAGE, TOTAL_STAGE
+from .starts import FIRST_STEP_STAGE, LAUNCHER_STAGES, READY_STAGE, TOTAL_STAGE
 from .svg import COLORS, MAX_NODE_ROWS, color, esc, ready_histogram_svg, timeline_svg, trend_svg
 from .text import counts_gpus, first_start_words, stage_cells, start_cells, straggler_node
 
@@ -108,7 +108,12 @@ def _job_cards(r: JobReport) -> str:
     if counts_gpus(r):
         words = f"GPU time wasted: {r.nodes} × {r.gpus_per_node} GPUs ({r.gpus_source}) × {fmt_seconds(r.startup_s)}"
         items.append((f"{r.gpu_hours_wasted:.2f} GPU-h", words, False))
-    items.append((f"{r.ready_called}/{r.nodes}", "nodes that called bootseer_cli.ready()", r.ready_called < r.nodes))
+    unmeasured = r.nodes - r.ready_called - r.first_step_detected
+    items.append((f"{r.ready_called}/{r.nodes}", "nodes that called bootseer_cli.ready()", False))
+    if r.first_step_detected:
+        items.append((f"{r.first_step_detected}/{r.nodes}", "nodes ready at their first optimizer step", False))
+    if unmeasured:
+        items.append((f"{unmeasured}/{r.nodes}", "nodes measured only to exec's hand-over (no step seen)", True))
     return _cards(items)
 
 
@@ -122,9 +127,14 @@ def _stage_table_html(r: JobReport) -> str:
     return _html_table(STAGE_HEADER, rows)
 
 
+_LAUNCHER_HEADS = {FIRST_STEP_STAGE: "to first step", READY_STAGE: "launcher"}
+
+
 def _node_table_html(r: JobReport) -> str:
     """Every node's stage durations (or, past `MAX_NODE_ROWS`, the 15 slowest), the straggler marked."""
-    stage_names = [s.stage for s in r.stages if s.stage not in (TOTAL_STAGE, READY_STAGE)]
+    stage_names = [s.stage for s in r.stages if s.stage not in (TOTAL_STAGE, *LAUNCHER_STAGES)]
+    shown = {s.stage for s in r.stages}
+    launcher = [n for n in (FIRST_STEP_STAGE, READY_STAGE) if n in shown] or [READY_STAGE]
     listed = r.rows if r.nodes <= MAX_NODE_ROWS else sorted(r.rows, key=lambda row: -row.ready)[:15]
     rows, classes = [], []
     star = straggler_node(r)
@@ -132,12 +142,15 @@ def _node_table_html(r: JobReport) -> str:
         by = {seg.stage: seg.end - seg.start for seg in row.segments}
         rows.append(
             [esc(("★ " if row.node == star else "") + row.node), str(row.rank), esc(row.run)]
-            + [fmt_seconds(by[n]) if n in by else "–" for n in [*stage_names, TOTAL_STAGE, READY_STAGE]]
+            + [fmt_seconds(by[n]) if n in by else "–" for n in [*stage_names, TOTAL_STAGE, *launcher]]
             + [fmt_seconds(row.ready), fmt_seconds(row.wait_s)]
         )
         classes.append("slow" if row.node == star else "")
+    heads = ["node", "rank", "run", *stage_names, "bootseer", *(_LAUNCHER_HEADS[n] for n in launcher)]
     return _html_table(
-        ["node", "rank", "run", *stage_names, "bootseer", "launcher", "ready at", "waited"], rows, classes
+        [*heads, "ready at", "waited"],
+        rows,
+        classes,
     )
 
 

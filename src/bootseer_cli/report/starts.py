@@ -11,6 +11,8 @@ from typing import Any
 
 TOTAL_STAGE = "bootseer"
 READY_STAGE = "ready"
+FIRST_STEP_STAGE = "first_step"  # the first optimizer step, detected in the launcher's processes (firststep)
+LAUNCHER_STAGES = (READY_STAGE, FIRST_STEP_STAGE)  # after exec's hand-over: the launcher's own startup
 HIT_OUTCOMES = ("hit", "restored")
 MISS_OUTCOMES = ("miss", "built")
 FAILED_OUTCOMES = ("failed", "fallback")
@@ -88,7 +90,8 @@ class NodeStart:
     attempt: int
     start: float
     exec_at: float | None
-    ready_at: float | None
+    ready_at: float | None  # the latest ready() of the node's ranks: the explicit signal
+    first_step_at: float | None  # the latest first optimizer step of its ranks (no code change)
     spans: dict[str, Span]
     events: list[dict[str, Any]] = field(repr=False)
     gpus: int | None = None
@@ -97,8 +100,12 @@ class NodeStart:
 
     @property
     def done(self) -> float:
+        """When the node was ready: ready() where the program says it, else its first optimizer step, else
+        exec's hand-over (a program that is no torch trainer), else its last event."""
         if self.ready_at is not None:
             return self.ready_at
+        if self.first_step_at is not None:
+            return self.first_step_at
         if self.exec_at is not None:
             return self.exec_at
         return max((s.end for s in self.spans.values()), default=self.start)
@@ -148,7 +155,7 @@ def node_starts(events: list[dict[str, Any]]) -> list[NodeStart]:
         for e in sorted(evs, key=lambda e: float(e["start"] or 0.0)):
             _merge(spans, e)
         total = spans.get(TOTAL_STAGE)
-        ready = spans.get(READY_STAGE)
+        ready, first_step = spans.get(READY_STAGE), spans.get(FIRST_STEP_STAGE)
         start = total.start if total else min(s.start for s in spans.values())
         gpus, gpus_from = None, ""
         rank = int(evs[0].get("rank") or 0)
@@ -159,7 +166,7 @@ def node_starts(events: list[dict[str, Any]]) -> list[NodeStart]:
                 gpus, gpus_from = int(x["gpus"]), str(x.get("gpus_from") or "launcher")
             if e["stage"] == TOTAL_STAGE and isinstance(x.get("node_rank"), int) and not rank:
                 rank = int(x["node_rank"])  # only the launcher's command line said it
-            if e["stage"] == READY_STAGE:
+            if e["stage"] in LAUNCHER_STAGES:
                 local_ranks.add(str(x.get("local_rank", "0")))
         starts.append(
             NodeStart(
@@ -170,6 +177,7 @@ def node_starts(events: list[dict[str, Any]]) -> list[NodeStart]:
                 start=start,
                 exec_at=total.end if total else None,
                 ready_at=ready.end if ready else None,
+                first_step_at=first_step.end if first_step else None,
                 spans=spans,
                 events=evs,
                 gpus=gpus,
@@ -226,5 +234,5 @@ def gpu_count(starts: list[NodeStart], flag: int | None, configured: int | None,
         return GpuCount(best, f"launcher ({next(src for g, src in seen if g == best)})")
     ranks = max((s.local_ranks for s in starts), default=0)
     if ranks > 1:
-        return GpuCount(ranks, "ready() calls per node")
+        return GpuCount(ranks, "ranks signalling ready per node")
     return GpuCount(default, "default")

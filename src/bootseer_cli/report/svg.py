@@ -19,7 +19,7 @@ from typing import NamedTuple
 from ..units import fmt_seconds, fmt_time
 from .analysis import TrendReport
 from .job import JobReport, NodeRow
-from .starts import READY_STAGE, TOTAL_STAGE, count, percentile
+from .starts import FIRST_STEP_STAGE, LAUNCHER_STAGES, READY_STAGE, TOTAL_STAGE, count, percentile
 from .text import straggler_node
 
 MAX_NODE_ROWS = 64
@@ -30,6 +30,7 @@ COLORS = {
     "env": "#f28e2b",
     "checkpoint": "#59a14f",
     READY_STAGE: "#76b7b2",
+    FIRST_STEP_STAGE: "#499894",
     TOTAL_STAGE: "#dcdce4",
 }
 OTHER_COLORS = ("#b07aa1", "#9c755f", "#ff9da7", "#edc948", "#bab0ac")
@@ -245,7 +246,7 @@ def _node_bars(
             stroke = f' stroke="{STRAGGLER}" stroke-width="1.5"' if seg.outcome in ("failed", "fallback") else ""
             svg.rect(x(seg.start), y + 3, x(seg.end) - x(seg.start), bar_h, fill, tip, stroke)
             note = "failed" if stroke else seg.cache if seg.cache == "miss" else ""
-            name = "launcher" if seg.stage == READY_STAGE else seg.stage
+            name = "launcher" if seg.stage in LAUNCHER_STAGES else seg.stage
             words = f"{name} {note} {fmt_seconds(seg.end - seg.start)}".replace("  ", " ")
             if bar_h >= 12 and x(seg.end) - x(seg.start) > 7 * len(words) + 8:
                 svg.text(x(seg.start) + 4, y + 3 + bar_h - 4, words, ' fill="#fff" font-size="10" font-weight="600"')
@@ -266,7 +267,7 @@ def _group_bars(
     others: list[str],
 ) -> None:
     """A group's row: per stage a solid median bar over a pale p10–p90 band, and the spread of ready times."""
-    for stage in [TOTAL_STAGE, *stages, READY_STAGE, *others]:
+    for stage in [TOTAL_STAGE, *stages, FIRST_STEP_STAGE, READY_STAGE, *others]:
         bar = _group_bar(rows, stage)
         if bar is None:
             continue
@@ -295,7 +296,12 @@ def _group_bars(
 
 def _legend(svg: _Svg, r: JobReport, y: float, stages: list[str], others: list[str], aggregated: bool) -> None:
     items = [(s, color(s, others)) for s in stages]
-    items += [("launcher → ready()", COLORS[READY_STAGE]), ("bootseer (exec total)", COLORS[TOTAL_STAGE])]
+    shown = {seg.stage for row in r.rows for seg in row.segments}
+    if FIRST_STEP_STAGE in shown:
+        items.append(("launcher → first step", COLORS[FIRST_STEP_STAGE]))
+    if READY_STAGE in shown or FIRST_STEP_STAGE not in shown:
+        items.append(("launcher → ready()", COLORS[READY_STAGE]))
+    items.append(("bootseer (exec total)", COLORS[TOTAL_STAGE]))
     items += [(s, color(s, others)) for s in others]
     lx = 10.0
     for name, fill in items:

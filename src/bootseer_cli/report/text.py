@@ -152,10 +152,15 @@ def job_text(r: JobReport) -> str:
             f"GPU time wasted {r.gpu_hours_wasted:.2f} GPU-hours ({count(r.nodes, 'node')} × {r.gpus_per_node} GPUs "
             f"[{r.gpus_source}] × {fmt_seconds(r.startup_s)})"
         )
-    if r.ready_called < r.nodes:
+    if r.first_step_detected:
         lines.append(
-            f"note: {r.nodes - r.ready_called} node(s) never called bootseer_cli.ready(); for those, ready = "
-            "when exec handed over to the launcher"
+            f"note: {r.first_step_detected} node(s) ready at their first optimizer step (detected; the program "
+            "never called bootseer_cli.ready())"
+        )
+    if r.ready_called + r.first_step_detected < r.nodes:
+        lines.append(
+            f"note: {r.nodes - r.ready_called - r.first_step_detected} node(s) neither called bootseer_cli.ready() "
+            "nor made an optimizer step; for those, ready = when exec handed over to the launcher"
         )
     rows = [[*c[:10], f"{c.straggler} (+{c.cost})"] for c in map(stage_cells, r.stages)]
     header = ["stage", "nodes", "p50", "p90", "max", "hits", "miss", "fail", "from store", "from peers"]
