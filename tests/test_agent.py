@@ -178,7 +178,7 @@ def _samples() -> list[object]:
     from bootseer_cli.envsnap.squash import SquashTask
     from bootseer_cli.hotblocks.agent_tasks import JudgeTask, PrefetchTask, RecordTask
     from bootseer_cli.p2p.seed import SeedTask
-    from bootseer_cli.stripe.agent_tasks import UnmountTask
+    from bootseer_cli.stripe.agent_tasks import UnmountTask, WritebackTask
 
     return [
         RecordTask(image_key="k", roots=["/a", "/b"], ready=2.5, started=1.0, fan_fd=7),
@@ -196,6 +196,7 @@ def _samples() -> list[object]:
         ),
         SquashTask(env_key="e", roots=["/venv"], layer="b" * 64, ref_extra={"inputs": ["pip install x==1"]}),
         UnmountTask(mountpoint="/mnt/ckpt", pid=42),
+        WritebackTask(root="/c/ckpt-write/r1", mountpoint="/run/ckpt-r1", dev="0:99"),
         CompilePublish(key="c", baseline="/run/baseline.json", max_bytes=10, ready="quiet", started=2.0),
         SeedTask(blobs=[{"digest": "d", "torrent": "t"}], fetches=[{"digest": "d", "origin": True}]),
     ]
@@ -224,9 +225,10 @@ def test_every_task_kind_goes_through_agent_json_and_back() -> None:
     for decl in table.values():
         cls = resolve(decl.spec)
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, decl.spec  # type: ignore[attr-defined]
-    # Only the env upload and the squash of a long chain are waited for after the launcher ends.
+    # Only the env upload, the squash of a long chain and the checkpoint write-back are waited for
+    # after the launcher ends.
     finishing = [decl.kind for decl in table.values() if getattr(resolve(decl.spec), "finish", False)]
-    assert finishing == ["env-publish", "env-squash"]
+    assert finishing == ["env-publish", "env-squash", "ckpt-writeback"]
 
 
 def test_a_spec_class_outside_the_table_is_refused(tmp_path: Path) -> None:

@@ -124,7 +124,10 @@ CAPABILITIES: list[Capability] = [
         "checkpoint",
         f"{_S}:CheckpointSettings",
         stage=StageEntry("bootseer_cli.stripe.stage:run_stage", f"{_S}:CheckpointSettings.wanted", order=2),
-        agent_tasks=(_task("ckpt-umount", "stripe.agent_tasks", "unmount_task", "UnmountTask"),),
+        agent_tasks=(
+            _task("ckpt-umount", "stripe.agent_tasks", "unmount_task", "UnmountTask"),
+            _task("ckpt-writeback", "stripe.agent_tasks", "writeback_task", "WritebackTask"),
+        ),
         gc_keep="bootseer_cli.stripe.upkeep:gc_keep",
         prefetch="bootseer_cli.stripe.upkeep:prefetch",
         doctor="bootseer_cli.stripe.upkeep:doctor",

@@ -1,4 +1,5 @@
-"""The "ckpt-umount" agent task: hold the checkpoint mount while the launcher runs, unmount it when it ends.
+"""The checkpoint's agent tasks: "ckpt-umount" holds the read-only mount while the launcher runs and
+unmounts it when it ends; "ckpt-writeback" takes down the writable view and pushes what the job wrote.
 
 The checkpoint stage (stage.py) mounts with the exec process as the FUSE server's owner, and hands
 the agent an `UnmountTask`: the server unmounts itself when that pid ends, and the agent does the
@@ -12,10 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 from ..errors import BootseerError
+from ..events import record as record_event
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -49,3 +53,64 @@ def unmount_task(task: UnmountTask, agent: Agent) -> None:
     if task.pid:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(task.pid, signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class WritebackTask:
+    """Push what the job wrote into its checkpoint directory as a new tag (writeback.py), after it ends."""
+
+    finish: ClassVar[bool] = True  # the agent waits for the push after the launcher ends
+
+    root: str  # the write-back directory: journal (and, for an overlay, upper and work)
+    mountpoint: str = ""  # the overlay's ("" in pull mode)
+    dev: str = ""  # its major:minor: only this view is unmounted
+
+
+def writeback_task(task: WritebackTask, agent: Agent) -> None:
+    """Hold the journal's lock while the launcher runs; then unmount the view and push, with progress
+    in agent.log and a "ckpt-writeback" event (bytes, seconds). A failure keeps the journal and the
+    job's files: the next start of this checkpoint pushes them."""
+    from .overlay import umount_overlay
+    from .writeback import finish, locked
+
+    root = Path(task.root)
+    with locked(root, wait=True):
+        while not agent.wait(5.0):
+            pass
+        if task.mountpoint:
+            try:
+                umount_overlay(task.mountpoint, dev=task.dev)
+            except BootseerError as e:
+                agent.log(f"ckpt-writeback: {e}; pushing from the upper directory anyway")
+        t0 = time.time()
+        try:
+            m = finish(agent.store, agent.settings.checkpoint, root, agent.log, _progress(agent))
+        except Exception as e:  # keep-alive: the journal stays for the next start; the agent goes on
+            agent.log(f"ckpt-writeback: not pushed ({e}); the next start of this checkpoint pushes it")
+            record_event(agent.run, "ckpt-writeback", t0, time.time(), "failed", reason=str(e))
+            return
+    took = time.time() - t0
+    if m is None:
+        agent.log("ckpt-writeback: the job wrote nothing into its checkpoint directory")
+        record_event(agent.run, "ckpt-writeback", t0, time.time(), "unchanged")
+        return
+    agent.log(f"ckpt-writeback: pushed {m.name}:{m.tag} ({m.total_size} bytes) in {took:.1f} s; latest names it")
+    record_event(agent.run, "ckpt-writeback", t0, time.time(), "pushed", bytes=m.total_size, detail=f"{m.name}:{m.tag}")
+
+
+def _progress(agent: Agent):  # type: ignore[no-untyped-def]
+    """A push `progress(phase, total)` that logs each phase at every tenth of its bytes."""
+
+    def start(phase: str, total: int):  # type: ignore[no-untyped-def]
+        done = [0, 0]  # bytes, tenths logged
+
+        def advance(n: int) -> None:
+            done[0] += n
+            tenth = done[0] * 10 // max(1, total)
+            if tenth > done[1]:
+                done[1] = tenth
+                agent.log(f"ckpt-writeback: {phase} {min(100, tenth * 10)}% of {total} bytes")
+
+        return advance
+
+    return start

@@ -12,7 +12,9 @@ Python FUSE fast enough here (measured in tests/benchmarks/bench_stripe.py):
   the mount's bdi `read_ahead_kb` raised from 128 KiB, which lets the kernel ask for many MiB ahead
   of a sequential reader instead of 128 KiB at a time (about 2-3x through Python FUSE).
 
-A failed or corrupt read is EIO to the caller, never wrong bytes.
+A failed or corrupt read is EIO to the caller, never wrong bytes. The mount is read-only (writes are
+EROFS), yet its modes say 0644/0755: it is the lower layer of the writable view (overlay.py), whose
+copy-up keeps them, so a job (a plain user's too) may replace a restored file or add to its directory.
 """
 
 from __future__ import annotations
@@ -89,12 +91,12 @@ class CheckpointFS(mfusepy.Operations):
     def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
         base = {"st_uid": self.uid, "st_gid": self.gid, "st_atime": self.ns, "st_mtime": self.ns, "st_ctime": self.ns}
         if path in self.dirs:
-            return {**base, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_size": 0}
+            return {**base, "st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, "st_size": 0}
         f = self.files.get(path)
         if f is None:
             raise mfusepy.FuseOSError(errno.ENOENT)
         blocks = (f.size + 511) // 512
-        return {**base, "st_mode": stat.S_IFREG | 0o444, "st_nlink": 1, "st_size": f.size, "st_blocks": blocks}
+        return {**base, "st_mode": stat.S_IFREG | 0o644, "st_nlink": 1, "st_size": f.size, "st_blocks": blocks}
 
     def readdir(self, path: str, fh: int) -> list[str]:
         children = self.dirs.get(path)

@@ -8,7 +8,9 @@ enabled, whole stripes are fetched first through `delivery.fetch_blob` (node cac
 store), so the job's nodes share the transfer, and the engine then assembles from those local files.
 
 A small marker beside DEST (`.DEST.bootseer-ckpt.json`) records which manifest it holds, so a restart
-that finds the same checkpoint already pulled does nothing.
+that finds the same checkpoint already pulled does nothing, and the size and mtime of every entry
+bootseer wrote: what differs from it is the job's (`job_files`), never replaced or removed by bootseer,
+and pushed as a new tag by the write-back (writeback.py).
 """
 
 from __future__ import annotations
@@ -51,12 +53,55 @@ def marker_path(dest: Path) -> Path:
     return dest.parent / f".{dest.name}.bootseer-ckpt.json"
 
 
-def is_current(dest: Path, m: Manifest) -> bool:
+def _marker(dest: Path) -> dict[str, Any]:
     try:
         doc = json.loads(marker_path(dest).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and doc.get("manifest") == m.digest() and dest.is_dir()
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def is_current(dest: Path, m: Manifest) -> bool:
+    """DEST holds exactly checkpoint `m`, as bootseer wrote it (nothing the job wrote since)."""
+    return _marker(dest).get("manifest") == m.digest() and dest.is_dir() and is_current_tree(dest)
+
+
+def _stamps(dest: Path) -> dict[str, list[int]]:
+    """Size and mtime (ns) of every entry under DEST, links not followed (a directory's size is -1)."""
+    import stat
+
+    out: dict[str, list[int]] = {}
+    for root, dnames, fnames in os.walk(dest):
+        rel_root = os.path.relpath(root, dest)
+        for n in dnames + fnames:
+            rel = n if rel_root == "." else f"{rel_root}/{n}"
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(root, n))
+                out[rel] = [-1 if stat.S_ISDIR(st.st_mode) else st.st_size, st.st_mtime_ns]
+    return out
+
+
+def write_marker(dest: Path, m: Manifest) -> None:
+    """Record that DEST holds `m`, and the stamp of each entry as it is now (written by bootseer)."""
+    doc = {"manifest": m.digest(), "name": m.name, "tag": m.tag, "files": _stamps(dest)}
+    tmp = marker_path(dest).with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, marker_path(dest))
+
+
+def job_files(dest: Path) -> list[str]:
+    """Entries under DEST bootseer did not put there (new, or changed since its pull or write-back)."""
+    if not dest.is_dir() or dest.is_symlink():
+        return []
+    known = _marker(dest).get("files")
+    known = known if isinstance(known, dict) else {}
+    return sorted(rel for rel, st in _stamps(dest).items() if known.get(rel) != st)
+
+
+def is_current_tree(dest: Path) -> bool:
+    """DEST is exactly as bootseer last wrote it: nothing new, changed or removed."""
+    known = _marker(dest).get("files")
+    return isinstance(known, dict) and _stamps(dest) == known
 
 
 def _whole_stripes(
@@ -127,7 +172,7 @@ def pull(
         _write_files(m, reader, tmp, advance)
         marker_path(dest).unlink(missing_ok=True)
         _swap_in(tmp, dest)
-        marker_path(dest).write_text(json.dumps({"manifest": m.digest(), "name": m.name, "tag": m.tag}))
+        write_marker(dest, m)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

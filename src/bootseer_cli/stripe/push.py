@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..digests import CHUNK, sha256_file
 from ..errors import BootseerError, ConfigError, IntegrityError, StoreError
@@ -43,6 +44,9 @@ from .layout import (
     manifest_rel,
     stripe_size,
 )
+
+if TYPE_CHECKING:
+    from .reader import Reader
 
 UPLOAD_TRIES = 3
 
@@ -79,12 +83,21 @@ def scan(src: Path) -> tuple[list[tuple[str, Path, int]], list[str]]:
     return files, sorted(dirs)
 
 
-class _Source:
-    """Logical-stream reads over the local files (pread, so threads share the descriptors)."""
+Origin = Path | FileEntry  # a local file, or a file of a parent checkpoint read through its stripes
 
-    def __init__(self, files: list[tuple[str, Path, int]]) -> None:
+
+class _Source:
+    """Logical-stream reads over the files (pread, so threads share the descriptors).
+
+    A file is a local path, or (a write-back's unchanged file, `writeback.py`) an entry of the parent
+    checkpoint, read through `lower`, the parent's read engine: its cells are verified on the way,
+    so its bytes are the ones its signed manifest names, without a local copy.
+    """
+
+    def __init__(self, files: list[tuple[str, Origin, int]], lower: Reader | None = None) -> None:
         self.paths = [p for _, p, _ in files]
         self.sizes = [s for _, _, s in files]
+        self.lower = lower
         self.starts: list[int] = []
         off = 0
         for s in self.sizes:
@@ -97,8 +110,16 @@ class _Source:
     def _fd(self, i: int) -> int:
         with self.lock:
             if i not in self.fds:
-                self.fds[i] = os.open(self.paths[i], os.O_RDONLY)
+                self.fds[i] = os.open(self.paths[i], os.O_RDONLY | os.O_CLOEXEC)  # type: ignore[arg-type]
             return self.fds[i]
+
+    def _pread(self, i: int, want: int, off: int) -> bytes:
+        origin = self.paths[i]
+        if isinstance(origin, FileEntry):
+            if self.lower is None:
+                raise BootseerError(f"{origin.path}: a parent checkpoint's file without its reader")
+            return self.lower.pread(origin, off, want)
+        return os.pread(self._fd(i), want, off)
 
     def read(self, lo: int, n: int) -> bytes:
         out = []
@@ -109,7 +130,7 @@ class _Source:
                 continue
             off = lo - self.starts[i]
             want = min(n, self.sizes[i] - off)
-            data = os.pread(self._fd(i), want, off)
+            data = self._pread(i, want, off)
             if len(data) != want:
                 raise BootseerError(f"{self.paths[i]}: changed size while it was pushed")
             out.append(data)
@@ -125,6 +146,11 @@ class _Source:
             for fd in self.fds.values():
                 os.close(fd)
             self.fds.clear()
+
+
+def _file_digest(origin: Origin) -> str:
+    """A local file's sha256; a parent's file keeps the digest its manifest names (its cells are checked)."""
+    return origin.sha256 if isinstance(origin, FileEntry) else sha256_file(origin)
 
 
 def _stripe_cells(total: int, cell: int, k: int, s: int) -> Iterator[tuple[int, int, int]]:
@@ -233,7 +259,7 @@ def _check_args(store: Store, name: str, tag: str | None, stripes: int, cell_siz
 
 
 def _transfer(
-    job: _Striper, files: list[tuple[str, Path, int]], workers: int, progress: Progress | None
+    job: _Striper, files: list[tuple[str, Origin, int]], workers: int, progress: Progress | None
 ) -> tuple[list[str], list[str]]:
     """Both passes on one pool: (file digests, stripe digests) once every stripe is on its target.
 
@@ -244,7 +270,7 @@ def _transfer(
     total = job.source.total
     with ThreadPoolExecutor(workers, thread_name_prefix="ckpt-push") as pool:
         adv = _phase(progress, "hash", total)
-        file_futs = [pool.submit(sha256_file, p) for _, p, _ in files]
+        file_futs = [pool.submit(_file_digest, p) for _, p, _ in files]
         stripe_futs = [pool.submit(job.hash_stripe, s, adv) for s in range(job.k)]
         file_digests = [f.result() for f in file_futs]
         digests = [f.result() for f in stripe_futs]
@@ -270,9 +296,38 @@ def push(
 
     `progress(phase, total)` may return an `advance(n)` callback per phase ("hash", "upload").
     """
-    tag = _check_args(store, name, tag, stripes, cell_size)
     files, dirs = scan(src.resolve())
-    source = _Source(files)
+    return push_files(
+        store,
+        files,
+        dirs,
+        name,
+        tag,
+        stripes=stripes,
+        cell_size=cell_size,
+        targets=targets,
+        threads=threads,
+        progress=progress,
+    )
+
+
+def push_files(
+    store: Store,
+    files: list[tuple[str, Origin, int]],
+    dirs: list[str],
+    name: str,
+    tag: str | None = None,
+    *,
+    stripes: int = 4,
+    cell_size: int = 1 << 20,
+    targets: list[Store] | None = None,
+    threads: int = 0,
+    progress: Progress | None = None,
+    lower: Reader | None = None,
+) -> Manifest:
+    """`push` of a listed view: `files` sorted by path, each a local file or a parent's entry (`lower`)."""
+    tag = _check_args(store, name, tag, stripes, cell_size)
+    source = _Source(files, lower)
     job = _Striper(source, cell_size, stripes, targets or [store])
     try:
         file_digests, digests = _transfer(job, files, threads or min(32, max(4, stripes)), progress)

@@ -7,6 +7,15 @@ cannot be made (no FUSE here), the stage warns and pulls instead; if the store i
 launch code warns and the job starts without a checkpoint. Either way the launcher finds the
 directory in `$BOOTSEER_CKPT_DIR`.
 
+The directory is writable (a trainer resumes from `out_dir/ckpt.pt` and saves the next one there): in
+mount mode an overlay (overlay.py) whose lower layer is the read-only stripe mount, at
+`<runtime>/ckpt-<run id>.ro`, and whose upper layer is on local disk; in pull mode the pulled directory
+itself. Either way a journal is written first and the agent's "ckpt-writeback" task pushes what the
+job wrote as a new tag after the launcher ends (writeback.py); a write-back an earlier run's agent
+left unfinished is pushed here, before `latest` is resolved. Where no overlay can be made (no
+fuse-overlayfs for a plain user, an upper directory the kernel refuses) the stage pulls instead.
+Nothing the job wrote is removed: a pulled directory holding the job's files is kept (and said).
+
 Where: unless `[checkpoint] mountpoint` is configured, each run gets its own `<runtime>/ckpt-<run id>`
 (rundirs.py), so two jobs of one user on one node each see their own checkpoint, and the directories
 of ended runs are cleaned at the next start. A configured mount point is used as it is, but a live
@@ -15,13 +24,14 @@ mount there (another run's) is an error for this start, never unmounted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError
 from ..stage import StageContext, StageResult
-from .agent_tasks import UnmountTask
+from .agent_tasks import UnmountTask, WritebackTask
 
 if TYPE_CHECKING:
     from .layout import Manifest
@@ -37,6 +47,7 @@ def run_stage(ctx: StageContext) -> StageResult:
 
     ck = ctx.settings.checkpoint
     assert ck.name, "the stage table runs this stage only when [checkpoint] name is set"
+    _finish_pending(ctx, ck.name)
     try:
         m = load_manifest(ctx.store, ck.name, ck.tag)
     except NoCheckpoint as e:  # the first start of a job, before its first push: nothing to mount
@@ -73,24 +84,27 @@ def _mountpoint(ctx: StageContext) -> str:
         why = str(e) if isinstance(e, UnsafePath) else f"{runtime_dir()}: {e.strerror}"
         raise MountpointError(f"runtime directory refused: {why}") from None
     mp = base / f"ckpt-{ctx.run.run}"
-    sweep(base, str(mp), ctx.info)
+    sweep(base, str(mp), ctx.info, ctx.warn)
     write_owner(mp, os.getpid())  # before the directory exists: a concurrent sweep leaves it alone
     return prepare_mountpoint(mp)
 
 
 def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> StageResult | None:
-    """The detached mount, owned by this pid (the launcher's after execvp); None: no mount here, pull."""
-    from .mount import mount_detached, mount_info
+    """The writable view: the detached read-only mount (owned by this pid, the launcher's after execvp)
+    under an overlay at `mp`; None: no mount here, pull (a pulled directory is writable too)."""
+    from .mount import mount_detached, mount_info, umount
+    from .overlay import mount_overlay, overlay_missing, write_dirs
 
-    missing = fuse_missing()
+    missing = fuse_missing() or overlay_missing()
     if missing:  # say so in one line rather than wait for a mount that cannot appear
         ctx.warn(f"checkpoint: FUSE unavailable ({missing}); pulling {m.name}:{m.tag} to {mp} instead of mounting")
         extra["fallback"] = missing
         return None
+    lower = _lower_mountpoint(ctx)
     try:
         pid = mount_detached(
             m,
-            mp,
+            lower,
             ctx.store.uri_with_credentials(),  # into the server's 0600 spec file, never its argv
             targets=list(ctx.settings.checkpoint.targets),
             owner_pid=os.getpid(),  # exec keeps this pid for the launcher
@@ -98,14 +112,57 @@ def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> St
             allow_other=ctx.settings.checkpoint.allow_other,
         )
     except BootseerError as e:
-        ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {mp} ({e}); pulling it instead")
+        ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {lower} ({e}); pulling it instead")
         return None
-    info = mount_info(mp)
-    ctx.add_agent_task(UnmountTask(mountpoint=mp, pid=pid, dev=info["dev"] if info else ""))
+    lower_dev = (mount_info(lower) or {}).get("dev", "")
+    try:
+        dirs = write_dirs(ctx.run.run)
+        dev = mount_overlay(lower, dirs, mp)
+    except (BootseerError, OSError) as e:
+        with contextlib.suppress(BootseerError):
+            umount(lower, dev=lower_dev)
+        ctx.warn(f"checkpoint: no writable view at {mp} ({e}); pulling {m.name}:{m.tag} instead")
+        return None
+    _hand_over(ctx, m, "overlay", dirs.root, str(dirs.upper), mountpoint=mp, dev=dev)
+    ctx.add_agent_task(UnmountTask(mountpoint=lower, pid=pid, dev=lower_dev))
     ctx.exports["BOOTSEER_CKPT_DIR"] = mp
     # no line of its own: exec prints one summary line (the job finds the path in $BOOTSEER_CKPT_DIR,
     # `bootseer report` in the event)
     return StageResult("mounted", summary=f"mounted {m.name}:{m.tag}", extra={**extra, "mountpoint": mp})
+
+
+def _lower_mountpoint(ctx: StageContext) -> str:
+    """The read-only stripe mount under the overlay: `<runtime>/ckpt-<run id>.ro`, this run's own."""
+    from ..paths import make_private_dir, runtime_dir
+    from .mount import prepare_mountpoint
+    from .rundirs import LOWER_SUFFIX, write_owner
+
+    lower = make_private_dir(runtime_dir()) / f"ckpt-{ctx.run.run}{LOWER_SUFFIX}"
+    write_owner(lower, os.getpid())
+    return prepare_mountpoint(lower)
+
+
+def _hand_over(
+    ctx: StageContext, m: Manifest, kind: str, root: Path, path: str, mountpoint: str = "", dev: str = ""
+) -> None:
+    """Write the write-back journal, and give the agent the task that pushes what the job writes."""
+    from .push import default_tag
+    from .rundirs import owner_stamp
+    from .writeback import Journal, begin
+
+    begin(root, Journal(kind, m.name, m.tag, default_tag(), path, owner=owner_stamp(os.getpid())))
+    ctx.add_agent_task(WritebackTask(root=str(root), mountpoint=mountpoint, dev=dev))
+
+
+def _finish_pending(ctx: StageContext, name: str) -> None:
+    """Push what an earlier run of this checkpoint wrote and its agent did not push (it died)."""
+    from ..ckpt import phase_bars
+    from .writeback import finish_pending, pending
+
+    if not pending(name):
+        return
+    with phase_bars(f"{name} (an earlier run's write-back)", enabled=False if ctx.quiet else None) as progress:
+        finish_pending(ctx.store, ctx.settings.checkpoint, name, ctx.info, progress)
 
 
 def fuse_missing(device: str = "/dev/fuse", euid: int | None = None) -> str:
@@ -127,23 +184,31 @@ def fuse_missing(device: str = "/dev/fuse", euid: int | None = None) -> str:
 
 
 def _pull(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> StageResult:
-    """Pull to the mountpoint; with [p2p] on, whole stripes through the node cache and the swarm."""
+    """Pull to the mountpoint; with [p2p] on, whole stripes through the node cache and the swarm.
+
+    A directory there holding files bootseer did not put there (the job's, not pushed yet) is kept as it
+    is, said in one line, and handed to the job: never replaced."""
     from ..progress import byte_bar
     from .catalog import Targets
+    from .overlay import write_dirs
     from .pull import pull
 
     ck, p2p = ctx.settings.checkpoint, ctx.settings.p2p
+    dest = Path(mp)
+    if not pull_is_safe(dest, m):
+        return _keep(ctx, m, dest, extra)
     with byte_bar(m.total_size, f"pull {m.name}:{m.tag}", enabled=False if ctx.quiet else None) as advance:
         r = pull(
             m,
             Targets(ctx.store, list(ck.targets)),
-            Path(mp),
+            dest,
             replace=True,
             p2p=p2p,
             cache=ctx.cache,
             whole_stripes=p2p.enabled,
             advance=advance,
         )
+    _hand_over(ctx, m, "pull", write_dirs(ctx.run.run).root, str(r.dest))
     ctx.exports["BOOTSEER_CKPT_DIR"] = str(r.dest)
     extra["mode"] = "pull"
     if r.skipped:
@@ -157,3 +222,27 @@ def _pull(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> Sta
         bytes_from_peers=r.bytes_from_peers,
         extra=extra,
     )
+
+
+def pull_is_safe(dest: Path, m: Manifest) -> bool:
+    """Pulling into `dest` removes nothing but bootseer's own: it is missing, empty, or exactly a pull."""
+    from .pull import job_files
+
+    return not dest.is_dir() or not any(dest.iterdir()) or not job_files(dest)
+
+
+def _keep(ctx: StageContext, m: Manifest, dest: Path, extra: dict[str, Any]) -> StageResult:
+    """`dest` holds files bootseer did not put there: kept, said, and given to the job (pushed after it
+    when they are a pull's changes; a directory bootseer never pulled into is not pushed)."""
+    from .overlay import write_dirs
+    from .pull import job_files, marker_path
+
+    mine = job_files(dest)
+    ctx.warn(
+        f"checkpoint: {dest} holds {len(mine)} file(s) bootseer did not put there ({mine[0]}, ...); "
+        f"kept as it is, not replaced by {m.name}:{m.tag}"
+    )
+    if marker_path(dest).exists():
+        _hand_over(ctx, m, "pull", write_dirs(ctx.run.run).root, str(dest))
+    ctx.exports["BOOTSEER_CKPT_DIR"] = str(dest)
+    return StageResult("kept", summary=f"kept {dest}", reason="it holds files the job wrote", extra=extra)

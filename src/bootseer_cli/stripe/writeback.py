@@ -1,0 +1,308 @@
+"""The write-back: what a job wrote into its checkpoint directory becomes a new tag, pushed behind it.
+
+Each run that hands a job a checkpoint directory writes a small journal first
+(`<cache root>/ckpt-write/<run id>/journal.json`: the checkpoint's name, the tag it restored, the tag
+the write-back will push, and where the job's writes are: the overlay's upper directory, or the
+pulled directory). The agent's "ckpt-writeback" task holds the journal's lock while the launcher
+runs and, once it has ended, pushes; the journal goes only after the manifest is in the store. An
+agent that dies (the node, SIGKILL) leaves the journal, and the next start of a job with the same
+checkpoint finishes that push before it resolves `latest`, so the job resumes from its newest state.
+A push cut off half-way is resumed by pushing the same tag again: the stripes already uploaded are
+found on their targets (hashed, not uploaded again), and a manifest already there means it is done.
+
+What the new tag holds: the **merged view**, the directory exactly as the job saw it (the restored
+files it did not replace or delete, plus what it wrote), so a resume from `latest` sees everything
+the job would. Unchanged files cannot reuse the parent's stripes: a manifest is one logical stream
+dealt round-robin over whole stripe blobs (layout.py), so a stripe mixes cells of many files and a
+new stream changes every stripe; sharing would need a manifest format every reader must learn. The
+unchanged files are therefore re-pushed, read through the parent's verified read engine (never a
+local copy), and the typical save (`ckpt.pt` replaced, or a new `checkpoint-N/`) is mostly local.
+
+Nothing a job wrote is deleted before it is in the store: the overlay's upper directory (bootseer's
+own staging copy of the job's writes) is removed only after the tag's manifest is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BootseerError
+from .layout import FileEntry, Manifest, manifest_rel
+from .push import Origin
+
+if TYPE_CHECKING:
+    from ..settings import CheckpointSettings
+    from ..store import Store
+    from .push import Progress
+
+JOURNAL_VERSION = 1
+RECOVER_LIMIT = 16  # journals looked at per start
+OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque", "user.fuseoverlayfs.opaque")
+WHITEOUT = ".wh."  # fuse-overlayfs's whiteout files where it cannot make a 0/0 device (a plain user)
+OPAQUE_FILE = ".wh..wh..opq"
+
+View = tuple[list[tuple[str, Origin, int]], list[str], bool]  # files (sorted), dirs, changed
+
+
+@dataclass(frozen=True)
+class Journal:
+    """One pending write-back (the journal's fields)."""
+
+    kind: str  # "overlay": `path` is the upper directory; "pull": `path` is the pulled directory
+    name: str
+    parent_tag: str
+    tag: str
+    path: str
+    owner: str = ""  # "pid start-time" of the launcher
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"version": JOURNAL_VERSION, **self.__dict__}
+
+    @classmethod
+    def load(cls, path: Path) -> Journal:
+        doc = json.loads(path.read_text())
+        if not isinstance(doc, dict) or doc.get("version") != JOURNAL_VERSION:
+            raise ValueError(f"{path}: not a write-back journal")
+        return cls(**{k: str(doc[k]) for k in ("kind", "name", "parent_tag", "tag", "path", "owner")})
+
+
+def begin(root: Path, journal: Journal) -> Path:
+    """Write `journal` into `root/journal.json` (whole, by rename; 0600): before the job starts."""
+    path = root / "journal.json"
+    tmp = root / f".journal.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(journal.to_doc(), f)
+    os.replace(tmp, path)
+    return path
+
+
+@contextlib.contextmanager
+def locked(root: Path, wait: bool) -> Iterator[bool]:
+    """The journal's lock (a `lock` file beside it): held by the agent from its start to the end of its
+    push, so a next start never pushes the same writes at the same time. Yields whether it is held."""
+    fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _entries(root: Path) -> Iterator[tuple[str, str, os.stat_result]]:
+    """(relative path, name, lstat) of everything under `root`, parents first; links are not followed."""
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        with os.scandir(root / rel_dir if rel_dir else root) as it:
+            items = sorted(it, key=lambda e: e.name)
+        for e in items:
+            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            st = e.stat(follow_symlinks=False)
+            yield rel, e.name, st
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(rel)
+
+
+def _opaque(path: Path) -> bool:
+    for attr in OPAQUE_XATTRS:
+        with contextlib.suppress(OSError):
+            if os.getxattr(path, attr, follow_symlinks=False) == b"y":
+                return True
+    return False
+
+
+def _ancestors(rel: str) -> Iterator[str]:
+    parts = rel.split("/")
+    for i in range(1, len(parts)):
+        yield "/".join(parts[:i])
+
+
+def overlay_view(parent: Manifest, upper: Path, log: Callable[[str], None]) -> View:
+    """The merged view of the parent checkpoint under the overlay's `upper` directory.
+
+    Whiteouts (a 0/0 character device, or fuse-overlayfs's `.wh.NAME` file) hide a lower entry and
+    everything under it; an opaque directory hides the lower entries below it; an upper file or
+    directory replaces a lower entry of the same path. Links and special files are left out (said)."""
+    files: dict[str, tuple[Origin, int]] = {}
+    dirs: set[str] = set()
+    gone: set[str] = set()  # whited out, or replaced by an upper file: nothing of the lower at or below
+    opaque: set[str] = set()  # upper directories whose lower contents are hidden
+    for rel, name, st in _entries(upper):
+        rel_dir = rel.rpartition("/")[0]
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            gone.add(rel)
+        elif name == OPAQUE_FILE:
+            opaque.add(rel_dir)
+        elif name.startswith(WHITEOUT):
+            gone.add(f"{rel_dir}/{name[len(WHITEOUT) :]}" if rel_dir else name[len(WHITEOUT) :])
+        elif stat.S_ISREG(st.st_mode):
+            files[rel] = (upper / rel, st.st_size)
+            gone.add(rel)
+        elif stat.S_ISDIR(st.st_mode):
+            dirs.add(rel)
+            if _opaque(upper / rel):
+                opaque.add(rel)
+        else:
+            log(f"checkpoint write-back: {rel} is not a regular file or directory; left out")
+
+    def hidden(rel: str, is_file: bool) -> bool:
+        if rel in gone or (is_file and rel in dirs):
+            return True
+        return any(a in gone or a in opaque or a in files for a in _ancestors(rel))
+
+    written = bool(files)
+    for f in parent.files:
+        if not hidden(f.path, True) and f.path not in files:
+            files[f.path] = (f, f.size)
+    dirs |= {d for d in parent.dirs if not hidden(d, False) and d not in files}
+    view = [(rel, origin, size) for rel, (origin, size) in sorted(files.items())]
+    changed = written or len(view) != len(parent.files) or dirs != set(parent.dirs)
+    return view, sorted(dirs), changed
+
+
+def local_view(dest: Path, log: Callable[[str], None]) -> tuple[list[tuple[str, Origin, int]], list[str]]:
+    """Every regular file and directory under `dest` (a pulled directory), links left out (said)."""
+    files: list[tuple[str, Origin, int]] = []
+    dirs: list[str] = []
+    for rel, _name, st in _entries(dest):
+        if stat.S_ISREG(st.st_mode):
+            files.append((rel, dest / rel, st.st_size))
+        elif stat.S_ISDIR(st.st_mode):
+            dirs.append(rel)
+        else:
+            log(f"checkpoint write-back: {rel} is not a regular file or directory; left out")
+    return sorted(files, key=lambda t: t[0]), sorted(dirs)
+
+
+def finish(
+    store: Store,
+    settings: CheckpointSettings,
+    root: Path,
+    log: Callable[[str], None],
+    progress: Progress | None = None,
+) -> Manifest | None:
+    """Push the write-back of journal directory `root` (the caller holds its lock); None when the job
+    changed nothing (or the tag is already in the store). The journal directory goes once it is done."""
+    from .catalog import Targets, load_manifest
+    from .pull import is_current_tree, write_marker
+    from .reader import open_reader
+
+    j = Journal.load(root / "journal.json")
+    if store.exists(manifest_rel(j.name, j.tag)):
+        _done(root, j)
+        return None
+    lower = None
+    if j.kind == "overlay":
+        parent = load_manifest(store, j.name, j.parent_tag)
+        files, dirs, changed = overlay_view(parent, Path(j.path), log)
+        if changed and any(isinstance(o, FileEntry) for _, o, _ in files):
+            lower = open_reader(parent, Targets(store, list(settings.targets)))
+    else:
+        changed = not is_current_tree(Path(j.path))
+        files, dirs = local_view(Path(j.path), log) if changed else ([], [])
+    if not changed:
+        _done(root, j)
+        return None
+    try:
+        m = _push(store, settings, j, files, dirs, lower, progress)
+    finally:
+        if lower is not None:
+            lower.close()
+    if j.kind == "pull":
+        write_marker(Path(j.path), m)  # the directory now holds this tag: clean again, and current
+    _done(root, j)
+    return m
+
+
+def _push(
+    store: Store,
+    settings: CheckpointSettings,
+    j: Journal,
+    files: list[tuple[str, Origin, int]],
+    dirs: list[str],
+    lower: Any,
+    progress: Progress | None,
+) -> Manifest:
+    from ..store import Store as _Store
+    from .push import push_files
+
+    return push_files(
+        store,
+        files,
+        dirs,
+        j.name,
+        j.tag,
+        stripes=settings.stripes,
+        cell_size=settings.cell_size,
+        targets=[_Store(u) for u in settings.targets] or None,
+        progress=progress,
+        lower=lower,
+    )
+
+
+def _done(root: Path, j: Journal) -> None:
+    """The write-back is in the store (or there was none): the overlay's staging copy and the journal go."""
+    if j.kind == "overlay":
+        shutil.rmtree(root, ignore_errors=True)  # upper (now a tag), work, journal
+    else:
+        with contextlib.suppress(OSError):
+            (root / "journal.json").unlink()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def owner_alive(j: Journal) -> bool:
+    from .rundirs import _start_time
+
+    pid, _, start = j.owner.partition(" ")
+    return bool(start) and pid.isdigit() and _start_time(int(pid)) == start
+
+
+def pending(name: str) -> list[Path]:
+    """Journal directories of checkpoint `name` whose launcher has ended (at most RECOVER_LIMIT)."""
+    from .overlay import write_root
+
+    found = []
+    with contextlib.suppress(OSError), os.scandir(write_root()) as it:
+        for e in sorted(it, key=lambda e: e.name)[:RECOVER_LIMIT]:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                j = Journal.load(Path(e.path) / "journal.json")
+                if j.name == name and not owner_alive(j):
+                    found.append(Path(e.path))
+    return found
+
+
+def finish_pending(
+    store: Store, settings: CheckpointSettings, name: str, log: Callable[[str], None], progress: Progress | None
+) -> list[Manifest]:
+    """Finish the write-backs an earlier run of checkpoint `name` left (its agent died): before `latest`
+    is resolved, so this start resumes from what that job saved. One that fails is kept, and said."""
+    done = []
+    for root in pending(name):
+        with locked(root, wait=False) as held:
+            if not held:
+                continue  # its agent is still pushing it
+            t0 = time.time()
+            try:
+                m = finish(store, settings, root, log, progress)
+            except (BootseerError, OSError, ValueError) as e:
+                log(f"checkpoint: the write-back in {root} is not pushed yet ({e}); kept for the next start")
+                continue
+            if m is not None:
+                log(f"checkpoint: pushed what an earlier run wrote as {m.name}:{m.tag} in {time.time() - t0:.1f} s")
+                done.append(m)
+    return done

@@ -1,0 +1,190 @@
+"""Issue 44 item 2: the checkpoint directory is a trainer's `out_dir`: it resumes from it and saves into it.
+
+Real `torch.save`/`torch.load`, the real FUSE mount and overlay, real `bootseer exec` and its agent.
+A "node" is its own cache root (XDG_CACHE_HOME) and runtime directory (XDG_RUNTIME_DIR); the store is
+shared. What the job saves is pushed by the agent as a new tag behind it, `latest` names that tag,
+and a fresh node resumes from it. Nothing the job wrote is deleted by bootseer, in either mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.store import Store
+from bootseer_cli.stripe.catalog import load_manifest
+from bootseer_cli.stripe.mount import mount_info
+
+from .conftest import CELL, file_store, run_cli, wait_until
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.integration
+
+# A trainer in the manner of nanoGPT/HF: resume from out_dir/ckpt.pt, save the next step over it and
+# into a new checkpoint-N/, read its save back, and read a restored file it did not touch.
+TRAINER = """
+import os, signal, sys, time, torch
+d = os.environ["BOOTSEER_CKPT_DIR"]
+ck = torch.load(os.path.join(d, "ckpt.pt"))
+step = ck["step"] + 1
+torch.save({"step": step, "w": ck["w"] + 1}, os.path.join(d, "ckpt.pt"))
+os.makedirs(os.path.join(d, f"checkpoint-{step}"), exist_ok=True)
+torch.save({"step": step}, os.path.join(d, f"checkpoint-{step}", "state.pt"))
+assert torch.load(os.path.join(d, "ckpt.pt"))["step"] == step
+extra = torch.load(os.path.join(d, "extra.pt"))
+if len(sys.argv) > 1:  # crash the agent before it can push (the node's sidecar killed)
+    run = os.environ["BOOTSEER_RUN_DIR"]
+    for _ in range(200):
+        if os.path.exists(os.path.join(run, "agent.pid")):
+            break
+        time.sleep(0.05)
+    os.kill(int(open(os.path.join(run, "agent.pid")).read()), signal.SIGKILL)
+print(d, step, int(extra["x"].sum()))
+"""
+
+
+def _node(tmp_path: Path, name: str) -> dict[str, str]:
+    home = tmp_path / name
+    (home / "cache").mkdir(parents=True)
+    (home / "rt").mkdir(mode=0o700)
+    return {"XDG_CACHE_HOME": str(home / "cache"), "XDG_RUNTIME_DIR": str(home / "rt")}
+
+
+def _first_checkpoint(tmp_path: Path, store: Store) -> None:
+    from bootseer_cli.stripe.push import push
+
+    src = tmp_path / "src"
+    src.mkdir()
+    torch.save({"step": 1, "w": torch.zeros(64, 1024)}, src / "ckpt.pt")
+    torch.save({"x": torch.ones(3 * CELL // 4)}, src / "extra.pt")  # several cells, never rewritten
+    push(store, src, "job", "v1", stripes=3, cell_size=CELL)
+
+
+def _config(tmp_path: Path, store: Store, mode: str, mountpoint: Path | None = None) -> Path:
+    cfg = tmp_path / f"bootseer-{mode}.toml"
+    mp = f'mountpoint = "{mountpoint}"\n' if mountpoint else ""
+    cfg.write_text(
+        f'[store]\nuri = "{store.uri}"\n\n[checkpoint]\nname = "job"\nmode = "{mode}"\n{mp}'
+        f"stripes = 3\ncell_size = {CELL}\n"
+    )
+    return cfg
+
+
+def _exec(cfg: Path, tmp_path: Path, node: dict[str, str], *args: str):  # type: ignore[no-untyped-def]
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    return run_cli("exec", "--config", str(cfg), "--", sys.executable, str(script), *args, env=node)
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+    except (OSError, ValueError):
+        return False  # gone (a killed agent leaves its pid file behind)
+    return True
+
+
+def _agents_done(node: dict[str, str], timeout: float = 120) -> None:
+    runs = Path(node["XDG_CACHE_HOME"]) / "bootseer" / "runs"
+    done = wait_until(lambda: not [p for p in runs.glob("*/agent.pid") if _alive(p)], timeout=timeout)
+    assert done, "the agent did not finish"
+
+
+def _events(node: dict[str, str], stage: str) -> list[dict[str, object]]:
+    out = []
+    for f in (Path(node["XDG_CACHE_HOME"]) / "bootseer" / "runs").glob("*/events.jsonl"):
+        out += [e for e in map(json.loads, f.read_text().splitlines()) if e["stage"] == stage]
+    return out
+
+
+def _resumes_on_a_fresh_node(tmp_path: Path, store: Store, mode: str, step: int) -> None:
+    node = _node(tmp_path, f"fresh-{mode}")
+    r = _exec(_config(tmp_path, store, mode), tmp_path, node)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[1:] == [str(step), str(3 * CELL // 4)], r.stdout
+    _agents_done(node)
+
+
+def test_mounted_checkpoint_takes_a_save_which_is_pushed_as_latest(tmp_path: Path, mounts: Path) -> None:
+    """Before: the first save failed with EROFS (the mount is read-only)."""
+    store = file_store(tmp_path)
+    _first_checkpoint(tmp_path, store)
+    node = _node(tmp_path, "a")
+    r = _exec(_config(tmp_path, store, "mount", mounts / "out"), tmp_path, node)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(mounts / "out"), "2", str(3 * CELL // 4)]
+    _agents_done(node)
+    assert mount_info(mounts / "out") is None, "the writable view outlived the job"
+    m = load_manifest(store, "job")
+    assert m.tag != "v1" and sorted(f.path for f in m.files) == ["checkpoint-2/state.pt", "ckpt.pt", "extra.pt"]
+    [ev] = _events(node, "ckpt-writeback")
+    assert ev["outcome"] == "pushed" and ev["bytes"] == m.total_size and ev["detail"] == f"job:{m.tag}"
+    # the staging copy goes once the tag is in the store; nothing else is left on the node
+    assert not list((Path(node["XDG_CACHE_HOME"]) / "bootseer" / "ckpt-write").iterdir())
+    _resumes_on_a_fresh_node(tmp_path, store, "mount", 3)
+
+
+def test_pulled_checkpoint_takes_a_save_which_is_pushed_as_latest(tmp_path: Path) -> None:
+    store = file_store(tmp_path)
+    _first_checkpoint(tmp_path, store)
+    node = _node(tmp_path, "a")
+    r = _exec(_config(tmp_path, store, "pull"), tmp_path, node)
+    assert r.returncode == 0, r.stderr
+    _agents_done(node)
+    m = load_manifest(store, "job")
+    assert m.tag != "v1" and "checkpoint-2/state.pt" in {f.path for f in m.files}
+    _resumes_on_a_fresh_node(tmp_path, store, "pull", 3)
+
+
+def test_pulled_directory_with_new_files_is_kept_then_pushed(tmp_path: Path) -> None:
+    """Before: the next `bootseer exec` deleted the pulled directory (and the job's two checkpoints in it)
+    without a word, and left its `.ckpt-<run>` marker behind."""
+    from bootseer_cli.stripe.rundirs import sweep
+
+    store = file_store(tmp_path)
+    _first_checkpoint(tmp_path, store)
+    node = _node(tmp_path, "a")
+    cfg = _config(tmp_path, store, "pull")
+    r = _exec(cfg, tmp_path, node, "kill-agent")  # the agent dies: nothing pushes what the job saved
+    assert r.returncode == 0, r.stderr
+    pulled = Path(r.stdout.split()[0])
+    assert (pulled / "checkpoint-2" / "state.pt").exists()
+    warned: list[str] = []
+    sweep(pulled.parent, str(pulled.parent / "ckpt-other"), warned.append)
+    assert torch.load(pulled / "checkpoint-2" / "state.pt")["step"] == 2, "bootseer removed what the job wrote"
+    assert len(warned) == 1 and str(pulled) in warned[0] and "kept" in warned[0]
+    assert load_manifest(store, "job").tag == "v1"
+    # the next start pushes what that job saved before it resolves `latest`, so it resumes from step 2
+    r = _exec(cfg, tmp_path, node)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[1] == "3", r.stdout
+    _agents_done(node)
+    names = {f.path for f in load_manifest(store, "job").files}
+    assert {"checkpoint-2/state.pt", "checkpoint-3/state.pt"} <= names
+    base = pulled.parent
+    leftovers = [n for n in os.listdir(base) if n.startswith(".ckpt-") and not (base / n[1:].split(".")[0]).exists()]
+    assert not leftovers, f"markers left behind: {leftovers}"
+
+
+def test_agent_killed_in_mount_mode_the_next_start_pushes(tmp_path: Path, mounts: Path) -> None:
+    store = file_store(tmp_path)
+    _first_checkpoint(tmp_path, store)
+    node = _node(tmp_path, "a")
+    cfg = _config(tmp_path, store, "mount")
+    r = _exec(cfg, tmp_path, node, "kill-agent")
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.split()[0]
+    assert load_manifest(store, "job").tag == "v1"
+    time.sleep(0.2)
+    r = _exec(cfg, tmp_path, node)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[1] == "3", r.stdout + r.stderr
+    _agents_done(node)
+    assert mount_info(first) is None, "the dead run's overlay was not taken down"
+    assert {"checkpoint-2/state.pt", "checkpoint-3/state.pt"} <= {f.path for f in load_manifest(store, "job").files}
