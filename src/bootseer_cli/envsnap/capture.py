@@ -359,7 +359,7 @@ def capture(
         look = OutsideLook(since, roots, exclude)
     except OSError:  # no fork (a process limit): the warning is skipped, the capture goes on
         look = OutsideLook(None, roots, exclude)
-    big = BigWriter(tmp.with_name(f"{tmp.name}.partbig"), baseline)
+    big = BigWriter(tmp.with_name(f"{tmp.name}.partbig"), baseline, roots)
     try:
         after = scan(roots, exclude, on_entry=big.offer)
         d = diff(baseline, after)

@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from .format import UnsafeArchive
+from .manifest import open_regular_stat
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # a root is configured: it may be a link
@@ -207,3 +208,23 @@ def rmtree_at(pfd: int, name: str) -> None:
     finally:  # pragma: no cover
         os.close(fd)
     os.rmdir(name, dir_fd=pfd)  # pragma: no cover
+
+
+class TreeOpener:
+    """Opens the files a capture reads through no-follow directory descriptors from the roots.
+
+    The scan lists a tree a plain user may change while root reads it: a directory swapped for a
+    symlink to a root-only one after the scan would make a read by path publish root's files. Here
+    every component below a root is entered with `O_NOFOLLOW | O_DIRECTORY` (`DirFds`), so the swap
+    fails the read (NotADir), and a directory opened before the swap stays the tree's own."""
+
+    def __init__(self, roots: Iterable[str]) -> None:
+        self.dirs = DirFds([r.rstrip("/") or "/" for r in roots], fd_budget(4))
+
+    def open(self, path: str) -> tuple[int, os.stat_result]:
+        """(descriptor, fstat) of regular file `path`, as `manifest.open_regular_stat` gives them."""
+        parent, name = _split(path)
+        return open_regular_stat(name, dir_fd=self.dirs.dir(parent))
+
+    def close(self) -> None:
+        self.dirs.close()

@@ -246,10 +246,17 @@ class ArchiveWriter:
         progress: Progress | None = None,
         file_digests: bool = False,
         segment: bool = False,
+        roots: list[str] | None = None,
     ) -> None:
         """`segment`: this writer makes one part of a blob another writer assembles (`end_segment`,
-        `append_segment`): its bytes are hashed once, by the assembling writer, not here too."""
+        `append_segment`): its bytes are hashed once, by the assembling writer, not here too.
+        `roots`: the files are read through no-follow descriptors from these (`dirfd.TreeOpener`)."""
         import zstandard
+
+        from .dirfd import TreeOpener
+
+        self.roots = roots
+        self._tree = TreeOpener(roots) if roots is not None else None
 
         # Per-file sha256 in the metadata: off by default. No reader checks them (the blob's own
         # sha256 and each frame's zstd checksum are what a restore verifies) and on a 2-core machine
@@ -371,10 +378,12 @@ class ArchiveWriter:
 
     def _add_file(self, path: str) -> bool:
         """A regular file, as it is now (its size and mode from the open descriptor, not the scan)."""
-        try:  # no-follow, non-blocking: a FIFO swapped in is an error, not a hang
-            fd, st = open_regular_stat(path)
+        try:  # no-follow (each component, with roots), non-blocking: a FIFO swapped in is an error, not a hang
+            fd, st = self._tree.open(path) if self._tree is not None else open_regular_stat(path)
         except FileNotFoundError:
             return False  # vanished since the scan: it is not part of the tree
+        except UnsafeArchive as e:  # a directory on the way is a link now: never read through it
+            raise BootseerError(f"cannot snapshot {path}: {e}; nothing was published") from None
         except OSError as e:  # unreadable (permissions …), not a file now: a snapshot without it would be wrong
             raise BootseerError(f"cannot snapshot {path}: {e.strerror or e}; nothing was published") from None
         try:
@@ -473,6 +482,7 @@ class ArchiveWriter:
         for path in list(self._deferred):
             self._add_file(path)
         self._deferred.clear()
+        self._close_tree()
         self._cut()
         self._drain(keep=0)
         self._pool.shutdown()
@@ -536,6 +546,7 @@ class ArchiveWriter:
         for path in list(self._deferred):
             self._add_file(path)
         self._deferred.clear()
+        self._close_tree()
         self._put(b"\0" * (2 * BLOCK))
         self._cut()
         self._drain(keep=0)
@@ -551,8 +562,13 @@ class ArchiveWriter:
         files = sum(1 for e in self.entries if e.kind in (FILE, HARDLINK, SYMLINK))
         return Written(digest, self._sink.offset, files, self.raw_bytes)
 
+    def _close_tree(self) -> None:
+        if self._tree is not None:
+            self._tree.close()
+
     def abort(self) -> None:
         """Stop, and remove the partial blob."""
+        self._close_tree()
         self._pool.shutdown(cancel_futures=True)
         self._big_cctx.clear()
         self._sink.abort()

@@ -104,9 +104,10 @@ class BigWriter:
     files are sent when the scan is done (`finish_input`). Paths go over pipes, NUL-separated; the
     parent never blocks on one during the scan (what does not fit waits in the writer's `pending`)."""
 
-    def __init__(self, part: Path, baseline: Manifest) -> None:
+    def __init__(self, part: Path, baseline: Manifest, roots: list[str] | None = None) -> None:
         self.part = part  # the parts' common name: `<part>0`, `<part>1`, …
         self.baseline = baseline
+        self.roots = roots  # the files are read through no-follow descriptors from these
         self.writers = big_writers(os.cpu_count() or 1)
         self.kids: list[_Kid] = []
         self.failed = False
@@ -154,7 +155,7 @@ class BigWriter:
                     os.close(other.result_fd)
                 os.close(paths_w)
                 os.close(result_r)
-                _big_child(kid.part, paths_r, result_w)
+                _big_child(kid.part, paths_r, result_w, self.roots)
         finally:
             gc.unfreeze()
         os.close(paths_r)
@@ -207,7 +208,9 @@ class BigWriter:
 REPORT_BYTES = 32 << 20
 
 
-def _big_child(part: Path, paths_fd: int, result_fd: int) -> None:  # pragma: no cover - forked child
+def _big_child(  # pragma: no cover - forked child
+    part: Path, paths_fd: int, result_fd: int, roots: list[str] | None
+) -> None:
     """Write each path read from `paths_fd` into the segment `part` as it arrives, reporting what it
     wrote every REPORT_BYTES (`_reports`); never returns."""
 
@@ -241,18 +244,18 @@ def _big_child(part: Path, paths_fd: int, result_fd: int) -> None:  # pragma: no
             if every and sw.unreported() >= every:
                 _write_report(out, *sw.report())
 
-    _reports(part, result_fd, os.cpu_count() or 1, write)
+    _reports(part, result_fd, os.cpu_count() or 1, write, roots)
 
 
 def _reports(  # pragma: no cover - runs in a forked child
-    part: Path, wfd: int, threads: int, write: Callable[[ArchiveWriter, Any], None]
+    part: Path, wfd: int, threads: int, write: Callable[[ArchiveWriter, Any], None], roots: list[str] | None
 ) -> None:
     """A large-file writer's output on `wfd`: reports as `write` makes them, then the last one
     (marked `last`), or the error; never returns. A writer that dies leaves no `last` report."""
     try:
         with os.fdopen(wfd, "w") as out:
             try:
-                sw = ArchiveWriter(part, threads=threads, segment=True)
+                sw = ArchiveWriter(part, threads=threads, segment=True, roots=roots)
                 write(sw, out)
                 doc, rows = sw.end_segment()
                 _write_report(out, dict(doc, last=True), rows)
@@ -297,7 +300,7 @@ def write_blob(
     w: ArchiveWriter | None = None
     try:
         with byte_bar(total, "capture", enabled=progress) as advance:
-            w = ArchiveWriter(tmp, progress=advance)
+            w = ArchiveWriter(tmp, progress=advance, roots=list(meta["roots"]))
             if (big is not None and big.started) or (workers > 1 and hasattr(os, "fork")):
                 _write_segments(w, tmp, after, changed, links, workers, advance, big)
             else:
@@ -379,9 +382,9 @@ def _write_segments(
                         gc.disable()
                         os.close(r)
                         if part is None:
-                            _segment_child(parts, pieces, queue_r, after, links, wfd)
+                            _segment_child(parts, pieces, queue_r, after, links, wfd, w.roots)
                         else:
-                            _large_child(part, big, after, links, threads, wfd)
+                            _large_child(part, big, after, links, threads, wfd, w.roots)
                     os.close(wfd)
                     app.watch(pid, r, part)
             finally:
@@ -523,6 +526,7 @@ def _segment_child(  # pragma: no cover - runs in a forked child
     after: Manifest,
     links: dict[str, str],
     wfd: int,
+    roots: list[str] | None,
 ) -> None:
     """A small files' writer: takes piece after piece from the queue (one byte each, its index) and
     reports each as it is written (or the error) on `wfd`; never returns."""
@@ -531,7 +535,7 @@ def _segment_child(  # pragma: no cover - runs in a forked child
         with os.fdopen(wfd, "w") as out:
             try:
                 while k := os.read(queue_fd, 1):
-                    sw = ArchiveWriter(parts[k[0]], threads=1, segment=True)
+                    sw = ArchiveWriter(parts[k[0]], threads=1, segment=True, roots=roots)
                     for p in pieces[k[0]]:
                         sw.add(p, after[p], link_to=links.get(p))
                     doc, rows = sw.end_segment()
@@ -544,7 +548,13 @@ def _segment_child(  # pragma: no cover - runs in a forked child
 
 
 def _large_child(  # pragma: no cover - runs in a forked child
-    part: Path, paths: list[str], after: Manifest, links: dict[str, str], threads: int, wfd: int
+    part: Path,
+    paths: list[str],
+    after: Manifest,
+    links: dict[str, str],
+    threads: int,
+    wfd: int,
+    roots: list[str] | None,
 ) -> None:
     """The large files' writer when the scan started none: one part, one report; never returns."""
 
@@ -552,4 +562,4 @@ def _large_child(  # pragma: no cover - runs in a forked child
         for p in paths:
             sw.add(p, after[p], link_to=links.get(p))
 
-    _reports(part, wfd, threads, write)
+    _reports(part, wfd, threads, write, roots)
