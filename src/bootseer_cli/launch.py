@@ -70,6 +70,8 @@ def _hand_over(ctx: StageContext) -> None:
         for hook in ctx.before_agent:  # e.g. the env stage's lease keeper stops: the agent renews it now
             hook()
         _spawn_agent(ctx, os.getpid())
+        for hook in ctx.after_agent:  # e.g. the image stage waits until the agent reads the opens' queue
+            hook()
     else:
         _upload_quietly(ctx)
 

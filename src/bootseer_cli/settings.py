@@ -137,6 +137,9 @@ class ImageSettings:
     prefetch_threads: int = integer(64, "Streams at most for the replay.", minimum=1)
     prefetch_mbps: float = number(0.0, "Cap on the background replay (0: none).", unit="MB/s")
     foreground_s: float = number(10.0, "How long the replay may hold the launcher back.", unit="s")
+    record_max_files: int = integer(
+        1_000_000, "Files a record keeps at most (opens of more: the record says it is partial).", minimum=1
+    )
 
     def wanted(self) -> bool:
         return self.enabled
@@ -249,6 +252,9 @@ class CompileSettings:
     max_gb: float = size_gb(10.0, "Bound on the published cache (least recently used entries out first).")
     device: str | None = text(None, "The device kind in the key (unset: detected).")
     publish: bool = flag(True, "Publish what the run added.")
+    python: Path | None = location(
+        None, "The job's Python, whose torch the key names (unset: the launcher's, by its shebang or PATH)."
+    )
 
     def wanted(self) -> bool:
         return self.enabled

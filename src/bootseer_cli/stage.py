@@ -74,6 +74,7 @@ class StageContext:
     exports: dict[str, str] = field(default_factory=dict)  # environment added for the launcher
     agent_tasks: list[AgentTaskSpec] = field(default_factory=list)  # for the agent, in agent.json
     before_agent: list[Callable[[], None]] = field(default_factory=list)  # run just before the agent starts
+    after_agent: list[Callable[[], None]] = field(default_factory=list)  # run once it is started, before exec
     agent_fds: list[int] = field(default_factory=list)  # fds the agent inherits (the image stage's fanotify group)
     _keys: Keys | None = None
     _store: Store | None = None

@@ -53,7 +53,8 @@ def record(
         d = out.doc
         typer.echo(
             f"bootseer: recorded {d['files']} files, {d['extents']} extents, {fmt_bytes(d['bytes'])} "
-            f"of {fmt_bytes(d['roots_bytes'])} under the roots ({out.why}); record {d['blob'][:12]}",
+            f"of {fmt_bytes(d['roots_bytes'])} under the roots ({out.why}); record {d['blob'][:12]}"
+            + (f"; coverage {d['coverage']}" if d.get("coverage", "full") != "full" else ""),
             err=True,
         )
     raise typer.Exit(out.exit_code)
@@ -127,6 +128,8 @@ def _print_record(d: dict[str, Any]) -> None:
     typer.echo(
         f"stale now: {d['stale_files']} file(s), {fmt_bytes(d['stale_bytes'])} ({d['stale_share']:.0%} of the record)"
     )
+    if d.get("coverage", "full") != "full":
+        typer.echo(f"coverage: {d['coverage']} (opens the recording lost; published all the same)")
     if d["method"] != "mincore":
         typer.echo(f"taken as: {d['method']} (the tree drops pages at every open: whole files the start opened)")
     r = d["replay"]

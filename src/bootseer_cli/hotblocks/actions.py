@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..settings import Settings
     from ..store import Store
     from .mapped import Sampler
+    from .opens import OpenLog
     from .record import Record
     from .replay import ReplayResult
 
@@ -51,48 +52,40 @@ def record_command(
     from ..events import RunInfo
     from ..launcher import resolve_command
     from ..store import open_store_for
-    from .opens import OpenLog, open_group
 
     resolve_command(command)
     mode = parse_mode(ready if ready is not None else settings.image.ready)
     roots = resolve_roots(settings.image, roots)
-    fan_fd, _ = open_group(roots)
-    log = OpenLog(fan_fd, roots, ignore_pids=(os.getpid(),)) if fan_fd is not None else None
+    _evict_or_refuse(roots)  # the explicit verb may walk: a cold tree makes the most precise record
+    store = open_store_for(settings)
+    key = image_key()
+    run = RunInfo.new()
+    # Watched from here on, not before the walk: evicting opens every file under the roots, more events
+    # than the queue holds (issue 44: `hot record` of a three-module import recorded nothing)
+    proc, started, log = _start_watched(command, run, roots, settings.image.record_max_files)
+    sampler = _sampler(proc.pid, roots) if log is not None else None
     try:
-        _evict_or_refuse(roots)  # the explicit verb may walk: a cold tree makes the most precise record
-        store = open_store_for(settings)
-        key = image_key()
-        run = RunInfo.new()
+        why = wait_ready(
+            mode,
+            proc.pid,
+            run.run_dir / "ready",
+            alive=lambda: proc.poll() is None,
+            sleep=lambda s: bool(time.sleep(s)),
+            started=started,
+        )
+        mapped = sampler.finish() if sampler is not None else None  # before the queue's opens (agent_tasks)
         if log is not None:
-            log.drain(0.0)  # this process's own opens so far (the store, the key) are not the command's
-            log.paths.clear()
-        proc, started = _start(command, run)
-        if log is not None:
-            log.launcher = proc.pid  # only the command's opens (and its children's), not the node's
-        sampler = _sampler(proc.pid, roots) if log is not None else None
-        try:
-            why = wait_ready(
-                mode,
-                proc.pid,
-                run.run_dir / "ready",
-                alive=lambda: proc.poll() is None,
-                sleep=lambda s: bool(time.sleep(s)),  # the opens are read at the end (see agent_tasks)
-                started=started,
-            )
-            mapped = sampler.finish() if sampler is not None else None  # before the queue's opens (agent_tasks)
-            if log is not None:
-                log.close()
-            if log is not None and log.overflowed:  # opens were lost: an incomplete record is not published
-                why, doc = f"{why}; record incomplete: the fanotify queue overflowed, nothing published", None
-            else:
-                doc = _scan_and_publish(store, key, roots, list(log.paths) if log is not None else None, mapped)
-            code = proc.wait()
-        except BaseException:  # not swallowed: the command must not outlive a failed or interrupted record
-            proc.kill()
-            proc.wait()
-            if sampler is not None:
-                sampler.finish()
-            raise
+            log.close()
+        opened = list(log.paths) if log is not None else None
+        coverage = log.coverage() if log is not None else "full"
+        doc = _scan_and_publish(store, key, roots, opened, mapped, coverage)
+        code = proc.wait()
+    except BaseException:  # not swallowed: the command must not outlive a failed or interrupted record
+        proc.kill()
+        proc.wait()
+        if sampler is not None:
+            sampler.finish()
+        raise
     finally:
         if log is not None:
             log.close()
@@ -108,6 +101,25 @@ def _evict_or_refuse(roots: list[str]) -> None:
     if refused:
         raise BootseerError(refused)
     evict(files)
+
+
+def _start_watched(
+    command: list[str], run: RunInfo, roots: list[str], max_paths: int
+) -> tuple[subprocess.Popen[bytes], float, OpenLog | None]:
+    """Watch the roots' opens (fanotify, as root), start `command`, and drain the opens of its process tree
+    while it starts (opens.py); without fanotify, no log (the whole roots are scanned)."""
+    from .opens import OpenLog, open_group
+
+    fan_fd, _ = open_group(roots)
+    try:
+        proc, started = _start(command, run)
+    except BaseException:
+        if fan_fd is not None:
+            os.close(fan_fd)
+        raise
+    if fan_fd is None:
+        return proc, started, None
+    return proc, started, OpenLog(fan_fd, roots, launcher=proc.pid, max_paths=max_paths).start()
 
 
 def _start(command: list[str], run: RunInfo) -> tuple[subprocess.Popen[bytes], float]:
@@ -132,12 +144,15 @@ def _scan_and_publish(
     roots: list[str],
     opened: list[str] | None,
     mapped: dict[str, list[tuple[int, int]]] | None = None,
+    coverage: str = "full",
 ) -> dict[str, Any] | None:
     """Scan the files opened (or all under the roots) now and publish the record; None when it is empty.
-    `mapped`: the pages of mapped files from the command's page tables (mapped.py)."""
+    `mapped`: the pages of mapped files from the command's page tables (mapped.py); `coverage`: what the
+    opens may have missed (a partial record is published, and says so)."""
     from .record import file_infos, publish, scan_seen
 
     rec = scan_seen(image_key, roots, file_infos(opened) if opened is not None else None, mapped)
+    rec.coverage = coverage
     return publish(store, rec) if rec.extents else None
 
 
@@ -207,6 +222,7 @@ def describe(settings: Settings, image_key: str) -> dict[str, Any]:
         "stale_share": staleness.stale_share,
         "top_files": [{"path": p, "bytes": n} for p, n in by_file[:10]],
         "method": rec.method,
+        "coverage": rec.coverage,
         "replay": {
             "off": bool(verdict and verdict.get("off")),
             "why": (verdict or {}).get("why", ""),

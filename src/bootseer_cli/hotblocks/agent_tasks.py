@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from .pagecache import FileInfo
 
 
+DRAINING_FILE = "hot-draining"  # in the run directory: the agent reads the opens' queue from now on
+
+
 @dataclass(frozen=True)
 class RecordTask:
     """The "hot-record" task: the start's opens come from the fanotify group `fan_fd` (inherited by the agent),
@@ -40,6 +43,7 @@ class RecordTask:
     started: float = 0.0  # when the stage started timing (0: when the task starts)
     fan_fd: int | None = None
     covered: str | None = None
+    max_files: int = 1_000_000  # `[image] record_max_files`: unique paths kept at most (opens.py)
 
 
 @dataclass(frozen=True)
@@ -87,20 +91,25 @@ def record_task(task: RecordTask, agent: Agent) -> None:
     fan_fd = task.fan_fd
     try:
         log = (
-            OpenLog(int(fan_fd), roots, ignore_pids=(os.getpid(),), launcher=agent.launcher_pid)
+            OpenLog(
+                int(fan_fd), roots, ignore_pids=(os.getpid(),), launcher=agent.launcher_pid, max_paths=task.max_files
+            )
             if fan_fd is not None
             else None
         )
     except OSError as e:  # the group was not handed over (an exec that closed it): nothing to record from
         agent.log(f"hot-record: {e.strerror or e}; not recording")
+        (agent.run_dir / DRAINING_FILE).touch()  # nothing to wait for
         return
-    sampler = _sampler(agent, roots) if log is not None else None
-    mapped = None
+    # The queue is drained while the program starts only when it fills (opens.py): each event read is an
+    # open the loader serves, so a small start's events are read after it, and a start that reads a dataset
+    # (or a busy node) does not overflow it and lose the record (issue 44).
+    if log is not None:
+        log.start()
+    (agent.run_dir / DRAINING_FILE).touch()  # the launcher waits for this (stage._wait_for_drain)
+    sampler, mapped = None, None
     try:
-        # The queue is read only once the start is over: the kernel opens an fd on the file for every
-        # event when it is read, an open the loader serves (a FUSE OPEN and RELEASE; on s3fs a HEAD
-        # request), so reading while the program starts made it wait behind the agent's opens
-        # (s3fs: +737 requests, 1.14x). The queue is the kernel's default, bounded one (opens.py).
+        sampler = _sampler(agent, roots) if log is not None else None
         why, at, started = _wait(task, agent, agent.wait)
     finally:
         # The page tables first: each fd the queue's events carry is an open, and on a tree that drops
@@ -112,10 +121,12 @@ def record_task(task: RecordTask, agent: Agent) -> None:
                 f"hot-record: page tables sampled {pm.samples}x in {fmt_seconds(pm.seconds)}: {len(mapped or {})} files"
             )
         if log is not None:
-            log.close()  # marks removed, the whole queue read, the group closed: nothing queues behind us
-    if log is not None and log.overflowed:
-        _discard_incomplete(task, agent, log, why)
-        return
+            log.close()  # marks removed, the rest of the queue read, the group closed: nothing queues behind us
+    if log is not None and log.coverage() != "full":
+        agent.log(
+            f"hot-record ({why}): coverage {log.coverage()}: {log.events} events, {log.others} of other processes; "
+            "publishing what was kept"
+        )
     _scan_and_publish(task, agent, roots, log, (why, at - started), mapped)
 
 
@@ -128,15 +139,6 @@ def _sampler(agent: Agent, roots: list[str]) -> Sampler | None:
     if not on_fuse(roots):
         return None
     return Sampler(MappedPages(agent.launcher_pid, roots)).start()
-
-
-def _discard_incomplete(task: RecordTask, agent: Agent, log: OpenLog, why: str) -> None:
-    """The fanotify queue overflowed: some opens were lost, so the record would look complete and is not.
-    Nothing is published (the last record, if any, stays); the next start records again."""
-    t0 = time.time()
-    reason = f"record incomplete: the fanotify queue overflowed ({log.events} events, {log.others} of other processes)"
-    agent.log(f"hot-record ({why}): {reason}; nothing published")
-    record_event(agent.run, "hot-record", t0, time.time(), "incomplete", reason=reason, detail=task.image_key)
 
 
 def _files_seen(task: RecordTask, log: OpenLog | None) -> list[FileInfo] | None:
@@ -167,6 +169,8 @@ def _scan_and_publish(
     image_key = task.image_key
     files = _files_seen(task, log)
     rec = scan_seen(image_key, roots, files, mapped)
+    if log is not None:
+        rec.coverage = log.coverage()
     if not rec.extents:
         if log is not None and not log.paths:
             empty = f"the start opened no file under {', '.join(roots)} before it was over ({why})"
@@ -182,10 +186,11 @@ def _scan_and_publish(
     add_sample(agent.store, image_key, doc["blob"], "recording", seconds)
     agent.log(
         f"hot-record ({why}, {rec.method}): {len(rec.files)} files, {len(rec.extents)} extents, {rec.total_bytes} "
-        f"bytes; published {doc['blob'][:12]}; ready after {fmt_seconds(seconds)}"
+        f"bytes, coverage {rec.coverage}; published {doc['blob'][:12]}; ready after {fmt_seconds(seconds)}"
     )
+    reason = why if rec.coverage == "full" else f"{why}; coverage {rec.coverage}"
     record_event(
-        agent.run, "hot-record", t0, time.time(), "built", bytes=rec.total_bytes, reason=why, detail=doc["blob"]
+        agent.run, "hot-record", t0, time.time(), "built", bytes=rec.total_bytes, reason=reason, detail=doc["blob"]
     )
 
 

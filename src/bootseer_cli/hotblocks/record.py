@@ -54,6 +54,9 @@ class Record:
     # tree that drops pages at open, where residency cannot be seen: whole, or the pages of a mapped
     # library that the job's page tables held)
     method: str = "mincore"
+    # "full", or "partial (why)": the opens the record may have missed (a fanotify overflow, the cap on
+    # paths: opens.py); a partial record is published all the same, and says so
+    coverage: str = "full"
 
     @property
     def total_bytes(self) -> int:
@@ -171,6 +174,7 @@ def to_parquet(rec: Record) -> bytes:
         "created": rec.created,
         "creator": rec.creator,
         "method": rec.method,
+        "coverage": rec.coverage,
         "files": {p: [s, m] for p, (s, m) in sorted(rec.files.items())},
     }
     table = pa.table(
@@ -210,6 +214,7 @@ def from_parquet(data: bytes) -> Record:
             created=float(meta.get("created", 0.0)),
             creator=str(meta.get("creator", "")),
             method=str(meta.get("method", "mincore")),
+            coverage=str(meta.get("coverage", "full")),
         )
     except (KeyError, ValueError, TypeError, OSError, pa.ArrowException) as e:
         raise IntegrityError(f"hot-block record is malformed: {e}") from None
@@ -245,6 +250,7 @@ def publish(store: Store, rec: Record) -> dict[str, Any]:
         "created": rec.created,
         "creator": rec.creator,
         "method": rec.method,
+        "coverage": rec.coverage,
         **ref_extras(rec),
     }
     store.write_ref(REF_KIND, rec.image_key, doc)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BlobMissing, IntegrityError, StoreError
 from ..stage import StageContext, StageResult
 from ..units import fmt_bytes
-from .agent_tasks import JudgeTask, PrefetchTask, RecordTask
+from .agent_tasks import DRAINING_FILE, JudgeTask, PrefetchTask, RecordTask
 from .pagecache import evict, untrusted_files
 from .probe import probe_roots
 from .ready import parse_mode
@@ -163,6 +163,8 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
         parts.append(_hand_on_remaining(ctx, res.remaining, into_loader, stats))
     if staleness.stale_files:
         parts.append(f"{len(staleness.stale_files)} stale file(s) skipped")
+    if str(doc.get("coverage", "full")) != "full":  # the opens its recording lost (opens.py)
+        parts.append(f"record coverage {doc['coverage']}")
     _judge_later(ctx, rec.image_key, str(doc.get("blob", "")), replayed=True, started=started)
     return _replayed_result(res, doc, ", ".join(parts))
 
@@ -450,16 +452,35 @@ def _arrange_recording(ctx: StageContext, image_key: str, roots: list[str], why:
     held = _empty_backoff(ctx, image_key, roots)
     if held is not None:
         return held
-    base = RecordTask(image_key=image_key, roots=list(roots), ready=parse_mode(ctx.settings.image.ready))
+    image = ctx.settings.image
+    base = RecordTask(
+        image_key=image_key, roots=list(roots), ready=parse_mode(image.ready), max_files=image.record_max_files
+    )
     fan_fd, no_fanotify = open_group(roots)
     if fan_fd is not None:
         ctx.agent_fds.append(fan_fd)
         ctx.add_agent_task(replace(base, fan_fd=fan_fd, started=time.time()))
+        ctx.after_agent.append(lambda: _wait_for_drain(ctx, image.foreground_s))
         return StageResult(
             outcome="miss", summary=f"recording this start ({why})", cache="miss", reason=why, extra={"roots": roots}
         )
     drops = [p.root for p in probe_roots(roots) if p.drops]
     return _record_by_eviction(ctx, base, drops, why, stale, no_fanotify)
+
+
+def _wait_for_drain(ctx: StageContext, timeout: float) -> None:
+    """Hold the launcher back until the agent reads the opens' queue (it says so with `DRAINING_FILE`),
+    at most `timeout` ([image] foreground_s). The agent's own start takes a second or so; a program that
+    opens more than the queue holds meanwhile (a dataset, or another process on the mount) would lose
+    that window's opens, the imports among them, which are the hottest blocks of the record (issue 44).
+    Only a recording start waits, once per image."""
+    marker = ctx.run.run_dir / DRAINING_FILE
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if time.monotonic() >= deadline:
+            ctx.warn(f"image: the agent did not read the opens within {timeout:g} s; the record may be partial")
+            return
+        time.sleep(0.005)
 
 
 def _empty_backoff(ctx: StageContext, image_key: str, roots: list[str]) -> StageResult | None:
@@ -517,7 +538,7 @@ def _record_by_eviction(
         summary=f"recording this start ({why})",
         cache="miss",
         reason=f"{why}; by eviction: {no_fanotify}",
-        extra={"files": len(files), "roots": base["roots"], "walk_complete": complete},
+        extra={"files": len(files), "roots": base.roots, "walk_complete": complete},
     )
 
 
