@@ -90,7 +90,7 @@ def test_bad_arguments_fail_before_the_engine(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_prewarm_to_an_s3_store(test_image: images.TestImage, s3_server: Any, tmp_path: Path) -> None:
-    """A non-file store: the containers use the host's network and get the store's credentials (AWS_*)."""
+    """A non-file store: the containers use the host's network; this process uploads what they hand back."""
     cfg = project(tmp_path)
     uri = s3_server.uri("prewarm-s3")
     r = prewarm("--image", test_image.ref, "-c", str(cfg), "--store", uri, "--json")
@@ -101,7 +101,7 @@ def test_prewarm_to_an_s3_store(test_image: images.TestImage, s3_server: Any, tm
 
 
 def test_what_the_containers_get(tmp_path: Path) -> None:
-    """Settings and credentials go in; facts of a run on this host and host paths do not."""
+    """Settings go in; the store's credentials, facts of a run on this host and host paths do not."""
     from bootseer_cli.config import load
     from bootseer_cli.containers.prewarm import container_environment
     from bootseer_cli.settings import Settings
@@ -118,7 +118,7 @@ def test_what_the_containers_get(tmp_path: Path) -> None:
         "HOME": "/root",
     }
     env = container_environment(settings, "r/x@sha256:11", "file:///s", host)
-    assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0" and env["AWS_ACCESS_KEY_ID"] == "k"
+    assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0" and "AWS_ACCESS_KEY_ID" not in env
     assert env["BOOTSEER_ENV_WAIT_S"] == "30"
     assert env["BOOTSEER_IMAGE"] == "r/x@sha256:11" and env["BOOTSEER_STORE"] == "file:///s"
     assert env["BOOTSEER_CONFIG"] == f"{WORKDIR}/bootseer.toml" and env["BOOTSEER_EXEC_AGENT"] == "0"
@@ -127,8 +127,8 @@ def test_what_the_containers_get(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_prewarm_signs_on_the_host_and_the_key_stays_out(test_image: images.TestImage, tmp_path: Path) -> None:
-    """With keys (issue 25): the containers publish into a private staging domain, unsigned and without
-    the key; this process signs what they made into the CI domain, and the staging domain is gone."""
+    """With keys (issue 25): the containers publish into a store of their own, unsigned and without the
+    key; this process signs the refs it computed into the CI domain, and no staging domain is made."""
     from bootseer_cli.config import load
     from bootseer_cli.settings import Settings
     from bootseer_cli.store import open_store_for
@@ -147,21 +147,6 @@ def test_prewarm_signs_on_the_host_and_the_key_stays_out(test_image: images.Test
     ref = open_store_for(settings).read_ref("env", out["keys"]["env"])  # verified against ci.pub
     assert ref is not None and ref["blob"] == out["published"]["env"]["blob"]
     assert sorted(p.name for p in store_dir.iterdir()) == ["blobs", "ci"]  # no staging domain left behind
-
-
-def test_a_staging_domain_takes_the_key_out_of_the_containers(tmp_path: Path) -> None:
-    from bootseer_cli.containers.prewarm import _staging
-    from bootseer_cli.store import open_store
-    from bootseer_cli.trust import Trust, keygen, load_signer
-
-    keygen(str(tmp_path / "k.key"), str(tmp_path / "k.pub"), "ci")
-    store = open_store((tmp_path / "s").as_uri(), Trust("ci", signer=load_signer(str(tmp_path / "k.key"))))
-    env = {"BOOTSEER_TRUST_SIGNING_KEY": str(tmp_path / "k.key")}
-    staging = _staging(store, env)
-    assert staging.domain.startswith("prewarm-") and env["BOOTSEER_STORE_DOMAIN"] == staging.domain
-    assert env["BOOTSEER_TRUST_SIGNING_KEY"] == "" and env["BOOTSEER_TRUST_VERIFY"] == "off"
-    plain = open_store((tmp_path / "s").as_uri())
-    assert _staging(plain, {}) is plain  # without keys, the containers publish where they always did
 
 
 def test_a_local_store_runs_the_setup_offline_unless_network_is_asked(tmp_path: Path) -> None:
@@ -184,7 +169,7 @@ def test_a_local_store_runs_the_setup_offline_unless_network_is_asked(tmp_path: 
     for net, said in (("none", True), ("host", False)):
         run = runner(local, host_network=net == "host")
         out = "ERROR: No matching distribution found for x\n"
-        run._start = lambda step, command, echo, out=out: engine.RunResult(1, out)  # type: ignore[method-assign]
+        run._start = lambda step, command, echo, out=out, **io: engine.RunResult(1, out)  # type: ignore[method-assign]
         with pytest.raises(BootseerError) as e:
             run("setup", ["bootseer", "exec", "--", "true"], "the setup")
         msg = str(e.value)

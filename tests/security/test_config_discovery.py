@@ -87,7 +87,7 @@ def test_the_walk_stops_at_a_directory_root_does_not_own(tmp_path: Path) -> None
 def test_the_entrypoint_hook_names_its_config(tmp_path: Path) -> None:
     """The container entrypoint never walks up: the workdir's bootseer.toml, or none at all."""
     hook = Path(__file__).resolve().parents[2] / "templates" / "hooks" / "entrypoint.sh"
-    toml, work, marker = _planted(tmp_path)
+    _, work, marker = _planted(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "BOOTSEER_CONFIG"}
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     show = [sys.executable, "-c", "import os; print(os.environ['BOOTSEER_CONFIG'])"]

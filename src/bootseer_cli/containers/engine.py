@@ -348,12 +348,16 @@ def run_container(
     name_hint: str = "step",
     echo: Callable[[str], None] | None = None,
     entrypoint: list[str] | None = None,
+    seed: Path | None = None,
+    after: Callable[[Container], None] | None = None,
 ) -> RunResult:
     """Run `command` in a fresh labelled container, stream its output, remove it however this ends.
 
-    `files` is a tar archive unpacked at / before the start (the setup's requirement files). The
-    network is `none` unless the store needs one (`host`): prewarm never uses the default bridge.
-    The image's entrypoint is bypassed unless `entrypoint` names one (bootseer is the command here).
+    `files` is a tar archive unpacked at / before the start (the setup's requirement files), `seed`
+    another one on disk (streamed: it may hold a snapshot). The network is `none` unless asked
+    (`host`): prewarm never uses the default bridge. The image's entrypoint is bypassed unless
+    `entrypoint` names one (bootseer is the command here). `after` reads what the container made
+    (`containers.handback`) once it exited 0, before it is removed.
     """
     import docker.errors
 
@@ -378,10 +382,15 @@ def run_container(
     try:
         if files:
             container.put_archive("/", files)
+        if seed is not None:
+            with open(seed, "rb") as f:
+                container.put_archive("/", f)
         container.start()
         _stream_logs(container, chunks, echo)
         status = container.wait()
         code = int(status.get("StatusCode", 1))
+        if code == 0 and after is not None:
+            after(container)
     except docker.errors.APIError as e:
         reason = _api_reason(e)
         if "executable file not found" in reason or "no such file or directory" in reason:

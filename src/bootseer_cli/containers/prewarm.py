@@ -9,11 +9,15 @@ at run time, so what is published is exactly what a node will look for:
    setup names copied in: on a miss the env stage runs the setup, captures and publishes;
 3. container 2 (fresh, same image): `bootseer exec --skip image,checkpoint -- bootseer hot record --
    PROBE`: the env stage restores the snapshot, then the probe's start is recorded and published;
-4. check from here that the store holds both refs under the keys computed in step 1.
+4. this process takes back out of each container the one ref it computed the key of (the env key,
+   the image's hot key) and the blob it names, checks the blob's digest, uploads it with its own
+   credentials and writes the ref, signed where it holds the key (`handback.py`).
 
-A file:// store is bind-mounted at the same path (network "none", unless `--network` asks for the
-host's: a setup that downloads, `pip install -r requirements.txt`, needs it); any other store is reached
-over the host's network ("host"). Containers never use the default bridge.
+The containers never see the store, its credentials or the signing key: each publishes into a store of
+its own inside its filesystem, which nobody else can list or write, and the setup (every build script of
+every dependency) cannot get a ref of its choosing signed. The network is "none" for a local store
+(unless `--network` asks for the host's: a setup that downloads, `pip install -r requirements.txt`,
+needs it) and the host's for any other, as before. Containers never use the default bridge.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from urllib.parse import unquote, urlparse
 
 from ..errors import BootseerError, ConfigError
 from .engine import ResolvedImage, RunResult, connect, remove_leftovers, resolve_image, run_container, tar_of
+from .handback import STAGE_DOMAIN, Handback, stage_uri
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -41,10 +46,14 @@ if TYPE_CHECKING:
     from ..store import Store
 
 WORKDIR = "/bootseer/work"  # where the config and the setup's files are copied in the container
-# Host variables handed to the containers: the store's credentials and bootseer's own settings.
-_PASS_PREFIXES = ("AWS_", "BOOTSEER_", "HDFS_", "HADOOP_", "GOOGLE_")
-_NOT_PASSED = {"BOOTSEER_CONFIG", "BOOTSEER_STORE", "BOOTSEER_IMAGE", "BOOTSEER_STORE_CACHE_DIR", "BOOTSEER_EXEC_TIME"}
-_NOT_PASSED_PREFIXES = ("BOOTSEER_RUN_", "BOOTSEER_CKPT_")  # facts of a run on this host, not settings
+# Host variables handed to the containers: bootseer's own settings, never the store's (its URI and
+# credentials), the trust's (the key), the swarm's or a checkpoint target's (URIs that may carry keys).
+_PASS_PREFIXES = ("BOOTSEER_",)
+_NOT_PASSED = {"BOOTSEER_CONFIG", "BOOTSEER_IMAGE", "BOOTSEER_EXEC_TIME", "BOOTSEER_READ_CREDENTIALS"}
+_NOT_PASSED_PREFIXES = (
+    "BOOTSEER_RUN_", "BOOTSEER_CKPT_",  # facts of a run on this host, not settings
+    "BOOTSEER_STORE", "BOOTSEER_TRUST_", "BOOTSEER_P2P_", "BOOTSEER_CHECKPOINT_",
+)  # fmt: skip
 
 
 @dataclass
@@ -116,8 +125,9 @@ def _file_store_dir(uri: str) -> str | None:
 def container_environment(
     settings: Settings, pinned: str, store_uri: str, environ: Mapping[str, str]
 ) -> dict[str, str]:
-    """The containers' environment: the host's store credentials and bootseer settings, the key_env
-    variables, and the pinned image and store; never facts of a run on this host."""
+    """The containers' environment: the host's bootseer settings, the key_env variables, the pinned image
+    and the container's own store (`store_uri`, its stage); never the real store, its credentials, the
+    signing key, or facts of a run on this host."""
     env = {
         k: v
         for k, v in environ.items()
@@ -130,8 +140,14 @@ def container_environment(
         {
             "BOOTSEER_IMAGE": pinned,
             "BOOTSEER_STORE": store_uri,
+            "BOOTSEER_STORE_DOMAIN": STAGE_DOMAIN,
+            "BOOTSEER_TRUST_VERIFY": "off",  # its own stage, which only it and this process write
+            "BOOTSEER_TRUST_SIGNING_KEY": "",  # over the config file's (a host path, never in a container)
+            "BOOTSEER_TRUST_VERIFY_KEYS": "",
+            "BOOTSEER_TRUST_READ_FROM": "",
+            "BOOTSEER_P2P_ENABLED": "0",
             "BOOTSEER_EXEC_AGENT": "0",  # the container ends with its command: upload events inline
-            # The probe's launcher is `bootseer hot record`, which publishes: it needs the store.
+            # The probe's launcher is `bootseer hot record`, which publishes into the stage.
             "BOOTSEER_EXEC_PASS_STORE_CREDENTIALS": "1",
             "BOOTSEER_EXEC_SKIP": "",
         }
@@ -163,6 +179,7 @@ def prewarm(
     files = setup_files(settings)  # bad config fails before the engine is asked anything
     store = open_store_for(settings)
     client = connect()
+    back = Handback()
     try:
         removed = remove_leftovers(client, warn=lambda msg: say(f"bootseer: warning: {msg}"))
         for name in removed:
@@ -171,72 +188,18 @@ def prewarm(
         keys = keys_for(settings, image.pinned)
         out = Published(image=image, image_key=keys.image.digest, env_key=None, removed_leftovers=removed)
         say(f"bootseer: image {image_ref} is {image.pinned} ({image.source})")
-        # The containers reach the store with its credentials through their environment only.
-        env = container_environment(settings, image.pinned, store.uri_with_credentials(), environ)
-        staging = _staging(store, env)
-        run = _Runner.for_store(client, image, env, store.uri_with_credentials(), files, say, host_network)
-        try:
-            if settings.env.setup:
-                _publish_env(run, staging, run.env_key(), out, say)
-            if probe_argv:
-                _record_probe(run, staging, keys, out, str(probe), probe_argv, with_setup=bool(settings.env.setup))
-            else:
-                out.notes.append("no --probe: the first start of a job records the hot blocks instead")
-            if staging is not store:
-                _sign_staged(staging, store, say)
-        finally:
-            if staging is not store:
-                _drop_domain(staging)
+        env = container_environment(settings, image.pinned, stage_uri(), environ)
+        run = _Runner.for_store(client, image, env, store.uri, files, say, host_network)
+        if settings.env.setup:
+            _publish_env(run, store, back, run.env_key(), out, say)
+        if probe_argv:
+            _record_probe(run, store, back, keys, out, str(probe), probe_argv, with_setup=bool(settings.env.setup))
+        else:
+            out.notes.append("no --probe: the first start of a job records the hot blocks instead")
         return out
     finally:
+        back.close()
         client.close()
-
-
-def _staging(store: Store, env: dict[str, str]) -> Store:
-    """Where the containers publish. With keys in use, the key never enters a container (the setup runs
-    whatever its packages' build scripts do): the containers publish unsigned into a private staging
-    domain, and this process signs what they made into the real one (`_sign_staged`)."""
-    if store.trust.signer is None and not store.trust.required:
-        return store
-    import uuid
-
-    name = f"prewarm-{uuid.uuid4().hex[:16]}"
-    env.update(
-        {
-            "BOOTSEER_STORE_DOMAIN": name,
-            "BOOTSEER_TRUST_VERIFY": "off",
-            "BOOTSEER_TRUST_SIGNING_KEY": "",
-            "BOOTSEER_TRUST_VERIFY_KEYS": "",
-            "BOOTSEER_TRUST_READ_FROM": "",
-        }
-    )
-    return store.in_domain(name)
-
-
-def _sign_staged(staging: Store, store: Store, say: Callable[[str], None]) -> None:
-    """Every ref the containers published, signed into this store's domain (blobs are shared already)."""
-    n = 0
-    for f in staging.list_info("refs"):
-        parts = f.rel.split("/")
-        if len(parts) != 3 or not parts[2].endswith(".json"):
-            continue
-        doc = staging.read_ref(parts[1], parts[2].removesuffix(".json"))
-        if doc is not None:
-            store.write_ref(parts[1], parts[2].removesuffix(".json"), doc)
-            n += 1
-    say(f"bootseer: signed {n} ref(s) into domain {store.domain}")
-
-
-def _drop_domain(view: Store) -> None:
-    """Remove a staging domain, whatever it holds (best effort: it is private and unread)."""
-    import contextlib
-
-    from ..errors import StoreError
-
-    with contextlib.suppress(StoreError, OSError):
-        for f in view.list_info(""):
-            view.delete(f.rel)
-        view.delete_dir("")
 
 
 def _probe_argv(settings: Settings, probe: str | None) -> list[str]:
@@ -249,33 +212,54 @@ def _probe_argv(settings: Settings, probe: str | None) -> list[str]:
     return probe_argv
 
 
-def _publish_env(run: _Runner, store: Store, env_key: str, out: Published, say: Callable[[str], None]) -> None:
-    """Container 1: `bootseer exec` runs the setup (on a miss) and publishes; then check the ref is there."""
+def _publish_env(
+    run: _Runner, store: Store, back: Handback, env_key: str, out: Published, say: Callable[[str], None]
+) -> None:
+    """Container 1: `bootseer exec` runs the setup (on a miss) into its stage; this process takes back the
+    ref of the key it derived and its blob, uploads and signs them. A snapshot the store holds already is
+    seeded into the container instead, whose restore is then the check."""
     out.env_key = env_key
-    out.env_was_there = store.read_ref("env", env_key) is not None
-    if out.env_was_there:
+    there = store.read_ref("env", env_key)
+    out.env_was_there = there is not None
+    if there is not None:
         say(f"bootseer: the store already holds the env snapshot for {env_key[:16]}; checking it")
-    run("setup", ["bootseer", "exec", "--skip", "image,checkpoint", "--", "true"], "the setup")
-    out.env_ref = store.read_ref("env", env_key)
-    if out.env_ref is None:
+        back.add(store, "env", env_key, there)
+    cmd = ["bootseer", "exec", "--skip", "image,checkpoint", "--", "true"]
+    take = None if there else (lambda c: back.take(c, "env", env_key))
+    run("setup", cmd, "the setup", seed=back.seed_archive("env", env_key), after=take)
+    if there is not None:
+        out.env_ref = there
+        return
+    if ("env", env_key) not in back.refs:
         raise BootseerError(
             f"the setup ran in the container but no env snapshot was published under {env_key[:16]} "
             f"(its output is above); `bootseer keys` inside the image shows the key it computed"
         )
+    out.env_ref = back.publish(store, "env", env_key)
 
 
 def _record_probe(
-    run: _Runner, store: Store, keys: Keys, out: Published, probe: str, probe_argv: list[str], *, with_setup: bool
+    run: _Runner,
+    store: Store,
+    back: Handback,
+    keys: Keys,
+    out: Published,
+    probe: str,
+    probe_argv: list[str],
+    *,
+    with_setup: bool,
 ) -> None:
-    """Container 2: the env stage restores the snapshot, then the probe's start is recorded and published."""
+    """Container 2: the env stage restores the snapshot (seeded), then the probe's start is recorded into
+    the stage; this process takes back the hot ref of the image's key and its blob, uploads and signs them."""
     inner = ["bootseer", "hot", "record", "--", *probe_argv]
     cmd = ["bootseer", "exec", "--skip", "image,checkpoint", "--", *inner] if with_setup else inner
-    run("probe", cmd, f"the probe {probe!r}")
-    out.hot_ref = store.read_ref("hot", keys.image.digest)
-    if out.hot_ref is None:
+    seed = back.seed_archive("env", out.env_key) if with_setup and out.env_key else None
+    run("probe", cmd, f"the probe {probe!r}", seed=seed, after=lambda c: back.take(c, "hot", keys.image.digest))
+    if ("hot", keys.image.digest) not in back.refs:
         raise BootseerError(
             f"the probe ran but no hot-block record was published under {keys.image.digest[:16]} (its output is above)"
         )
+    out.hot_ref = back.publish(store, "hot", keys.image.digest)
 
 
 class _Runner:
@@ -286,12 +270,11 @@ class _Runner:
         client: DockerClient,
         image: ResolvedImage,
         env: dict[str, str],
-        binds: dict[str, dict[str, str]],
         archive: bytes | None,
         network: str,
         say: Callable[[str], None],
     ) -> None:
-        self.client, self.image, self.env, self.binds = client, image, env, binds
+        self.client, self.image, self.env = client, image, env
         self.archive, self.network, self.say = archive, network, say
 
     @classmethod
@@ -305,22 +288,24 @@ class _Runner:
         say: Callable[[str], None],
         host_network: bool = False,
     ) -> _Runner:
-        """A file:// store is bind-mounted at its own path (no network at all, unless `host_network`);
-        any other is reached over the host's network. The setup's files go in as one archive unpacked
-        before each start."""
-        store_dir = _file_store_dir(store_uri)
-        binds: dict[str, dict[str, str]] = {}
-        network = "host"
-        if store_dir is not None:
-            Path(store_dir).mkdir(parents=True, exist_ok=True)
-            binds[store_dir] = {"bind": store_dir, "mode": "rw"}
-            network = "host" if host_network else "none"
+        """No network at all for a file:// store (unless `host_network`); the host's for any other (a
+        setup that downloads worked so before the containers stopped reaching the store themselves).
+        The setup's files go in as one archive unpacked before each start."""
+        network = "host" if host_network or _file_store_dir(store_uri) is None else "none"
         archive = tar_of([(dest, src, 0o644) for dest, src in files]) if files else None
-        return cls(client, image, env, binds, archive, network, say)
+        return cls(client, image, env, archive, network, say)
 
-    def __call__(self, step: str, command: list[str], what: str) -> None:
+    def __call__(
+        self,
+        step: str,
+        command: list[str],
+        what: str,
+        seed: Path | None = None,
+        after: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Run `command` with `seed` unpacked into the container first, and `after` reading what it made."""
         self.say(f"bootseer: prewarm {step}: {shlex.join(command)}")
-        res = self._run(step, command)
+        res = self._run(step, command, seed=seed, after=after)
         if res.exit_code == 0:
             return
         # Without a network a setup that downloads fails in its own words (pip's retries), which never
@@ -353,9 +338,9 @@ class _Runner:
                 res.exit_code or 1,
             ) from None
 
-    def _run(self, step: str, command: list[str], echo: bool = True) -> RunResult:
+    def _run(self, step: str, command: list[str], echo: bool = True, **io: Any) -> RunResult:
         try:
-            return self._start(step, command, echo)
+            return self._start(step, command, echo, **io)
         except BootseerError as e:
             if e.exit_code == 127 and command[0] == "bootseer":
                 raise BootseerError(
@@ -365,16 +350,16 @@ class _Runner:
                 ) from None
             raise
 
-    def _start(self, step: str, command: list[str], echo: bool) -> RunResult:
+    def _start(self, step: str, command: list[str], echo: bool, **io: Any) -> RunResult:
         return run_container(
             self.client,
             self.image.pinned,
             command,
             environment=self.env,
-            binds=self.binds,
             files=self.archive,
             network_mode=self.network,
             working_dir=WORKDIR,
             name_hint=step,
             echo=(lambda line: self.say(f"  {line}")) if echo else None,
+            **io,
         )
