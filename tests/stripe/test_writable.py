@@ -172,11 +172,14 @@ def test_pulled_directory_with_new_files_is_kept_then_pushed(tmp_path: Path) -> 
     assert not leftovers, f"markers left behind: {leftovers}"
 
 
-def test_agent_killed_in_mount_mode_the_next_start_pushes(tmp_path: Path, mounts: Path) -> None:
+@pytest.mark.parametrize("where", ["per-run", "configured"])
+def test_agent_killed_in_mount_mode_the_next_start_pushes(tmp_path: Path, mounts: Path, where: str) -> None:
+    """The agent dies with the job's save unpushed (and its overlay left mounted): the next start takes
+    the overlay down, pushes the save before it resolves `latest`, and resumes from it."""
     store = file_store(tmp_path)
     _first_checkpoint(tmp_path, store)
     node = _node(tmp_path, "a")
-    cfg = _config(tmp_path, store, "mount")
+    cfg = _config(tmp_path, store, "mount", mounts / "out" if where == "configured" else None)
     r = _exec(cfg, tmp_path, node, "kill-agent")
     assert r.returncode == 0, r.stderr
     first = r.stdout.split()[0]
@@ -188,3 +191,80 @@ def test_agent_killed_in_mount_mode_the_next_start_pushes(tmp_path: Path, mounts
     _agents_done(node)
     assert mount_info(first) is None, "the dead run's overlay was not taken down"
     assert {"checkpoint-2/state.pt", "checkpoint-3/state.pt"} <= {f.path for f in load_manifest(store, "job").files}
+
+
+NOBODY = 65534
+# A plain user (euid 65534) who may open root's 0600 /dev/fuse and this venv (DAC override), and is
+# otherwise not root: the writable view is then fuse-overlayfs over the user's own FUSE mount.
+AS_NOBODY = [
+    "setpriv",
+    f"--reuid={NOBODY}",
+    f"--regid={NOBODY}",
+    "--clear-groups",
+    "--inh-caps=-all,+dac_read_search,+dac_override",
+    "--ambient-caps=+dac_read_search,+dac_override",
+]
+
+
+# /dev/fuse is root's 0600 here, where a plain user's node has it 0666: a private mount namespace with a
+# 0666 node of the same device bound over it (mounts made in it end with its last process, the agent).
+_USER_FUSE = 'mknod -m 666 "$0" c 10 229 && mount --bind "$0" /dev/fuse && exec "$@"'
+
+
+def _as_nobody(argv: list[str], node: dict[str, str]):  # type: ignore[no-untyped-def]
+    import subprocess
+
+    env = {**os.environ, **node, "HOME": node["XDG_CACHE_HOME"]}
+    dev = Path(node["XDG_CACHE_HOME"]).parent / f"fuse-{time.monotonic_ns()}"
+    cmd = ["unshare", "-m", "sh", "-c", _USER_FUSE, str(dev), *AS_NOBODY, sys.executable, "-m", "bootseer_cli"]
+    return subprocess.run([*cmd, *argv], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become the plain user (setpriv)")
+def test_plain_user_saves_into_the_mounted_checkpoint(tmp_path: Path) -> None:
+    """fuse-overlayfs over the user's own stripe mount; the user's own domain in the store."""
+    import shutil
+    import tempfile
+
+    if shutil.which("fuse-overlayfs") is None:
+        pytest.fail("fuse-overlayfs is required (apt-get install fuse-overlayfs)")
+    # tmp_path is root's 0700 and access(2) ignores capabilities: the user's files live in a 0755 base
+    base = Path(tempfile.mkdtemp(prefix="bootseer-plain-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        _plain_user_round(base)
+    finally:
+        from .conftest import _mounted_under
+
+        for mp in reversed(_mounted_under(str(base))):
+            import subprocess
+
+            subprocess.run(["umount", "-l", mp], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _plain_user_round(base: Path) -> None:
+    node = _node(base, "plain")
+    (base / "store").mkdir()
+    for d in [*node.values(), str(base / "store")]:
+        os.chown(d, NOBODY, NOBODY)
+    store = Store((base / "store").as_uri())
+    src = base / "src"
+    src.mkdir()
+    torch.save({"step": 1, "w": torch.zeros(64, 1024)}, src / "ckpt.pt")
+    torch.save({"x": torch.ones(3 * CELL // 4)}, src / "extra.pt")
+    cfg = _config(base, store, "mount")
+    r = _as_nobody(["ckpt", "push", "--config", str(cfg), str(src), "--name", "job", "--tag", "v1"], node)
+    assert r.returncode == 0, r.stderr
+    (base / "train.py").write_text(TRAINER)
+    # the launcher through /bin/sh: bootseer checks it with access(2), which the plain user's python fails
+    launcher = ["/bin/sh", "-c", f"exec {sys.executable} {base / 'train.py'}"]
+    r = _as_nobody(["exec", "--config", str(cfg), "--", *launcher], node)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[1:] == ["2", str(3 * CELL // 4)] and "pulling" not in r.stderr, r.stderr
+    _agents_done(node)
+    r = _as_nobody(["ckpt", "ls", "--config", str(cfg), "job"], node)
+    assert r.returncode == 0 and len([ln for ln in r.stdout.splitlines() if "v1" not in ln and "job" in ln]) >= 1
+    r = _as_nobody(["exec", "--config", str(cfg), "--", *launcher], node)
+    assert r.returncode == 0 and r.stdout.split()[1] == "3", r.stderr
+    _agents_done(node)

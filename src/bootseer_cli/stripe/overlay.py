@@ -30,7 +30,8 @@ from pathlib import Path
 
 from ..errors import BootseerError
 
-SOURCE = "bootseer-ckpt-rw"  # the overlay's source in mountinfo: how a sweep knows it is ours
+SOURCE = "bootseer-ckpt-rw"  # the kernel overlay's source in mountinfo: how a sweep knows it is ours
+FUSE_OVERLAY = "fuse.fuse-overlayfs"  # has no fsname option: known by its type, at our own mount points
 KERNEL_OPTIONS = "redirect_dir=off,metacopy=off,index=off,xino=off"
 MOUNT_TIMEOUT_S = 30.0
 
@@ -83,8 +84,9 @@ def overlay_missing(euid: int | None = None) -> str:
 
 
 def is_overlay(info: dict[str, str] | None) -> bool:
-    """A writable checkpoint view of bootseer's (kernel overlay or fuse-overlayfs, by its source)."""
-    return bool(info) and info["source"].startswith(SOURCE)  # type: ignore[index]
+    """A writable checkpoint view of bootseer's: a kernel overlay by its source, fuse-overlayfs by its
+    type (asked only of this run's mount point or a run's private `ckpt-<run id>`)."""
+    return bool(info) and (info["source"].startswith(SOURCE) or info["fstype"] == FUSE_OVERLAY)  # type: ignore[index]
 
 
 def mount_overlay(lower: str, dirs: WriteDirs, mountpoint: str) -> str:
@@ -101,13 +103,19 @@ def mount_overlay(lower: str, dirs: WriteDirs, mountpoint: str) -> str:
     if os.geteuid() == 0:
         argv = ["mount", "-t", "overlay", "-o", f"{opts},{KERNEL_OPTIONS}", SOURCE, mountpoint]
     else:
-        argv = ["fuse-overlayfs", "-o", f"{opts},fsname={SOURCE}", mountpoint]
+        argv = ["fuse-overlayfs", "-o", opts, mountpoint]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=MOUNT_TIMEOUT_S, cwd="/")
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BootseerError(f"cannot overlay {mountpoint}: {e}") from None
     info = mount_info(mountpoint)
     if r.returncode != 0 or not is_overlay(info):
+        if info is not None:  # something did appear: not left over the mount point the pull falls back to
+            from .mount import _fusermount
+
+            for undo in ([_fusermount(), "-uz"], ["umount", "-l"]):
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    subprocess.run([*undo, mountpoint], capture_output=True, timeout=MOUNT_TIMEOUT_S)
         why = (r.stderr or r.stdout).strip().splitlines()
         raise BootseerError(f"cannot overlay {mountpoint}: {why[-1] if why else f'{argv[0]} exit {r.returncode}'}")
     return info["dev"]  # type: ignore[index]

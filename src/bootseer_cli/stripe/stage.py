@@ -150,7 +150,8 @@ def _hand_over(
     from .rundirs import owner_stamp
     from .writeback import Journal, begin
 
-    begin(root, Journal(kind, m.name, m.tag, default_tag(), path, owner=owner_stamp(os.getpid())))
+    owner = owner_stamp(os.getpid())
+    begin(root, Journal(kind, m.name, m.tag, default_tag(), path, owner=owner, mountpoint=mountpoint))
     ctx.add_agent_task(WritebackTask(root=str(root), mountpoint=mountpoint, dev=dev))
 
 

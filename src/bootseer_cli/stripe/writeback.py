@@ -64,6 +64,7 @@ class Journal:
     tag: str
     path: str
     owner: str = ""  # "pid start-time" of the launcher
+    mountpoint: str = ""  # the overlay's (mount mode): a dead run's is taken down by the next start
 
     def to_doc(self) -> dict[str, Any]:
         return {"version": JOURNAL_VERSION, **self.__dict__}
@@ -73,7 +74,8 @@ class Journal:
         doc = json.loads(path.read_text())
         if not isinstance(doc, dict) or doc.get("version") != JOURNAL_VERSION:
             raise ValueError(f"{path}: not a write-back journal")
-        return cls(**{k: str(doc[k]) for k in ("kind", "name", "parent_tag", "tag", "path", "owner")})
+        keys = ("kind", "name", "parent_tag", "tag", "path", "owner", "mountpoint")
+        return cls(**{k: str(doc.get(k, "")) for k in keys})
 
 
 def begin(root: Path, journal: Journal) -> Path:
@@ -272,6 +274,19 @@ def owner_alive(j: Journal) -> bool:
     return bool(start) and pid.isdigit() and _start_time(int(pid)) == start
 
 
+def _take_down(root: Path) -> None:
+    """An ended run's writable view still mounted (its agent died): unmounted before its upper
+    directory is read (what the job wrote stays there; the overlay only showed it)."""
+    from .mount import mount_info
+    from .overlay import is_overlay, umount_overlay
+
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, BootseerError):
+        j = Journal.load(root / "journal.json")
+        info = mount_info(j.mountpoint) if j.mountpoint else None
+        if is_overlay(info):
+            umount_overlay(j.mountpoint, dev=info["dev"])  # type: ignore[index]
+
+
 def pending(name: str) -> list[Path]:
     """Journal directories of checkpoint `name` whose launcher has ended (at most RECOVER_LIMIT)."""
     from .overlay import write_root
@@ -296,6 +311,7 @@ def finish_pending(
         with locked(root, wait=False) as held:
             if not held:
                 continue  # its agent is still pushing it
+            _take_down(root)
             t0 = time.time()
             try:
                 m = finish(store, settings, root, log, progress)
