@@ -45,7 +45,10 @@ def editable_outside(after: Manifest, changed: list[str], roots: list[str]) -> l
         name = os.path.basename(p)
         try:  # read as the blob's writer reads: no-follow, never blocking on a FIFO swapped in
             if name.endswith(".pth") and after[p].size < 1 << 20:
-                for line in read_small(p).decode(errors="replace").splitlines():
+                data = read_small(p)
+                if b"\0" in data:  # a torch.save file named .pth (torchmetrics ships some), not a path file
+                    continue
+                for line in data.decode(errors="replace").splitlines():
                     line = line.strip()
                     is_path = line and not line.startswith(("#", "import ")) and os.path.isabs(line)
                     if is_path and not under(os.path.normpath(line), roots):
