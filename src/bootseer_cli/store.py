@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 from .digests import sha256_file
 from .errors import BlobMissing, IntegrityError, StoreError
+from .freshness import SEQ_FIELD, Seen, next_seq
 from .storefs import SHARED, StoreFS
 from .trust import SIG_FIELD, Trust, announce_unverified, unsigned
 
@@ -114,6 +115,7 @@ class Store(StoreFS):
     def __init__(self, uri: str, settle_s: float = 1.0) -> None:
         super().__init__(uri, settle_s)
         self.use_trust(unsigned())
+        self.seen: Seen | None = None  # the node's high-water marks of signed documents (freshness.py)
 
     # ---- blobs ---------------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
@@ -266,7 +268,10 @@ class Store(StoreFS):
                 f"not published: {rel} would be unsigned, and readers of domain {self.domain} require a signature "
                 "([trust] signing_key is where the key is; jobs without it only read)"
             )
-        signed = self.trust.sign(self.domain, rel, dict(doc))
+        body = dict(doc)
+        if self.trust.signer is not None:  # above the replaced document's: a replay of that one is older
+            body[SEQ_FIELD] = next_seq(self.get_bytes(rel))
+        signed = self.trust.sign(self.domain, rel, body)
         self.put_bytes(rel, json.dumps(signed, indent=1, sort_keys=True).encode())
 
     def get_doc(self, rel: str, *, across: bool = True) -> dict[str, Any] | None:
@@ -287,11 +292,14 @@ class Store(StoreFS):
                     raise IntegrityError(f"{rel} in {self.uri} is {what} (truncated or corrupt)")
                 continue
             why = self.trust.check(domain, rel, doc)
+            if not why and self.seen is not None and self.trust.verifiers and SIG_FIELD in doc:
+                why = self.seen.stale(self.uri, domain, rel, doc)
             if why:
                 _warn_once(f"{domain}/{rel} in {self.uri} is not used: {why}")
                 continue
             announce_unverified(self.trust, domain, rel)
             doc.pop(SIG_FIELD, None)
+            doc.pop(SEQ_FIELD, None)
             return doc
         return None
 
@@ -581,6 +589,9 @@ def open_store(uri: str | None, trust: Trust | None = None) -> Store:
 
 def open_store_for(settings: Settings) -> Store:
     """The configured store, seen as `[store] domain` and `[trust]` say (keys loaded here)."""
+    from .paths import blob_cache_dir
     from .trust import trust_for
 
-    return open_store(settings.store.uri, trust_for(settings))
+    store = open_store(settings.store.uri, trust_for(settings))
+    store.seen = Seen(settings.store.cache_dir or blob_cache_dir())
+    return store
