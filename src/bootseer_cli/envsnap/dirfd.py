@@ -26,8 +26,8 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from .format import UnsafeArchive
 from .manifest import open_regular_stat
+from .unsafe import UnsafeArchive
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # a root is configured: it may be a link

@@ -30,6 +30,7 @@ from zlib import adler32
 from ..errors import BootseerError, IntegrityError
 from .manifest import DIR, FILE, SYMLINK, Entry, open_regular_stat
 from .sink import Sink
+from .unsafe import UnsafeArchive
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -49,13 +50,6 @@ META_FLOOR = 4 << 20  # metadata bytes any snapshot may have, however few its en
 META_PER_ENTRY = 640  # and per entry beyond that (about 6 MiB per 10,000 entries)
 
 Progress = Callable[[int], None]
-
-
-class UnsafeArchive(BootseerError):
-    """The archive tries to write outside its roots, or holds something that cannot be restored safely.
-
-    Not a StoreError: the blob matched its digest, the store did its job; what it holds is hostile
-    or malformed. Nothing is written (or everything is undone) when this is raised."""
 
 
 # ---- typed metadata ----------------------------------------------------------------------------
