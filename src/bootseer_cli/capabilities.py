@@ -62,7 +62,8 @@ class Capability:
       capability's refs name to the keep set (and what its policy lets go to the doomed list); `gc_phase`
       orders the passes (a pass that follows other refs' blobs, like the torrents, runs later);
     - `prefetch`: "module:function" `(settings, store, cache, keys) -> list[Item]`, for `bootseer prefetch`;
-    - `doctor`: "module:function" `(settings) -> list[Check]`, for `bootseer doctor`.
+    - `doctor`: "module:function" `(settings) -> list[Check]`, for `bootseer doctor` (one that reads the
+      launcher, `bootseer doctor -- LAUNCHER …`, takes it as a `command` keyword: the compile check).
     """
 
     name: str
@@ -139,6 +140,7 @@ CAPABILITIES: list[Capability] = [
         stage=StageEntry("bootseer_cli.compilecache.stage:run_stage", f"{_S}:CompileSettings.wanted", order=3),
         agent_tasks=(_task("compile-publish", "compilecache.tasks", "publish_task", "PublishTask"),),
         gc_keep="bootseer_cli.compilecache.upkeep:gc_keep",
+        doctor="bootseer_cli.compilecache.upkeep:doctor",
     ),
     Capability(
         "p2p",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .errors import BootseerError
@@ -152,8 +153,11 @@ def check_hostname(timeout_s: float = 2.0) -> Check:
     )
 
 
-def run_checks(settings: Settings) -> list[Check]:
-    """The machine's checks, then each capability's (its `doctor` hook), in the order `bootseer doctor` prints them."""
+def run_checks(settings: Settings, command: Sequence[str] = ()) -> list[Check]:
+    """The machine's checks, then each capability's (its `doctor` hook), in the order `bootseer doctor` prints them.
+    `command` is the launcher (after `--`), for the hooks that read it (a `command` keyword)."""
+    import inspect
+
     from .capabilities import CAPABILITIES, resolve
 
     checks = [check_store(settings.store), check_leases(settings.store), check_trust(settings)]
@@ -161,5 +165,7 @@ def run_checks(settings: Settings) -> list[Check]:
     checks.append(check_hostname())
     for cap in CAPABILITIES:  # each capability checks what it needs of this machine
         if cap.doctor:
-            checks += resolve(cap.doctor)(settings)
+            hook = resolve(cap.doctor)
+            reads = "command" in inspect.signature(hook).parameters
+            checks += hook(settings, command=tuple(command)) if reads else hook(settings)
     return checks

@@ -52,7 +52,7 @@ def project(base: Path, name: str, keys: bool) -> tuple[Path, dict[str, str]]:
         f'[store]\nuri = "{(base / "store").as_uri()}"\ndomain = "{name}"\n[exec]\nagent = false\nquiet = true\n'
         f'[env]\nroots = ["{tree}"]\nsetup = [{json.dumps(setup)}]\n[image]\nenabled = true\nrecord = "never"\n'
         f'[checkpoint]\nname = "m"\nmode = "pull"\nmountpoint = "{proj}/ckpt"\n[compile]\nenabled = true\n'
-        f'cache_dir = "{proj}/compile"\npublish = false\n{trust}'
+        f'cache_dir = "{proj}/compile"\npublish = false\npython = "{PY}"\n{trust}'
     )
     env = {**os.environ, "XDG_CACHE_HOME": str(proj / "node")}
     for k in [k for k in env if k.startswith("BOOTSEER_")]:
@@ -65,8 +65,10 @@ def project(base: Path, name: str, keys: bool) -> tuple[Path, dict[str, str]]:
         "import time; from bootseer_cli.config import load; from bootseer_cli.settings import Settings; "
         "from bootseer_cli.store import open_store_for; from bootseer_cli.identity import keys_for; "
         "from bootseer_cli.compilecache.key import current_compile_key; "
+        "from bootseer_cli.compilecache.jobpython import for_command; "
         "from bootseer_cli.compilecache.index import Entry, write_index; "
-        "s = Settings.from_config(load()); st = open_store_for(s); ck = current_compile_key(keys_for(s)); "
+        "s = Settings.from_config(load()); st = open_store_for(s); "
+        "ck = current_compile_key(keys_for(s), for_command(s, [])); "
         "d = st.put_blob_bytes(b'x' * 4096); "
         "write_index(st, ck.digest, 'n', {f'inductor/f{i}.py': Entry(d, 4096, time.time()) for i in range(20)}, [])"
     )

@@ -21,7 +21,7 @@ from bootseer_cli.compilecache.stage import run_stage
 from bootseer_cli.compilecache.tree import Baseline, cache_roots, header_dir, take_baseline
 from bootseer_cli.store import open_store
 
-from .conftest import TEST_KEYS, node_ctx, node_env, publish_as_agent
+from .conftest import TEST_KEYS, make_venv, node_ctx, node_env, publish_as_agent, usual_job
 
 D = "ab" * 32
 
@@ -99,7 +99,7 @@ def test_untrusted_index_paths_are_never_written_outside_the_caches(tmp_path: Pa
     ctx = node_ctx(tmp_path, "n", store.uri)
     from bootseer_cli.compilecache.key import current_compile_key
 
-    ck = current_compile_key(TEST_KEYS)
+    ck = current_compile_key(TEST_KEYS, usual_job())
     assert ck is not None
     bad = ["../evil", "inductor/../../evil", "inductor//x", "/etc/evil", "inductor/a/../../evil", "other/x"]
     entries = {rel: Entry(digest, 7, time.time()) for rel in [*bad, "inductor/ok/file.py"]}
@@ -112,11 +112,16 @@ def test_untrusted_index_paths_are_never_written_outside_the_caches(tmp_path: Pa
     assert (inductor / "ok" / "file.py").read_bytes() == b"payload" and not (inductor / "liar.py").exists()
 
 
-def test_no_torch_does_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(keymod, "torch_version", lambda: None)
-    ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri())
+def test_no_torch_does_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A launcher whose interpreter has no torch (a venv of its own, whatever bootseer's has): nothing to
+    carry, and the stage says which interpreter it read."""
+    python = make_venv(tmp_path / "venv")
+    ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri(), command=[str(python), "train.py"])
+    ctx.quiet = False
     res = run_stage(ctx)
     assert (res.outcome, res.summary) == ("skipped", "no torch") and not ctx.exports and not ctx.agent_tasks
+    assert res.reason == f"torch is not installed in {python}, the launcher {python}"
+    assert res.reason in capsys.readouterr().err
 
 
 def test_no_store_warns_and_starts_with_an_empty_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -300,3 +305,71 @@ def test_the_cuda_jit_cache_travels_like_the_others(tmp_path: Path) -> None:
 
     roots, exports = cache_roots(tmp_path / "base", D, {"CUDA_CACHE_PATH": str(tmp_path / "mine")})
     assert roots["cuda"] == tmp_path / "mine" and "CUDA_CACHE_PATH" not in exports
+
+
+def test_a_header_in_tmpdir_before_the_stage_is_published_when_the_run_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An earlier run on this node (one the stage did not engage for) built Inductor's header in TMPDIR:
+    this run reads it (GCC does, for every kernel it compiles), so it is this key's and is published with
+    its `.h`; a header of another torch that this run does not read stays unpublished (issue 44)."""
+    env = node_env(tmp_path, "n") | {"LOGNAME": "dave"}
+    _on(env, monkeypatch)
+    headers = header_dir(env)
+    headers.mkdir(parents=True)
+    for name, data in (("mine.h", b"#include <x>\n"), ("mine.h.gch", b"g" * 50), ("other.h.gch", b"o" * 7)):
+        (headers / name).write_bytes(data)
+    ctx = node_ctx(tmp_path, "n", (tmp_path / "store").as_uri())
+    res = run_stage(ctx)
+    assert res.outcome == "miss", res
+    assert (headers / "mine.h.gch").read_bytes() == b"g" * 50  # the compiler reads the header
+    Path(ctx.exports["TORCHINDUCTOR_CACHE_DIR"], "k.so").write_bytes(b"k" * 5)
+    publish_as_agent(ctx)
+    index = read_index(open_store(ctx.settings.store.uri), res.extra["compile_key"])
+    assert set(index.entries) == {"headers/mine.h", "headers/mine.h.gch", "inductor/k.so"}
+
+
+def test_a_restored_entry_used_after_an_hour_is_refreshed(tmp_path: Path) -> None:
+    """A warm restart reads a restored kernel whose index entry was last used over REFRESH_S ago: the
+    agent's publish writes its new use time (it raised KeyError here before, losing the publish)."""
+    store_uri = (tmp_path / "store").as_uri()
+    ctx = node_ctx(tmp_path, "a", store_uri)
+    res = run_stage(ctx)
+    Path(ctx.exports["TORCHINDUCTOR_CACHE_DIR"], "k.so").write_bytes(b"k" * 5)
+    publish_as_agent(ctx)
+    store = open_store(store_uri)
+    key = res.extra["compile_key"]
+    index = read_index(store, key)
+    entry = index.entries["inductor/k.so"]
+    old = time.time() - 2 * publish_mod.REFRESH_S
+    write_index(store, key, "old", {"inductor/k.so": Entry(entry.digest, entry.size, old)}, index.shards)
+    ctx = node_ctx(tmp_path, "b", store_uri)
+    assert run_stage(ctx).outcome == "hit"
+    Path(ctx.exports["TORCHINDUCTOR_CACHE_DIR"], "k.so").read_bytes()
+    agent = publish_as_agent(ctx)
+    assert any("1 refreshed" in line for line in agent.lines), agent.lines
+    assert read_index(store, key).entries["inductor/k.so"].used > old + publish_mod.REFRESH_S
+
+
+def test_the_interpreter_of_each_kind_of_launcher(tmp_path: Path) -> None:
+    """Which interpreter each launcher runs, found as exec finds the launcher (its PATH), and why none."""
+    from bootseer_cli.compilecache.jobpython import find_interpreter
+
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    py = Path(sys.executable).name
+    assert find_interpreter([py, "-m", "torch.distributed.run"], env) == (
+        sys.executable,
+        f"the launcher {py}, at {sys.executable}",
+    )
+    assert find_interpreter(["env", "-u", "X", "A=1", sys.executable, "t.py"], env)[0] == sys.executable
+    assert find_interpreter(["torchrun"], env) == (sys.executable, "resolved from torchrun's shebang")
+    perl = tmp_path / "tool"
+    perl.write_text("#!/usr/bin/perl\n")
+    perl.chmod(0o755)
+    python, why = find_interpreter([str(perl)], env)
+    assert python is None and why == f"the launcher {perl} runs /usr/bin/perl (#!/usr/bin/perl), not a Python program"
+    python, why = find_interpreter(["true"], env)
+    assert python is None and why.endswith("is a binary, not a Python program"), why
+    python, why = find_interpreter(["no-such-launcher"], env)
+    assert python is None and "no-such-launcher: command not found" in why
+    assert find_interpreter(["sh", "-c", "torchrun x"], env, Path("/opt/py")) == ("/opt/py", "set by [compile] python")

@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.compilecache import key as keymod
 from bootseer_cli.compilecache.index import read_index
 from bootseer_cli.compilecache.tree import header_dir
 from bootseer_cli.stage import StageContext
 from bootseer_cli.store import blob_path, open_store
 
-from .conftest import node_ctx, publish_as_agent, run_model, run_stage_on
+from .conftest import node_ctx, publish_as_agent, run_model, run_stage_on, venv_with_torch_version
 
 pytest.importorskip("torch")
 
@@ -93,14 +92,15 @@ def test_second_node_restores_and_compiles_nothing_new(node_a: NodeA) -> None:
     assert len(after.entries) == node_a.published  # nothing new was compiled, so no new path
 
 
-def test_other_torch_version_or_device_restores_nothing(node_a: NodeA, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_torch_version_or_device_restores_nothing(node_a: NodeA, tmp_path: Path) -> None:
     ctx = node_ctx(node_a.root, "node-c", node_a.store_uri, device="NVIDIA H100 80GB HBM3")
     res, _ = run_stage_on(ctx)
     assert res.outcome == "miss" and res.extra["files"] == 0 and res.extra["compile_key"] != node_a.key
-    monkeypatch.setattr(keymod, "torch_version", lambda: "2.99.0+cpu")
-    ctx = node_ctx(node_a.root, "node-d", node_a.store_uri)
+    other = venv_with_torch_version(tmp_path / "other", "2.99.0+cpu")
+    ctx = node_ctx(node_a.root, "node-d", node_a.store_uri, command=[str(other), "train.py"])
     res, _ = run_stage_on(ctx)
     assert res.outcome == "miss" and res.extra["files"] == 0 and res.extra["compile_key"] != node_a.key
+    assert res.extra["torch"] == "2.99.0+cpu", res
     assert not any(Path(ctx.exports["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.so"))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from bootseer_cli.settings import CompileSettings, ExecSettings, Settings, Store
 from bootseer_cli.stage import StageContext
 from bootseer_cli.store import Store, open_store, open_store_for
 from bootseer_cli.trust import keygen
-from tests.compilecache.conftest import TEST_KEYS, FakeAgent, new_run
+from tests.compilecache.conftest import TEST_KEYS, FakeAgent, new_run, usual_job
 
 PAYLOAD = b"import os; os.system('touch /tmp/pwned')  # unpickled or imported by torch.compile"
 
@@ -59,7 +60,7 @@ def settings_for(root: Path, store_uri: str, t: Tenant, *, trusts: list[Tenant] 
 
 
 def ctx_for(root: Path, settings: Settings, node: str) -> StageContext:
-    ctx = StageContext(settings=settings, run=new_run(root, node), command=["true"], quiet=True)
+    ctx = StageContext(settings=settings, run=new_run(root, node), command=[sys.executable], quiet=True)
     ctx._keys = TEST_KEYS
     return ctx
 
@@ -79,7 +80,7 @@ def test_a_store_writer_cannot_add_a_compile_cache_entry(
     """Case 1b: one index shard, written by whoever can write the store, pointing at a payload."""
     a = tenants["tenant-a"]
     uri = (tmp_path / "store").as_uri()
-    ck = current_compile_key(TEST_KEYS)
+    ck = current_compile_key(TEST_KEYS, usual_job())
     assert ck is not None
     forger = open_store(uri).use_trust(dataclasses.replace(open_store(uri).trust, domain=a.name))  # no key
     digest = forger.put_blob_bytes(PAYLOAD)

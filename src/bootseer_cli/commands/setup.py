@@ -17,6 +17,7 @@ from .complete import template_names
 from .options import ConfigOpt, JsonOpt, StoreOpt, load_config, load_settings
 
 if TYPE_CHECKING:
+    from ..compilecache.jobpython import JobTorch
     from ..config import Config
     from ..keys import Key, Keys
     from ..settings import Settings
@@ -114,8 +115,16 @@ def _toml_value(v: object) -> str:
     return json.dumps(str(v))  # a JSON string is a TOML basic string
 
 
-def keys(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """Print the cache keys and the documents they hash (why a cache hit or missed)."""
+# The launcher after `--` (`bootseer keys -- torchrun …`): the compile key reads torch from its interpreter.
+LauncherArg = Annotated[list[str] | None, typer.Argument(metavar="[-- LAUNCHER …]", hidden=True)]
+LAUNCHER_ARGS = {"allow_extra_args": True, "allow_interspersed_args": False}
+
+
+def keys(
+    command: LauncherArg = None, config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Print the cache keys and the documents they hash (why a cache hit or missed). With the launcher
+    after --, the compile key reads torch from the interpreter it runs (else the python3 on PATH)."""
     from ..errors import ConfigError
     from ..identity import keys_for
 
@@ -128,7 +137,7 @@ def keys(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = Fa
         if "cannot be read" not in str(e):
             raise
         raise ConfigError(f"{e}; create it, or change [env] setup in the config (the env key hashes it)") from None
-    compiled = _compile_key(settings, k) if settings.compile.enabled else None
+    compiled = _compile_key(settings, k, command or []) if settings.compile.enabled else None
     typer.echo(_keys_json(k, compiled) if as_json else _keys_text(k, compiled))
     if not as_json and settings.env.setup:
         typer.echo("\n".join(_env_chain(settings, k)))
@@ -145,44 +154,54 @@ def _env_chain(settings: Settings, k: Keys) -> list[str]:
         return [f"env snapshot: store not read ({type(e).__name__}: {e})"[:300]]
 
 
-def _compile_key(settings: Settings, k: Keys) -> Key | str:
-    """The compile stage's key on this node, or why there is none (no torch installed)."""
+def _compile_key(settings: Settings, k: Keys, command: list[str]) -> tuple[Key | str, JobTorch]:
+    """The compile stage's key for the launcher's interpreter, or why there is none; and that interpreter."""
+    from ..compilecache.jobpython import for_command
     from ..compilecache.key import current_compile_key
 
-    return current_compile_key(k, settings.compile.device) or "none (torch is not installed)"
+    job = for_command(settings, command)
+    return current_compile_key(k, job, settings.compile.device) or f"none ({job.why_none(hint=True)})", job
 
 
-def _keys_json(k: Keys, compiled: Key | str | None) -> str:
+def _keys_json(k: Keys, compiled: tuple[Key | str, JobTorch] | None) -> str:
     out: dict[str, object] = {
         "image": {"digest": k.image.digest, "source": k.image_source, "doc": k.image.doc},
         "env": {"digest": k.env.digest, "doc": k.env.doc},
     }
-    if isinstance(compiled, str):
-        out["compile"] = {"digest": None, "why": compiled}
-    elif compiled is not None:
-        out["compile"] = {"digest": compiled.digest, "doc": compiled.doc}
+    if compiled is not None:
+        key, job = compiled
+        if isinstance(key, str):
+            out["compile"] = {"digest": None, "why": key, "python": job.facts()}
+        else:
+            out["compile"] = {"digest": key.digest, "doc": key.doc, "python": job.facts()}
     return json.dumps(out, indent=2, sort_keys=True)
 
 
-def _keys_text(k: Keys, compiled: Key | str | None) -> str:
+def _keys_text(k: Keys, compiled: tuple[Key | str, JobTorch] | None) -> str:
     lines = [
         f"image_key {k.image.digest}  (from {k.image_source})",
         json.dumps(k.image.doc, indent=2, sort_keys=True),
         f"env_key   {k.env.digest}",
         json.dumps(k.env.doc, indent=2, sort_keys=True),
     ]
-    if isinstance(compiled, str):
-        lines.append(f"compile_key {compiled}")
-    elif compiled is not None:
-        lines += [f"compile_key {compiled.digest}", json.dumps(compiled.doc, indent=2, sort_keys=True)]
+    if compiled is not None:
+        key, job = compiled
+        if isinstance(key, str):
+            lines.append(f"compile_key {key}")
+        else:
+            lines += [f"compile_key {key.digest}  (torch {job.torch} in {job.where()})"]
+            lines.append(json.dumps(key.doc, indent=2, sort_keys=True))
     return "\n".join(lines)
 
 
-def doctor(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """Check the store, FUSE, the local cache, the Docker engine and the P2P port."""
+def doctor(
+    command: LauncherArg = None, config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Check the store, FUSE, the local cache, the Docker engine and the P2P port; with the launcher after
+    --, which interpreter the compile key reads torch from."""
     from ..doctor import run_checks
 
-    checks = run_checks(load_settings(config, store))
+    checks = run_checks(load_settings(config, store), command or [])
     if as_json:
         typer.echo(json.dumps([c.__dict__ for c in checks], indent=2))
     else:
@@ -203,5 +222,5 @@ def _check_line(c: Check) -> str:
 def register(app: typer.Typer) -> None:
     app.command("init")(init)
     app.command("config")(config_)
-    app.command("keys")(keys)
-    app.command("doctor")(doctor)
+    app.command("keys", context_settings=LAUNCHER_ARGS)(keys)
+    app.command("doctor", context_settings=LAUNCHER_ARGS)(doctor)

@@ -4,7 +4,8 @@ A compiled artifact is only valid for the torch that wrote it and the device it 
 (CPU kernels use the host's vector ISA; Triton kernels a GPU architecture, driver and CUDA). PyTorch
 checks its own keys, so a foreign entry is harmless but useless: the key keeps foreign caches out
 instead, so a restore never spends time on files that cannot hit. Every fact here is read without
-importing torch (a start that wants no compile cache must not pay for torch's import).
+importing torch (a start that wants no compile cache must not pay for torch's import), and torch's
+version from the interpreter the launcher runs (`jobpython`), never from bootseer's own.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from ..keys import FORMAT_VERSION, Key, make_key
 
 if TYPE_CHECKING:
     from ..keys import Keys
+    from .jobpython import JobTorch
 
 # CPU features that change the code Inductor's C++ backend generates (its ISA levels) or that
 # the compiled kernels need at run time.
@@ -45,14 +46,6 @@ _CPU_FLAGS = (
 )
 # The model family, not the marketing name: SKUs of one family and ISA share their compiled kernels.
 _CPU_FIELDS = ("vendor_id", "cpu family", "model", "CPU implementer", "CPU architecture", "CPU part")
-
-
-def torch_version() -> str | None:
-    """The installed torch's version (`2.13.0+cpu`) from its distribution metadata; None without torch."""
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def cpu_kind(cpuinfo: str) -> dict[str, Any]:
@@ -114,9 +107,12 @@ def device_kind(configured: str | None = None) -> dict[str, Any]:
     return cpu_kind(text)
 
 
-def compile_key_doc(image_key: str, env_key: str, device: dict[str, Any], torch: str) -> dict[str, Any]:
-    """What the compile key is the digest of (printed by `bootseer keys`)."""
-    return {
+def compile_key_doc(
+    image_key: str, env_key: str, device: dict[str, Any], torch: str, triton: str | None = None
+) -> dict[str, Any]:
+    """What the compile key is the digest of (printed by `bootseer keys`). Triton's version is named
+    when the job's env has Triton (its kernels and cache are its own); without it the doc is as before."""
+    doc = {
         "v": FORMAT_VERSION,
         "kind": "compile",
         "image": image_key,
@@ -124,16 +120,19 @@ def compile_key_doc(image_key: str, env_key: str, device: dict[str, Any], torch:
         "device": device,
         "torch": torch,
     }
+    if triton:
+        doc["triton"] = triton
+    return doc
 
 
-def compile_key(keys: Keys, device: dict[str, Any], torch: str) -> Key:
+def compile_key(keys: Keys, device: dict[str, Any], torch: str, triton: str | None = None) -> Key:
     """The key for `bootseer keys` and the store (`refs/compile/<digest>/…`)."""
-    return make_key(compile_key_doc(keys.image.digest, keys.env.digest, device, torch))
+    return make_key(compile_key_doc(keys.image.digest, keys.env.digest, device, torch, triton))
 
 
-def current_compile_key(keys: Keys, configured_device: str | None = None) -> Key | None:
-    """The key on this node, or None when torch is not installed (then there is nothing to carry)."""
-    version = torch_version()
-    if version is None:
+def current_compile_key(keys: Keys, job: JobTorch, configured_device: str | None = None) -> Key | None:
+    """The key on this node for the job's interpreter (`jobpython.job_torch`), or None when it has no
+    torch (then there is nothing to carry; `job.why_none()` says why)."""
+    if job.torch is None:
         return None
-    return compile_key(keys, device_kind(configured_device), version)
+    return compile_key(keys, device_kind(configured_device), job.torch, job.triton)

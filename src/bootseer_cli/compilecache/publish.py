@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ..errors import IntegrityError
 from .index import Entry, merge, prune, read_index, write_index
 from .nofollow import Tree, open_file, open_tree
-from .tree import HEADERS, Baseline, index_parts, walk
+from .tree import HEADERS, SHARED_ROOTS, Baseline, index_parts, walk
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -70,23 +70,49 @@ def changes(roots: Mapping[str, Path], base: Baseline) -> tuple[dict[str, tuple[
     A precompiled header is not read on a cache hit (Inductor only checks that it exists, and builds
     it when it does not, before it loads any C++ kernel, cached or not): restored headers count as used
     when any other restored file was read, so that pruning does not take the largest file first.
+    A header that was in TMPDIR before the stage (an earlier run on this node built it) and that this
+    run read is published too (`_found_before`).
     """
     changed: dict[str, tuple[Path, os.stat_result]] = {}
     used: list[str] = []
     headers: list[str] = []
+    before: dict[str, tuple[Path, os.stat_result]] = {}
     for rel, path, st in walk(roots):
         was = base.files.get(rel)
         if was is None or (st.st_size, st.st_mtime_ns) != was[:2]:
             changed[rel] = (path, st)
         elif rel not in base.digests:
-            continue
+            if rel.partition("/")[0] in SHARED_ROOTS:
+                before[rel] = (path, st)
         elif st.st_atime_ns > was[2]:
             used.append(rel)
         elif rel.startswith(f"{HEADERS}/"):
             headers.append(rel)
     if any(not rel.startswith(f"{HEADERS}/") for rel in used):
         used += headers
+    changed.update(_found_before(before, base))
     return changed, used
+
+
+def _found_before(
+    before: Mapping[str, tuple[Path, os.stat_result]], base: Baseline
+) -> dict[str, tuple[Path, os.stat_result]]:
+    """The headers this run used of those TMPDIR held before the stage and the index lacks.
+
+    The header directory is shared by every torch on the node, so a header found there is this key's
+    only when this run read it: GCC reads `<hash>.h.gch` for every kernel it compiles with it (its atime,
+    backdated by the baseline, moves; a full cache hit compiles nothing and reads none, and then the next
+    node that builds it publishes it). Its `<hash>.h` goes with it (Inductor checks that both exist).
+    Under `noatime` no read shows and nothing found before is published.
+    """
+    out: dict[str, tuple[Path, os.stat_result]] = {}
+    for rel, (path, st) in before.items():
+        if rel.endswith(".gch") and st.st_atime_ns > base.files[rel][2]:
+            out[rel] = (path, st)
+            header = rel[: -len(".gch")]
+            if header in before:
+                out[header] = before[header]
+    return out
 
 
 def upload_changes(
@@ -179,10 +205,11 @@ def _advance(
     """Record the published files (as they were stat'ed before upload: a later rewrite is a later change)
     and the atimes now, so a second publish sends only what changes or is used after this one."""
     for rel, e in fresh.items():
-        st = changed[rel][1]
         base.digests[rel] = e.digest
-        base.files[rel] = (st.st_size, st.st_mtime_ns, st.st_atime_ns)
+        if rel in changed:  # not a refreshed entry: its file is unchanged, only its atime moves (below)
+            st = changed[rel][1]
+            base.files[rel] = (st.st_size, st.st_mtime_ns, st.st_atime_ns)
     for rel, _path, st in walk(roots):
-        if rel in base.files and rel not in fresh:
+        if rel in base.files and rel not in changed:
             size, mtime, _ = base.files[rel]
             base.files[rel] = (size, mtime, st.st_atime_ns)

@@ -1,13 +1,15 @@
 """The compile stage of `bootseer exec`: point the launcher at node-local compile caches and fill them.
 
-With `[compile] enabled = true`: compute the compile key (image, env, device, torch), export
-TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, TORCH_EXTENSIONS_DIR and CUDA_CACHE_PATH (each unless
-the user set it) for the launcher, restore the files the store's index lists for the key (Inductor's precompiled
-headers into the launcher's `$TMPDIR/torchinductor_<user>/`, see `tree`), take the baseline, and
-give the agent a "compile-publish" task that publishes what the run adds once the start is over.
-Without torch there is nothing to carry: the stage says so and does nothing. Everything else that
-goes wrong (no store, a corrupt blob, a full disk) is a warning: the job starts with the cache it
-could restore, or an empty one.
+With `[compile] enabled = true`: find the interpreter the launcher runs and its torch (`jobpython`: in
+the job's env, which the env stage has made by now; never bootseer's own), compute the compile key
+(image, env, device, torch), export TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, TORCH_EXTENSIONS_DIR
+and CUDA_CACHE_PATH (each unless the user set it) for the launcher, restore the files the store's
+index lists for the key (Inductor's precompiled headers into the launcher's
+`$TMPDIR/torchinductor_<user>/`, see `tree`), take the baseline, and give the agent a
+"compile-publish" task that publishes what the run adds once the start is over. Without torch in the
+job's interpreter there is nothing to carry: the stage says which interpreter it read and why, and
+does nothing. Everything else that goes wrong (no store, a corrupt blob, a full disk) is a warning:
+the job starts with the cache it could restore, or an empty one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..errors import BootseerError
 from ..stage import StageContext, StageResult
 from ..units import fmt_bytes
 from .index import Index, read_index, surely_empty
+from .jobpython import JobTorch, job_torch
 from .key import current_compile_key
 from .restore import Restored, restore
 from .tree import Baseline, cache_roots, make_dirs, take_baseline
@@ -37,17 +40,26 @@ def default_base() -> Path:
     return cache_root() / "compile"
 
 
+def launcher_env(ctx: StageContext) -> dict[str, str]:
+    """The launcher's environment as the stages leave it (PATH, TMPDIR, user): what its interpreter sees,
+    without the store's credentials that exec withholds from it (the probe runs the job's interpreter)."""
+    from ..launch import launcher_base_environ
+
+    return {**launcher_base_environ(ctx.settings, os.environ), **ctx.exports}
+
+
 def run_stage(ctx: StageContext) -> StageResult:
     settings = ctx.settings.compile
+    env = launcher_env(ctx)  # its TMPDIR and user also place Inductor's precompiled headers
+    job = job_torch(ctx.command, env, settings.python)
     try:
-        key = current_compile_key(ctx.keys, settings.device)
+        key = current_compile_key(ctx.keys, job, settings.device)
     except (BootseerError, OSError) as e:  # the keys read files and may ask the engine
         ctx.warn(f"compile: cannot compute the compile key ({e}); starting without compile caches")
-        return StageResult(outcome="fallback", summary="no key", cache="miss", reason=str(e))
+        return StageResult(outcome="fallback", summary="no key", cache="miss", reason=str(e), extra=job.facts())
     if key is None:
-        return StageResult(outcome="skipped", summary="no torch", reason="torch is not installed")
-    launcher_env = {**os.environ, **ctx.exports}  # its TMPDIR and user place Inductor's precompiled headers
-    wanted, exports = cache_roots(settings.cache_dir or default_base(), key.digest, launcher_env)
+        return _no_torch(ctx, job)
+    wanted, exports = cache_roots(settings.cache_dir or default_base(), key.digest, env)
     try:
         roots = make_dirs(wanted)
     except OSError as e:
@@ -59,7 +71,22 @@ def run_stage(ctx: StageContext) -> StageResult:
     index, restored, why = _restore(ctx, key, roots)
     base = take_baseline(roots, restored.digests, restored.bad)
     publishing = _arrange_publish(ctx, key, roots, base)
-    return _result(key, index, restored, why, publishing)
+    result = _result(key, index, restored, why, publishing)
+    result.extra.update(job.facts())
+    return result
+
+
+def _no_torch(ctx: StageContext, job: JobTorch) -> StageResult:
+    """Nothing to carry: say which interpreter was read and why it gives no key (a warning when no
+    interpreter could be read at all, since `[compile] python` is then the way out)."""
+    why = job.why_none(hint=True)
+    if job.python is None or job.problem:
+        ctx.warn(f"compile: {why}; starting without compile caches")
+        summary = "no python"
+    else:
+        ctx.info(f"compile: {why}; nothing to carry")
+        summary = "no torch"
+    return StageResult(outcome="skipped", summary=summary, reason=why, extra=job.facts())
 
 
 def _restore(ctx: StageContext, key: Key, roots: dict[str, Path]) -> tuple[Index | None, Restored, str]:

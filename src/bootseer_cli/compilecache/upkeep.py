@@ -1,16 +1,38 @@
-"""The compile capability's upkeep hooks (capability table): which compile caches `bootseer gc` keeps."""
+"""The compile capability's upkeep hooks (capability table): which compile caches `bootseer gc` keeps,
+and `bootseer doctor`'s check of the job's interpreter."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError
-from ..upkeep import Doomed, Policy, Scan, is_digest, number
+from ..upkeep import Check, Doomed, Policy, Scan, is_digest, number
 
 if TYPE_CHECKING:
+    from ..settings import Settings
     from ..store import FileInfo, Store
+
+
+def doctor(settings: Settings, command: Sequence[str] = ()) -> list[Check]:
+    """Which interpreter the compile key reads torch from (the launcher's, after `--`), and what it holds."""
+    if not settings.compile.enabled:
+        return []
+    from .jobpython import for_command
+
+    job = for_command(settings, command)
+    if job.torch is not None:
+        triton = f", triton {job.triton}" if job.triton else ""
+        return [Check("compile", "ok", f"torch {job.torch}{triton} in {job.where()}")]
+    if job.python is None or job.problem:
+        fix = "set [compile] python (BOOTSEER_COMPILE_PYTHON) to the job's interpreter"
+    elif not command:
+        fix = "pass the launcher: bootseer doctor -- LAUNCHER …"
+    else:
+        fix = "install torch in the job's env, or set [compile] python to the interpreter that has it"
+    return [Check("compile", "warn", f"no compile key: {job.why_none()}", fix)]
 
 
 def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:
