@@ -30,9 +30,13 @@ _SECRET_EXACT = ("sig", "key", "pwd", "auth", "authorization", "sas")
 _URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
 
 # Secrets seen by `redact` in this process, masked in free text by `redact_text`. A piece shorter than
-# this is not kept on its own (it would mask ordinary words); the whole secret always is.
+# _MIN_PIECE, or a whole secret shorter than _MIN_WHOLE, is not masked in bare text (it would mask
+# letters of ordinary words; inside its URI it is masked anyway). User info without a password is a
+# user name unless it is as long as a token.
 _SEEN: set[str] = set()
 _MIN_PIECE = 6
+_MIN_WHOLE = 4
+_MIN_TOKEN = 16
 # Environment variables whose values are store credentials (a client may echo them in its errors).
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_CONTAINER_AUTHORIZATION_TOKEN")
 
@@ -97,12 +101,15 @@ def _remember(uri: str) -> None:
     at = head.rfind("@")
     found = []
     if at >= 0 and (":" in head[:at] or "/" not in head[:at]):
-        found.append(head[:at].partition(":")[2] or head[:at])
+        user, colon, password = head[:at].partition(":")
+        if colon or len(user) >= _MIN_TOKEN:
+            found.append(password if colon else user)
     query = rest.partition("?")[2].partition("#")[0]
     found += [v for k, v in parse_qsl(query, keep_blank_values=False) if _secret_name(k)]
     for secret in found:
         for form in {secret, unquote(secret)}:
-            _SEEN.add(form)
+            if len(form) >= _MIN_WHOLE:
+                _SEEN.add(form)
             _SEEN.update(p for p in form.split("/") if len(p) >= _MIN_PIECE)
 
 
