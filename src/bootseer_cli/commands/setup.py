@@ -116,7 +116,7 @@ def _toml_value(v: object) -> str:
 
 
 # The launcher after `--` (`bootseer keys -- torchrun …`): the compile key reads torch from its interpreter.
-LauncherArg = Annotated[list[str] | None, typer.Argument(metavar="[-- LAUNCHER …]", hidden=True)]
+LauncherArg = Annotated[list[str] | None, typer.Argument(metavar="-- LAUNCHER", hidden=True)]
 LAUNCHER_ARGS = {"allow_extra_args": True, "allow_interspersed_args": False}
 
 
