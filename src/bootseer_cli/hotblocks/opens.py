@@ -203,17 +203,17 @@ class OpenLog:
             finally:
                 os.close(efd)
 
-    def _read_once(self) -> bool:
-        """One read of the queue; False when it was empty."""
+    def _read_once(self) -> int:
+        """One read of the queue: the bytes read (0 when it was empty; -1 when interrupted)."""
         with self._lock:
             try:
                 buf = os.read(self.fd, _BUF)
             except BlockingIOError:
-                return False
+                return 0
             except InterruptedError:
-                return True
+                return -1
             self._handle(buf)
-            return bool(buf)
+            return len(buf)
 
     def queued(self) -> int:
         """Bytes of events in the queue now (FIONREAD)."""
@@ -228,8 +228,18 @@ class OpenLog:
             while self._read_once():
                 pass
 
-    def start(self) -> OpenLog:
-        """Drain the queue on a thread while the start runs, whenever it holds `DRAIN_AT` (module doc)."""
+    def start(self, before_launch: bool = False) -> OpenLog:
+        """Drain the queue on a thread while the start runs, whenever it holds `DRAIN_AT` (module doc).
+
+        `before_launch`: the launcher has not begun yet (it waits for the agent: stage._wait_for_drain), so
+        what is queued is read now and an overflow in it is not the start's: the opens it lost were
+        bootseer's own before exec and other processes' (a busy node overflows the queue in the second the
+        agent takes to start)."""
+        if before_launch:  # what is queued now, not more: another process may keep the queue filling
+            left = self.queued()
+            while left > 0 and (n := self._read_once()):
+                left -= max(n, 0)
+            self.overflows = 0
         self._thread = threading.Thread(target=self._follow, name="hot-opens", daemon=True)
         self._thread.start()
         return self
