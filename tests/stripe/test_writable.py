@@ -268,3 +268,30 @@ def _plain_user_round(base: Path) -> None:
     r = _as_nobody(["exec", "--config", str(cfg), "--", *launcher], node)
     assert r.returncode == 0 and r.stdout.split()[1] == "3", r.stderr
     _agents_done(node)
+
+
+def test_pull_never_replaces_a_directory_holding_other_files(tmp_path: Path) -> None:
+    """Before: a configured pull directory was moved aside and removed, whatever it held."""
+    store = file_store(tmp_path)
+    _first_checkpoint(tmp_path, store)
+    node = _node(tmp_path, "a")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    cfg = _config(tmp_path, store, "pull", out)
+    r = run_cli(
+        "exec",
+        "--config",
+        str(cfg),
+        "--",
+        sys.executable,
+        "-c",
+        "import os; print(os.listdir(os.environ['BOOTSEER_CKPT_DIR']))",
+        env=node,
+    )
+    assert r.returncode == 0, r.stderr
+    assert (out / "notes.txt").read_text() == "mine" and r.stdout.strip() == "['notes.txt']"
+    [warning] = [ln for ln in r.stderr.splitlines() if "warning" in ln and "kept" in ln]
+    assert "warning" in warning and str(out) in warning and "notes.txt" in warning
+    _agents_done(node)
+    assert load_manifest(store, "job").tag == "v1"  # not pushed: bootseer never pulled into it

@@ -89,6 +89,13 @@ def write_marker(dest: Path, m: Manifest) -> None:
     os.replace(tmp, marker_path(dest))
 
 
+def pulled_from(dest: Path) -> str:
+    """The checkpoint name DEST was pulled from, when its marker records what bootseer wrote ("" when
+    not: no marker, or an older bootseer's without the stamps, whose files cannot be told apart)."""
+    doc = _marker(dest)
+    return str(doc.get("name") or "") if isinstance(doc.get("files"), dict) else ""
+
+
 def job_files(dest: Path) -> list[str]:
     """Entries under DEST bootseer did not put there (new, or changed since its pull or write-back)."""
     if not dest.is_dir() or dest.is_symlink():

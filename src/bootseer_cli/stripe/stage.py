@@ -236,14 +236,14 @@ def _keep(ctx: StageContext, m: Manifest, dest: Path, extra: dict[str, Any]) -> 
     """`dest` holds files bootseer did not put there: kept, said, and given to the job (pushed after it
     when they are a pull's changes; a directory bootseer never pulled into is not pushed)."""
     from .overlay import write_dirs
-    from .pull import job_files, marker_path
+    from .pull import job_files, pulled_from
 
     mine = job_files(dest)
     ctx.warn(
         f"checkpoint: {dest} holds {len(mine)} file(s) bootseer did not put there ({mine[0]}, ...); "
         f"kept as it is, not replaced by {m.name}:{m.tag}"
     )
-    if marker_path(dest).exists():
+    if pulled_from(dest) == m.name:  # a pull of this checkpoint that the job changed: pushed after it
         _hand_over(ctx, m, "pull", write_dirs(ctx.run.run).root, str(dest))
     ctx.exports["BOOTSEER_CKPT_DIR"] = str(dest)
     return StageResult("kept", summary=f"kept {dest}", reason="it holds files the job wrote", extra=extra)
