@@ -205,9 +205,13 @@ def server_gone(mountpoint: str) -> bool:
 def prepare_mountpoint(mountpoint: str | Path) -> str:
     """A safe (`safe_mountpoint`), unmounted directory; a bootseer mount there whose server is gone
     is cleaned first, a live one is refused (`MountpointError`): never stolen from its job."""
+    from .overlay import is_overlay
+
     mp = resolve_mountpoint(mountpoint)
     info = mount_info(mp)
     if info is not None:
+        if is_overlay(info):  # a run's writable view: an ended run's is taken down by the stage first
+            raise MountpointError(f"{mp} is the live checkpoint mount of another run (writable view); not taking it")
         if not is_ours(info):
             raise BootseerError(f"{mp} is already a mount point ({info['fstype']} {info['source']})")
         if not server_gone(mp):
