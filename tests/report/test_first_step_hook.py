@@ -46,7 +46,8 @@ def test_hook_dir_is_private_and_first_on_the_path(tmp_path: Path) -> None:
     env = launcher_pythonpath(run, Settings(), {"PYTHONPATH": "/a:/b"})
     hook = run.run_dir / HOOK_DIR
     assert env == {"PYTHONPATH": f"{hook}:/a:/b"}
-    assert (hook.stat().st_mode & 0o777) == 0o700 and (hook / "sitecustomize.py").is_file()
+    assert (hook.stat().st_mode & 0o777) == 0o700
+    assert sorted(p.name for p in hook.iterdir()) == ["_bootseer_first_step.py", "sitecustomize.py"]
     fresh = _run_dir(tmp_path / "2")  # no PYTHONPATH before: no empty element (the working directory)
     assert launcher_pythonpath(fresh, Settings(), {}) == {"PYTHONPATH": str(fresh.run_dir / HOOK_DIR)}
     off = dataclasses.replace(Settings(), report=ReportSettings(first_step=False))

@@ -2,11 +2,11 @@
 
 A training program rarely calls `bootseer_cli.ready()`, and then the report's startup ended at exec's
 hand-over, leaving out the compile phase, data loading and the first step (the largest costs of a
-real start). exec therefore writes `sitehook.py` as `sitecustomize.py` into `<run dir>/pyhook` (the
-run directory is private, 0700, and new for each run: no shared or predictable path is put on the
-path) and puts that directory first on the launcher's `PYTHONPATH`. What the hook does, and why it is
-standalone code, is in `sitehook`. `[report] first_step = false` leaves the launcher's environment
-as it was.
+real start). exec therefore writes `sitehook.py` as `sitecustomize.py`, and `steprecord.py` beside it,
+into `<run dir>/pyhook` (the run directory is private, 0700, and new for each run: no shared or
+predictable path is put on the path) and puts that directory first on the launcher's `PYTHONPATH`.
+What the hook does, and why it is standalone code, is in `sitehook` and `steprecord`.
+`[report] first_step = false` leaves the launcher's environment as it was.
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 HOOK_DIR = "pyhook"
-STAGE = "first_step"  # the event the hook appends (the report's launcher → first step)
-
-
-def hook_source() -> bytes:
-    return Path(__file__).with_name("sitehook.py").read_bytes()
+# What exec writes into the hook directory: the start-up stub, and the recorder it loads only in a
+# process that imports torch's optimizers (the name `sitehook.RECORDER` looks for).
+HOOK_FILES = {"sitecustomize.py": "sitehook.py", "_bootseer_first_step.py": "steprecord.py"}
 
 
 def launcher_pythonpath(run: RunInfo, settings: Settings, env: Mapping[str, str]) -> dict[str, str]:
@@ -39,9 +37,10 @@ def launcher_pythonpath(run: RunInfo, settings: Settings, env: Mapping[str, str]
     hook_dir = run.run_dir / HOOK_DIR
     try:
         hook_dir.mkdir(mode=0o700)
-        fd = os.open(hook_dir / "sitecustomize.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(hook_source())
+        for name, source in HOOK_FILES.items():
+            fd = os.open(hook_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(Path(__file__).with_name(source).read_bytes())
     except OSError:
         return {}
     before = env.get("PYTHONPATH", "")

@@ -15,51 +15,45 @@ Rules this file keeps, because it runs inside the job, in the job's own interpre
 - It hides nothing: the sitecustomize the interpreter would otherwise have imported (Debian's, the
   env's, the user's on `PYTHONPATH`) is the next one on `sys.path` after this directory; it is found
   there and executed, with the same warning `site` prints when one fails.
-- A meta-path finder waits for the program to import `torch.optim.optimizer` (any trainer using a
-  torch optimizer does), then registers a global optimizer step post-hook. Its first call (after
-  the first `optimizer.step()` of any optimizer in the process: the HF `Trainer` and Lightning both
-  call it) appends a `first_step` event to the run's `events.jsonl` (one O_APPEND write, as
-  `bootseer_cli.events.append` does), and touches `ready` in the run dir, which the agent's tasks
-  wait for, unless the program imported `bootseer_cli` (it then says `ready()` itself, the explicit
-  signal). The finder leaves `sys.meta_path` once it has seen the module.
-- The hook cannot unregister itself: torch calls it while iterating its OrderedDict of hooks, and
-  removing an entry there raises "mutated during iteration" into the training step. After the first
-  step it is a call that returns at once.
+- It costs the job's other processes next to nothing: a meta-path finder looks at each import's
+  name until the program imports `torch.optim.optimizer` (any trainer using a torch optimizer does:
+  a plain loop, the HF `Trainer` and Lightning all call `optimizer.step()`), then leaves
+  `sys.meta_path` and loads the recorder beside this file (`steprecord`), which registers a global
+  optimizer step post-hook. No `from __future__` import and no annotation that an older
+  interpreter would evaluate and reject: the job's Python may be older than bootseer's.
 
-The run directory is this file's grandparent directory (never a path from the environment), so a
-nested `bootseer exec` records into its own run. `[report] first_step = false` leaves it out.
+`[report] first_step = false` leaves it out.
 """
-
-from __future__ import annotations
 
 import os
 import sys
 
 WATCHED = "torch.optim.optimizer"
+RECORDER = "_bootseer_first_step.py"  # `steprecord`, copied beside this file by exec
 HOOK_DIR = os.path.dirname(os.path.abspath(__file__))
-RUN_DIR = os.path.dirname(HOOK_DIR)
-_state = {"seen": False}
 
 
 def chain_sitecustomize() -> None:
     """Execute the sitecustomize that Python would have imported had this directory not come first."""
     try:
         rest = _path_after_hook_dir()
-        from importlib.machinery import PathFinder
-
-        spec = PathFinder.find_spec("sitecustomize", rest)
+        # The import system's own classes, loaded before site runs: importing importlib.machinery and
+        # importlib.util instead would add about half a millisecond to every Python process of the job.
+        bootstrap = sys.modules.get("_frozen_importlib") or __import__("importlib.util").util
+        path_finder = getattr(sys.modules.get("_frozen_importlib_external"), "PathFinder", None)
+        if path_finder is None:
+            from importlib.machinery import PathFinder as path_finder
+        spec = path_finder.find_spec("sitecustomize", rest)
         if spec is None or spec.loader is None:
             return
-        from importlib.util import module_from_spec
-
-        module = module_from_spec(spec)
+        module = bootstrap.module_from_spec(spec)
         sys.modules["_bootseer_chained_sitecustomize"] = module
         spec.loader.exec_module(module)
     except Exception as err:  # as site.execsitecustomize reports it: the job still starts
         sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(err).__name__}: {err}\n")
 
 
-def _path_after_hook_dir() -> list[str]:
+def _path_after_hook_dir() -> "list[str]":
     """The `sys.path` entries after this directory: the ones before it held no sitecustomize (else
     Python would have imported that one), and searching only after it can never find this file again."""
     for i, entry in enumerate(sys.path):
@@ -112,74 +106,6 @@ def _spec_from_others(finder: object, name: str, path: object, target: object) -
     return None
 
 
-def register_step_hook(module: object) -> None:
-    """Register the global optimizer step post-hook (torch ≥ 2.0 has it; an older torch: nothing)."""
-    try:
-        register = getattr(module, "register_optimizer_step_post_hook", None)
-        if register is not None:
-            register(_after_step)
-    except Exception:
-        pass
-
-
-def _after_step(optimizer: object, args: object, kwargs: object) -> None:
-    """The global post-hook: the first call records the first step, every later one returns at once."""
-    if _state["seen"]:
-        return
-    _state["seen"] = True
-    try:
-        record_first_step(__import__("time").time())
-    except Exception:  # a full disk, a removed run dir: the training step goes on unrecorded
-        return
-
-
-def record_first_step(at: float) -> None:
-    """Append this process's `first_step` event to the run's events and, unless the program signals
-    `ready()` itself, touch the run's `ready` file (the agent's tasks end their wait on it)."""
-    import json
-
-    with open(os.path.join(RUN_DIR, "run.json"), encoding="utf-8") as f:
-        run = json.load(f)
-    start = at
-    if os.environ.get("BOOTSEER_RUN_DIR") == RUN_DIR:  # exec's hand-over time, as ready() takes it
-        start = min(at, _number(os.environ.get("BOOTSEER_EXEC_TIME"), at))
-    local_rank = os.environ.get("LOCAL_RANK", "0")
-    extra = {"local_rank": local_rank, "pid": os.getpid(), "signal": "optimizer step"}
-    if os.environ.get("RANK"):
-        extra["global_rank"] = os.environ["RANK"]
-    event = {
-        **{k: run[k] for k in ("job", "node", "rank", "run")},
-        **{"stage": "first_step", "start": start, "end": at, "duration_s": max(0.0, at - start), "outcome": "ok"},
-        **{"cache": "", "bytes": 0, "bytes_from_store": 0, "bytes_from_peers": 0, "reason": ""},
-        "detail": f"first optimizer step, local rank {local_rank}",
-        "extra": json.dumps(extra, sort_keys=True),
-    }
-    line = (json.dumps(event, sort_keys=True) + "\n").encode()
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-    fd = os.open(os.path.join(RUN_DIR, "events.jsonl"), flags, 0o600)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
-    if "bootseer_cli" not in sys.modules:
-        _touch(os.path.join(RUN_DIR, "ready"))
-
-
-def _number(text: str | None, default: float) -> float:
-    try:
-        return float(text or default)
-    except ValueError:
-        return default
-
-
-def _touch(path: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        os.utime(fd)
-    finally:
-        os.close(fd)
-
-
 def install() -> None:
     """What the launcher's interpreter runs at start-up: the hidden sitecustomize, then the finder."""
     chain_sitecustomize()
@@ -188,6 +114,20 @@ def install() -> None:
             register_step_hook(sys.modules[WATCHED])
         else:
             sys.meta_path.insert(0, FirstStepFinder())  # type: ignore[arg-type]
+    except Exception:
+        pass
+
+
+def register_step_hook(module: object) -> None:
+    """Load the recorder beside this file and register its step hook: only a process that imports
+    torch's optimizers compiles that code; every other Python process of the job runs this file alone."""
+    try:
+        from importlib.util import module_from_spec, spec_from_file_location
+
+        spec = spec_from_file_location("_bootseer_first_step", os.path.join(HOOK_DIR, RECORDER))
+        recorder = module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(recorder)  # type: ignore[union-attr]
+        recorder.register(module)
     except Exception:
         pass
 
