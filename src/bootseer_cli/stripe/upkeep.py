@@ -101,4 +101,11 @@ def _check_fuse() -> Check:
             return Check("fuse", "warn", "libfuse is not installed", "apt-get install fuse3")
     except OSError:  # find_library runs ldconfig/gcc; a machine without them is not a FUSE failure
         pass
-    return Check("fuse", "ok", "/dev/fuse and libfuse are usable")
+    from .overlay import overlay_missing
+
+    missing = overlay_missing()  # the writable checkpoint directory is an overlay over the mount
+    if missing:
+        why = f"{missing}: the checkpoint directory is pulled, not mounted"
+        return Check("fuse", "warn", why, "apt-get install fuse-overlayfs")
+    view = "kernel overlayfs" if os.geteuid() == 0 else "fuse-overlayfs"
+    return Check("fuse", "ok", f"/dev/fuse and libfuse are usable; the writable checkpoint view uses {view}")
