@@ -38,7 +38,7 @@ def check_store(settings: StoreSettings) -> Check:
 
 def check_leases(settings: StoreSettings) -> Check:
     """How the store's single-flight leases are taken: compare-and-swap (a local store's exclusive create,
-    S3 conditional writes) or, where the store offers neither, write, settle and read back (issue 28)."""
+    S3 conditional writes) or, where the store offers neither, a claim per taker and Lamport's bakery."""
     from .leasecas import lease_protocol
     from .redact import redact_text
     from .store import open_store
@@ -51,10 +51,9 @@ def check_leases(settings: StoreSettings) -> Check:
         return Check("leases", "ok", f"compare-and-swap: {why}")
     return Check(
         "leases",
-        "warn",
-        f"write, settle and read back ({why}): a node that stalls between its check and its write can share "
-        "a lease with another (two builds of one env, two first fetchers)",
-        "use a store with conditional writes (AWS S3, a MinIO that honours If-None-Match) where that matters",
+        "ok",
+        f"a claim per taker and Lamport's bakery ({why}): exact unless a taker stalls for longer than the "
+        "lease's TTL in the middle of taking it",
     )
 
 

@@ -18,8 +18,8 @@ go through pyarrow.fs.
 A server that ignores the headers (rclone's `serve s3`, older MinIO and Ceph) would make a
 conditional write silently unconditional, so support is probed once per process and server (a
 create over an existing object must fail, and so must a replace of a version that is not there);
-without it the store keeps the settle-and-read-back protocol (`store.py`), which `bootseer doctor`
-says. GCS and HDFS keep that protocol too (not probed here yet).
+without it the store takes leases with a claim per taker and Lamport's bakery (`leaseclaims.py`),
+which `bootseer doctor` says. GCS and HDFS keep that protocol too (not probed here yet).
 """
 
 from __future__ import annotations
@@ -236,8 +236,8 @@ def client(fs: StoreFS) -> ConditionalS3 | None:
 
 
 def conditional(fs: StoreFS) -> ConditionalS3 | None:
-    """The conditional writer of this store when it has one that its server honours, else None (the
-    settle-and-read-back protocol). Any failure to set it up or to probe means None."""
+    """The conditional writer of this store when it has one that its server honours, else None (claims
+    and Lamport's bakery, `leaseclaims`). Any failure to set it up or to probe means None."""
     cas = client(fs)
     try:
         return cas if cas is not None and cas.honoured() else None
@@ -250,14 +250,11 @@ def conditional(fs: StoreFS) -> ConditionalS3 | None:
 
 
 def lease_protocol(fs: StoreFS) -> tuple[str, str]:
-    """(protocol, why) for `doctor`: "compare-and-swap" or "settle-and-read-back"."""
+    """(protocol, why) for `doctor`: "compare-and-swap" or "bakery" (a claim per taker, `leaseclaims`)."""
     if fs.is_local:
         return "compare-and-swap", "exclusive create (link) on the local file system"
     if fs.kind == "s3":
         if conditional(fs) is not None:
             return "compare-and-swap", "S3 conditional writes (If-None-Match: *, If-Match: <etag>)"
-        return (
-            "settle-and-read-back",
-            "the S3 server does not honour If-None-Match/If-Match on PUT (or obstore is missing)",
-        )
-    return "settle-and-read-back", f"no conditional writes through pyarrow on {fs.kind} stores"
+        return "bakery", "the S3 server does not honour If-None-Match/If-Match on PUT (or obstore is missing)"
+    return "bakery", f"no conditional writes through pyarrow on {fs.kind} stores"

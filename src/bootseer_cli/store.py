@@ -15,10 +15,9 @@ which fails if it exists (atomic). On S3 servers that honour conditional writes 
 is created with `If-None-Match: *` and renewed, taken over or released with `If-Match: <etag>`: of
 several takers exactly one wins, however long any of them stalls. Elsewhere (GCS, HDFS, an S3 server
 that ignores the headers; `bootseer doctor` says which) pyarrow exposes no create-if-absent, so a
-lease is taken by writing a unique owner id, waiting a settle time and reading it back: of several
-nodes that write within the settle window, exactly one (the last writer) reads back its own id. That
-holds only as long as no node stalls between its check and its write for more than `settle_s`
-(default 1 s). Expired leases are taken over the same way.
+lease is taken with a claim object per taker and Lamport's bakery (`leaseclaims`): exactly one of
+several takers wins however long any of them stalls, as long as its claim lives (a TTL). Expired
+leases are taken over the same way.
 A lease records its TTL; its holder renews it (every TTL/3 in the keepers) and releases it only
 while it is still the owner (compare, then write), and a reader allows for clock skew: see
 `Store.lease_live` and `LEASE_SKEW_S`.
@@ -434,23 +433,17 @@ class Store(StoreFS):
 
             etag = take_lease(self, cas, key, owner, ttl_s, doc)
             return None if etag is None else Lease(self, key, owner, expires, ttl_s, etag=etag)
-        current = self.read_lease(key)
-        if self.lease_live(key, current, ttl_s):
+        if self.lease_live(key, self.read_lease(key), ttl_s):
             return None
+        from .leaseclaims import take  # no conditional writes: a claim per taker, Lamport's bakery
+
         try:
-            self.put_bytes(self._lease_rel(key), doc)
-        except StoreError:
-            # Several takers write the one key at once here, and a server may refuse one of them
-            # (rclone's `serve s3` answered one UploadPart of four racing with "Internal Error"): that
-            # taker lost the race when another's lease is now there, as it would have by reading back.
-            if self.lease_live(key, self.read_lease(key), ttl_s):
+            won = take(self, key, owner, ttl_s, doc)
+        except StoreError:  # a server may refuse one of several racing writes (rclone's `serve s3` did):
+            if self.lease_live(key, self.read_lease(key), ttl_s):  # a race lost, when another's lease is there
                 return None
             raise
-        time.sleep(self.settle_s)
-        current = self.read_lease(key)
-        if current is not None and current.get("owner") == owner:
-            return Lease(self, key, owner, expires, ttl_s)
-        return None
+        return Lease(self, key, owner, expires, ttl_s) if won else None
 
     def _remove_stale_local(self, key: str, full: Path, stale_owner: str | None, ttl_s: float) -> None:
         """Move a stale lease aside (rename is atomic: one taker wins); if what was moved turns out
@@ -509,7 +502,10 @@ class Store(StoreFS):
                 lease.lost = True
                 return False
         else:
+            from .leaseclaims import renew
+
             self.put_bytes(self._lease_rel(lease.key), doc)
+            renew(self, lease.key, lease.owner, ttl_s)
         lease.expires, lease.ttl_s = expires, ttl_s
         return True
 
@@ -561,7 +557,10 @@ class Store(StoreFS):
         if self.is_local:
             self._swap_local(lease, None)
         else:
+            from .leaseclaims import drop
+
             self.delete(self._lease_rel(lease.key))
+            drop(self, lease.key, lease.owner)
 
     # ---- health --------------------------------------------------------------------------------
     def check_writable(self) -> None:

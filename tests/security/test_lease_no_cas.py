@@ -1,0 +1,71 @@
+"""Issue 45 item 9: single-flight on a store without conditional writes (`rclone serve s3`).
+
+There a lease was taken by checking it is free, writing it, waiting `settle_s` and reading it back. A
+taker that stalled between its check and its write (a GC pause, a loaded node: CI saw two nodes both
+run the setup of test_cold_start_then_restart) wrote over the lease the other had meanwhile taken and
+settled, read back its own id, and both held it. The lease is now taken with a claim per taker and
+Lamport's bakery (a number above every number seen, lowest wins, wait out anyone still choosing), which
+holds however long a taker stalls while its claim lives.
+
+The stall is made deterministic: taker A's store blocks its Nth lease write until B is done trying
+(or, at the second write, for a while B spends waiting on A's claim).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from bootseer_cli.store import Lease, Store
+from tests.support.s3server import S3Server
+
+pytestmark = pytest.mark.integration
+
+TTL = 30.0
+
+
+class _Stalling(Store):
+    """A store whose `stall_at`-th write below leases/ waits for `go` (a taker paused mid-take)."""
+
+    def __init__(self, uri: str, stall_at: int, go: threading.Event) -> None:
+        super().__init__(uri, settle_s=0.5)
+        self.stall_at, self.go, self.writes = stall_at, go, 0
+        self.stalled = threading.Event()
+
+    def put_bytes(self, rel: str, data: bytes) -> None:
+        if rel.startswith("leases/"):
+            self.writes += 1
+            if self.writes == self.stall_at:
+                self.stalled.set()
+                self.go.wait(60)
+        super().put_bytes(rel, data)
+
+
+@pytest.mark.parametrize("stall_at", [1, 2])
+def test_a_stalled_taker_and_its_successor_never_both_hold(s3_server: S3Server, stall_at: int) -> None:
+    uri = s3_server.uri(f"nocas-{stall_at}-{time.monotonic_ns()}")
+    b = Store(uri, settle_s=0.5)
+    assert b.conditional() is None, "rclone serve s3 ignores conditional writes (the case under test)"
+    go = threading.Event()
+    a = _Stalling(uri, stall_at, go)
+    got: dict[str, Lease | None] = {}
+    t = threading.Thread(target=lambda: got.setdefault("a", a.try_lease("env-x", TTL)))
+    t.start()
+    assert a.stalled.wait(60), "A reached its stall"
+    if stall_at == 1:  # A checked the lease (free) and stalls before writing anything: B takes it
+        got["b"] = b.try_lease("env-x", TTL)
+        go.set()
+    else:  # A wrote its first claim and stalls in the middle: B must not go past it meanwhile
+        threading.Timer(3.0, go.set).start()
+        got["b"] = b.try_lease("env-x", TTL)
+    t.join(120)
+    holders = [k for k, v in got.items() if v is not None]
+    assert len(holders) == 1, f"holders: {holders}"
+    held = got[holders[0]]
+    assert held is not None
+    held.release()
+    again = Store(uri, settle_s=0.5).try_lease("env-x", TTL)
+    assert again is not None, "a released lease is free again"
+    again.release()
