@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from .store import Store
 
 POLL_S = 0.2
+# Clock-skew allowance of leases (see `Store.lease_live`): a lease holds until its expiry plus
+# min(TTL/2, this), so nodes whose clocks differ by less never take each other's live lease.
+LEASE_SKEW_S = 30.0
 
 
 def claims_dir(store: Store, key: str) -> str:
@@ -52,8 +55,6 @@ def _claim(store: Store, key: str, owner: str, ttl_s: float, number: int | None)
 
 def _others(store: Store, key: str, owner: str, ttl_s: float) -> list[dict[str, Any]]:
     """The live claims of other takers (expired ones are removed: their takers are gone)."""
-    from .store import LEASE_SKEW_S
-
     out = []
     now = time.time()
     for rel in store.list(claims_dir(store, key)):
@@ -118,8 +119,6 @@ def _won(store: Store, key: str, owner: str, ttl_s: float, number: int, t_num: f
     Our claim is refreshed while we wait (a `choosing` claim is never refreshed: it ends or expires
     within a TTL); any gap of a TTL since our last claim was written means it may have lapsed for the
     others: we give up rather than decide on it."""
-    from .store import LEASE_SKEW_S
-
     give_up = t_num + 2 * (ttl_s + LEASE_SKEW_S)
     while time.monotonic() < give_up:
         others = _others(store, key, owner, ttl_s)

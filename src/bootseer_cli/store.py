@@ -43,16 +43,13 @@ if TYPE_CHECKING:
 from .digests import sha256_file
 from .errors import BlobMissing, IntegrityError, StoreError
 from .freshness import SEQ_FIELD, Seen, next_seq
+from .leaseclaims import LEASE_SKEW_S
 from .storefs import SHARED, StoreFS
 from .trust import SIG_FIELD, Trust, announce_unverified, unsigned
 
 CHUNK = 4 << 20
 
 Progress = Callable[[int], None]
-
-# Clock-skew allowance of leases (see `Store.lease_live`): a lease holds until its expiry plus
-# min(TTL/2, this), so nodes whose clocks differ by less never take each other's live lease.
-LEASE_SKEW_S = 30.0
 
 
 # Top-level names of the layout before trust domains: their documents are read by gc only (to keep
