@@ -125,6 +125,9 @@ def test_mounted_checkpoint_takes_a_save_which_is_pushed_as_latest(tmp_path: Pat
     assert m.tag != "v1" and sorted(f.path for f in m.files) == ["checkpoint-2/state.pt", "ckpt.pt", "extra.pt"]
     [ev] = _events(node, "ckpt-writeback")
     assert ev["outcome"] == "pushed" and ev["bytes"] == m.total_size and ev["detail"] == f"job:{m.tag}"
+    report = run_cli("report", "--config", str(tmp_path / "bootseer-mount.toml"), env=node)
+    rows = [ln for ln in report.stdout.splitlines() if "ckpt-writeback" in ln]
+    assert report.returncode == 0 and rows and "behind the launcher" in rows[0], report.stdout + report.stderr
     # the staging copy goes once the tag is in the store; nothing else is left on the node
     assert not list((Path(node["XDG_CACHE_HOME"]) / "bootseer" / "ckpt-write").iterdir())
     _resumes_on_a_fresh_node(tmp_path, store, "mount", 3)
