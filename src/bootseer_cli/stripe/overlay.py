@@ -62,12 +62,13 @@ def write_root() -> Path:
     return cache_root() / "ckpt-write"
 
 
-def write_dirs(run: str) -> WriteDirs:
-    """This run's write-back directory, created private (0700, no link followed on the way)."""
+def write_dirs(run: str, overlay: bool = True) -> WriteDirs:
+    """This run's write-back directory, created private (0700, no link followed on the way), with the
+    overlay's upper and work directories unless `overlay` is False (a pull: the journal alone)."""
     from ..paths import make_private_dir
 
     root = make_private_dir(write_root() / run)
-    for d in ("upper", "work"):
+    for d in ("upper", "work") if overlay else ():
         with contextlib.suppress(FileExistsError):
             os.mkdir(root / d, 0o700)
     return WriteDirs(root)

@@ -209,7 +209,7 @@ def _pull(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> Sta
             whole_stripes=p2p.enabled,
             advance=advance,
         )
-    _hand_over(ctx, m, "pull", write_dirs(ctx.run.run).root, str(r.dest))
+    _hand_over(ctx, m, "pull", write_dirs(ctx.run.run, overlay=False).root, str(r.dest))
     ctx.exports["BOOTSEER_CKPT_DIR"] = str(r.dest)
     extra["mode"] = "pull"
     if r.skipped:
@@ -244,6 +244,6 @@ def _keep(ctx: StageContext, m: Manifest, dest: Path, extra: dict[str, Any]) -> 
         f"kept as it is, not replaced by {m.name}:{m.tag}"
     )
     if pulled_from(dest) == m.name:  # a pull of this checkpoint that the job changed: pushed after it
-        _hand_over(ctx, m, "pull", write_dirs(ctx.run.run).root, str(dest))
+        _hand_over(ctx, m, "pull", write_dirs(ctx.run.run, overlay=False).root, str(dest))
     ctx.exports["BOOTSEER_CKPT_DIR"] = str(dest)
     return StageResult("kept", summary=f"kept {dest}", reason="it holds files the job wrote", extra=extra)
