@@ -157,6 +157,15 @@ class BlobCache:
         self.evict(keep=digest)
         return dest
 
+    def adopt_at(self, dfd: int, tmp: str, digest: str) -> Path:
+        """Rename our temporary `tmp` in `dfd` (the fan-out directory from `dir_fd(digest)`) into place as
+        `digest`: a writer that made its copy there by descriptor never names the cache by path."""
+        dest = self.path(digest)
+        os.replace(tmp, dest.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        _touch(dest.name, dfd)
+        self.evict(keep=digest)
+        return dest
+
     def dir_fd(self, digest: str) -> int:
         """A descriptor of `digest`'s fan-out directory, made when missing, entered no-follow and
         checked as the acting uid's (`cachedir`): for a writer that acts by name in it. The caller

@@ -4,6 +4,11 @@ The helper (unprivileged) owns its download and can write it at any time, so boo
 that file: it reads it through a descriptor opened without following links, writes its own copy in
 the cache and hashes exactly the bytes it wrote. The copy goes into the cache under the blob's
 digest only when that hash is the digest.
+
+The node cache may be a directory its user can write while root fetches into it, so the copy (and the
+torrent kept beside it) is written as every node-cache writer writes (`cachedir`): into the fan-out
+directory entered without following a link and checked as ours, under an O_EXCL temporary name, then
+renamed in place within that directory. A planted `sha256/<xx> -> /etc/cron.d` is refused, not followed.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ..errors import StoreError
 
 if TYPE_CHECKING:
     from ..cache import BlobCache
@@ -47,10 +54,16 @@ class PrefixCopier(threading.Thread):
         self._offered: tuple[float, Sequence[bool]] | None = None
         self._wake = threading.Event()
         self._buf = memoryview(bytearray(max(self.plen, RUN_BYTES - RUN_BYTES % self.plen)))
-        dest = cache.path(digest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = dest.with_name(f".{digest}.p2p-{uuid.uuid4().hex[:8]}")
-        self.out = open(self.tmp, "xb", buffering=0)  # noqa: SIM115  (closed by adopt/discard)
+        self.dfd = cache.dir_fd(digest)  # no-follow, ours (UnsafeCacheDir otherwise); closed by adopt/discard
+        self.tmp = f".{digest}.p2p-{uuid.uuid4().hex[:8]}"
+        try:
+            fd = os.open(
+                self.tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.dfd
+            )
+        except BaseException:
+            os.close(self.dfd)
+            raise
+        self.out = os.fdopen(fd, "r+b", buffering=0)  # closed by adopt/discard
         self.src: int | None = None
         self._reset()
 
@@ -130,9 +143,17 @@ class PrefixCopier(threading.Thread):
         self.out.close()
 
     def adopt(self) -> Path:
-        """Into the cache, by the digest it was checked against."""
+        """Into the cache, by the digest it was checked against (renamed within the fan-out directory)."""
         self._close()
-        return self.cache.adopt(self.tmp, self.digest)
+        try:
+            return self.cache.adopt_at(self.dfd, self.tmp, self.digest)
+        finally:
+            self._close_dir()
+
+    def _close_dir(self) -> None:
+        if self.dfd >= 0:
+            os.close(self.dfd)
+            self.dfd = -1
 
     def discard(self) -> None:
         self.stop.set()
@@ -141,5 +162,32 @@ class PrefixCopier(threading.Thread):
             self.join(10)
         with self.lock:
             self._close()
+        if self.dfd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp, dir_fd=self.dfd)
+            self._close_dir()
+
+
+def keep_torrent(cache: BlobCache, tdigest: str, torrent: bytes) -> None:
+    """The torrent is a blob too: cache it so the agent can seed without asking the store.
+
+    Written as every node-cache writer writes (`cachedir`): its fan-out directory entered without
+    following a link, an O_EXCL temporary there, renamed in place. A cache it cannot write safely
+    (a planted link, another user's directory) only means the torrent is read from the store later."""
+    if cache.get(tdigest) is not None:
+        return
+    try:
+        dfd = cache.dir_fd(tdigest)
+    except (StoreError, OSError):  # StoreError: UnsafeCacheDir
+        return
+    tmp = f".{tdigest}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(torrent)
+        cache.adopt_at(dfd, tmp, tdigest)
+    except OSError:
         with contextlib.suppress(OSError):
-            self.tmp.unlink()
+            os.unlink(tmp, dir_fd=dfd)
+    finally:
+        os.close(dfd)

@@ -24,13 +24,13 @@ import contextlib
 import shutil
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, IntegrityError, StoreError
+from .copyout import keep_torrent
 from .discovery import Announcer, local_host, static_peers, swarm_peers
 
 if TYPE_CHECKING:
@@ -345,7 +345,7 @@ class _Download:
         with contextlib.suppress(StoreError, OSError):  # before the leases go: late nodes must see a seed
             self.ann.write("seed")
         self.node.served[self.digest] = Served(self.digest, self.tdigest, self.handle, self.ann, self.discoverer)
-        _keep_torrent(self.cache, self.tdigest, self.torrent)
+        keep_torrent(self.cache, self.tdigest, self.torrent)
         failures = self.swarm.hash_failures.get(self.key, 0)
         if failures and not self.note:
             self.note = f"{failures} corrupt piece(s) from peers rejected"
@@ -516,7 +516,7 @@ def _publish_as_first_fetcher(
     discoverer = Discoverer(node, digest, handle, ann)
     discoverer.start()
     node.served[digest] = Served(digest, tdigest, handle, ann, discoverer)
-    _keep_torrent(cache, tdigest, torrent)
+    keep_torrent(cache, tdigest, torrent)
     note = "blob had no torrent: fetched it from the store and published one"
     node.fetches.append({"digest": digest, "origin": True, "bytes_from_store": n, "bytes_from_peers": 0, "note": note})
     return Result(path, n + len(torrent), 0, note, origin=True)
@@ -537,17 +537,6 @@ def _wait_for_torrent(store: Store, digest: str, deadline_s: float) -> dict[str,
         if missing_since is not None and time.monotonic() - missing_since > 2.0:
             raise NoSwarm("no torrent was published for this blob, and the node making one gave up")
         time.sleep(0.25)
-
-
-def _keep_torrent(cache: BlobCache, tdigest: str, torrent: bytes) -> None:
-    """The torrent is a blob too: cache it so the agent can seed without asking the store."""
-    if cache.get(tdigest) is not None:
-        return
-    dest = cache.path(tdigest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{tdigest}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.write_bytes(torrent)
-    cache.adopt(tmp, tdigest)
 
 
 def _downloading_peers(node: Node) -> int:
