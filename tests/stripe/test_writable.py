@@ -298,3 +298,19 @@ def test_pull_never_replaces_a_directory_holding_other_files(tmp_path: Path) -> 
     assert "warning" in warning and str(out) in warning and "notes.txt" in warning
     _agents_done(node)
     assert load_manifest(store, "job").tag == "v1"  # not pushed: bootseer never pulled into it
+
+
+def test_without_an_agent_the_view_goes_with_the_job_and_the_next_start_pushes(tmp_path: Path, mounts: Path) -> None:
+    """No agent (`BOOTSEER_EXEC_AGENT=0`): the stripe mount's server takes the writable view down with
+    itself when the launcher ends; the save waits on local disk and the next start pushes it."""
+    store = file_store(tmp_path)
+    _first_checkpoint(tmp_path, store)
+    node = _node(tmp_path, "a")
+    cfg = _config(tmp_path, store, "mount", mounts / "out")
+    r = _exec(cfg, tmp_path, {**node, "BOOTSEER_EXEC_AGENT": "0"})
+    assert r.returncode == 0 and r.stdout.split()[1] == "2", r.stderr
+    assert wait_until(lambda: mount_info(mounts / "out") is None, timeout=30), "the view outlived the job"
+    assert load_manifest(store, "job").tag == "v1"
+    r = _exec(cfg, tmp_path, node)
+    assert r.returncode == 0 and r.stdout.split()[1] == "3", r.stderr
+    _agents_done(node)

@@ -244,8 +244,10 @@ def check_mountable(mountpoint: str, hide_files: bool = False) -> None:
         )
 
 
-def _watch_owner(pid: int, mountpoint: str, dev: str = "") -> None:
-    """Unmount when `pid` ends (pidfd where available, else polling); only this server's own mount."""
+def _watch_owner(pid: int, mountpoint: str, dev: str = "", above: str = "") -> None:
+    """Unmount when `pid` ends (pidfd where available, else polling); only this server's own mount, and
+    first the writable view at `above` over it (overlay.py), which would otherwise keep it, and itself,
+    mounted where no agent runs (`BOOTSEER_EXEC_AGENT=0`, or an agent that died)."""
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
@@ -261,6 +263,11 @@ def _watch_owner(pid: int, mountpoint: str, dev: str = "") -> None:
                 break
             time.sleep(0.5)
     print(f"bootseer: owner pid {pid} ended; unmounting {mountpoint}", file=sys.stderr, flush=True)
+    if above:
+        from .overlay import umount_overlay
+
+        with contextlib.suppress(BootseerError):
+            umount_overlay(above)
     with contextlib.suppress(BootseerError):
         umount(mountpoint, dev=dev)
 
@@ -299,7 +306,9 @@ def serve(spec: dict[str, Any]) -> int:
         fs.was_mounted = True
         threading.Thread(target=raise_read_ahead, args=(mp, kb), daemon=True).start()
         if owner:
-            threading.Thread(target=lambda: _watch_owner(int(owner), mp, _mounted_dev(mp)), daemon=True).start()
+            above = str(spec.get("above") or "")
+            watch = lambda: _watch_owner(int(owner), mp, _mounted_dev(mp), above)  # noqa: E731
+            threading.Thread(target=watch, daemon=True).start()
 
     fs = CheckpointFS(m, reader, on_init=on_init)
     options: dict[str, Any] = {
@@ -338,8 +347,10 @@ def mount_detached(
     log_path: Path | None = None,
     timeout: float = 30.0,
     allow_other: bool = False,
+    above: str = "",
 ) -> int:
-    """Start the server in its own session; returns its pid once the mount is visible."""
+    """Start the server in its own session; returns its pid once the mount is visible. `above`: where
+    the writable view over this mount will be, taken down with it when `owner_pid` ends."""
     mp = prepare_mountpoint(mountpoint)
     spec = {
         "manifest": manifest.to_doc(),
@@ -349,6 +360,7 @@ def mount_detached(
         "options": options or {},
         "owner_pid": owner_pid,
         "allow_other": allow_other,
+        "above": above,
     }
     fd, spec_path = tempfile.mkstemp(prefix="bootseer-mount-", suffix=".json")
     with os.fdopen(fd, "w") as f:  # mode 0600: target URIs may carry credentials

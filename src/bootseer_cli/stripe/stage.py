@@ -110,6 +110,7 @@ def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> St
             owner_pid=os.getpid(),  # exec keeps this pid for the launcher
             log_path=ctx.run.run_dir / "ckpt-mount.log",
             allow_other=ctx.settings.checkpoint.allow_other,
+            above=mp,  # taken down with the mount when the launcher ends, even where no agent runs
         )
     except BootseerError as e:
         ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {lower} ({e}); pulling it instead")
