@@ -70,6 +70,13 @@ def _main() -> None:
         if parsed is not None:
             run_guarded(lambda: run_exec(*parsed))
             return
+    if argv[:2] == ["agent", "--run-dir"] and len(argv) == 3:
+        # the agent `exec` starts (launch.py): a recording start waits for it to read the opens (hotblocks)
+        from pathlib import Path
+
+        from .agent import main as agent_main
+
+        sys.exit(agent_main(Path(argv[2])))
     if argv[:1] == ["restore"]:
         # `bootseer restore || (setup && bootseer snapshot)` runs in front of every start too
         from .verbs.exec import ExecOptions, ExecUsageError, parse_exec
