@@ -172,3 +172,20 @@ def test_a_stamp_linked_to_dev_zero_is_not_read(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("(False, 'unreadable stamp') '' None") == 2, r.stdout
+
+
+def test_a_link_at_the_checkpoint_markers_old_temporary_name_is_not_followed(tmp_path: Path) -> None:
+    """The pull's marker beside a job's checkpoint directory (root's checkpoint stage writes it there)
+    was written through `<marker>.<pid>.tmp`: a link planted at that name made root overwrite its target."""
+    from bootseer_cli.stripe.layout import Manifest
+    from bootseer_cli.stripe.pull import marker_path, write_marker
+
+    job = tmp_path / "job"
+    (job / "ckpt").mkdir(parents=True)
+    os.chown(job, USER, USER)
+    victim = tmp_path / "root-file"
+    victim.write_text("root's\n")
+    _plant(marker_path(job / "ckpt").with_suffix(f".{os.getpid()}.tmp"), link=str(victim))
+    write_marker(job / "ckpt", Manifest("m", "v1", 1 << 16, [], [], []))
+    assert victim.read_text() == "root's\n"
+    assert json.loads(marker_path(job / "ckpt").read_text())["tag"] == "v1"

@@ -84,8 +84,9 @@ def _stamps(dest: Path) -> dict[str, list[int]]:
 def write_marker(dest: Path, m: Manifest) -> None:
     """Record that DEST holds `m`, and the stamp of each entry as it is now (written by bootseer)."""
     doc = {"manifest": m.digest(), "name": m.name, "tag": m.tag, "files": _stamps(dest)}
-    tmp = marker_path(dest).with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc))
+    tmp = marker_path(dest).with_suffix(f".{uuid.uuid4().hex}.tmp")  # unguessable, O_EXCL: no planted link followed
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), "w") as f:
+        f.write(json.dumps(doc))
     os.replace(tmp, marker_path(dest))
 
 

@@ -81,8 +81,8 @@ class Journal:
 def begin(root: Path, journal: Journal) -> Path:
     """Write `journal` into `root/journal.json` (whole, by rename; 0600): before the job starts."""
     path = root / "journal.json"
-    tmp = root / f".journal.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    tmp = root / f".journal.{os.urandom(8).hex()}.tmp"  # unguessable, O_EXCL: never someone's file or link
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(journal.to_doc(), f)
     os.replace(tmp, path)
