@@ -214,6 +214,19 @@ def _write_pid(run_dir: Path) -> None:
     os.replace(tmp, run_dir / "agent.pid")
 
 
+READY_SETTLE_S = 2.0  # after the first rank's ready, the node's other local ranks record theirs
+
+
+def upload_at_ready(agent: Agent) -> None:
+    """Upload the events again once the start is over (`ready`: a ready() call or the first optimizer
+    step), so that `bootseer report` shows a long job's startup while it trains, not only after it ends."""
+    while not agent.wait(1.0):
+        if agent.ready_file.exists():
+            if not agent.wait(READY_SETTLE_S):
+                agent.upload_events()
+            return
+
+
 def main(run_dir: Path) -> int:
     """Run the tasks of `run_dir/agent.json` until the launcher ends, then stop them and upload the events."""
     agent = Agent(run_dir)
@@ -227,6 +240,9 @@ def main(run_dir: Path) -> int:
     signal.signal(signal.SIGINT, _on_term)
     threads = [started for doc in agent.spec.get("tasks", []) if (started := _start_task(agent, doc))]
     agent.upload_events()
+    at_ready = threading.Thread(target=upload_at_ready, args=(agent,), name="upload-at-ready", daemon=True)
+    at_ready.start()
+    threads.append((at_ready, False))  # joined before the final upload, which must be the last one
     agent.wait_launcher()
     agent.log("launcher ended; stopping tasks")
     agent.stopping.set()
