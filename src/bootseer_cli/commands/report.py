@@ -13,15 +13,21 @@ from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
 def _write(path: Path, text: str) -> None:
     """Whole or not at all: a temporary name in the same directory, then a rename."""
     import os
+    import tempfile
 
     from ..errors import BootseerError
 
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
+    tmp: Path | None = None
+    try:  # O_EXCL under an unguessable name: never a link planted at a predictable one
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent or ".")
+        tmp = Path(name)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(text)
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise BootseerError(f"cannot write {path}: {e.strerror or e}") from None
 
 
