@@ -314,3 +314,24 @@ def test_without_an_agent_the_view_goes_with_the_job_and_the_next_start_pushes(t
     r = _exec(cfg, tmp_path, node)
     assert r.returncode == 0 and r.stdout.split()[1] == "3", r.stderr
     _agents_done(node)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (an overlayfs to hold the node's cache)")
+def test_cache_on_an_overlayfs_gets_fuse_overlayfs(tmp_path: Path, mounts: Path) -> None:
+    """A container's root filesystem is an overlayfs, which the kernel refuses as an upper directory:
+    root then takes fuse-overlayfs for the writable view rather than falling back to a pull."""
+    import subprocess
+
+    disk = tmp_path / "rootfs"
+    for d in ("l", "u", "w", "rootfs"):
+        (tmp_path / d).mkdir()
+    opts = f"lowerdir={tmp_path / 'l'},upperdir={tmp_path / 'u'},workdir={tmp_path / 'w'}"
+    subprocess.run(["mount", "-t", "overlay", "-o", opts, "overlay", str(disk)], check=True)
+    store = file_store(tmp_path)
+    _first_checkpoint(tmp_path, store)
+    node = _node(disk, "node")
+    r = _exec(_config(tmp_path, store, "mount", mounts / "out"), tmp_path, node)
+    assert r.returncode == 0 and r.stdout.split()[1] == "2", r.stderr
+    assert "pulling" not in r.stderr and "warning" not in r.stderr, r.stderr
+    _agents_done(node)
+    assert "checkpoint-2/state.pt" in {f.path for f in load_manifest(store, "job").files}

@@ -93,33 +93,43 @@ def is_overlay(info: dict[str, str] | None) -> bool:
 def mount_overlay(lower: str, dirs: WriteDirs, mountpoint: str) -> str:
     """Mount the writable view at `mountpoint`; returns the mount's device number (mountinfo major:minor).
 
+    Root tries the kernel's overlayfs first, then fuse-overlayfs where installed (the kernel refuses an
+    upper directory on an overlayfs, e.g. a container's root filesystem; fuse-overlayfs takes it).
     Paths go into one comma-separated option string, so a path holding ',' or ':' is refused rather
     than quoted (they are ours: the runtime and cache directories, and the configured mount point)."""
-    from .mount import mount_info
-
     paths = [lower, str(dirs.upper), str(dirs.work), mountpoint]
     if any(c in p for p in paths for c in ",:"):
         raise BootseerError(f"cannot overlay {mountpoint}: a path holds ',' or ':'")
     opts = f"lowerdir={lower},upperdir={dirs.upper},workdir={dirs.work}"
+    attempts = [["fuse-overlayfs", "-o", opts, mountpoint]]
     if os.geteuid() == 0:
-        argv = ["mount", "-t", "overlay", "-o", f"{opts},{KERNEL_OPTIONS}", SOURCE, mountpoint]
-    else:
-        argv = ["fuse-overlayfs", "-o", opts, mountpoint]
+        kernel = ["mount", "-t", "overlay", "-o", f"{opts},{KERNEL_OPTIONS}", SOURCE, mountpoint]
+        attempts = [kernel] + (attempts if shutil.which("fuse-overlayfs") else [])
+    why = ""
+    for argv in attempts:
+        dev, why = _try_mount(argv, mountpoint)
+        if dev:
+            return dev
+    raise BootseerError(f"cannot overlay {mountpoint}: {why}")
+
+
+def _try_mount(argv: list[str], mountpoint: str) -> tuple[str, str]:
+    """(device number, "") when `argv` mounted our overlay at `mountpoint`, else ("", why)."""
+    from .mount import _fusermount, mount_info
+
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=MOUNT_TIMEOUT_S, cwd="/")
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise BootseerError(f"cannot overlay {mountpoint}: {e}") from None
+        return "", str(e)
     info = mount_info(mountpoint)
-    if r.returncode != 0 or not is_overlay(info):
-        if info is not None:  # something did appear: not left over the mount point the pull falls back to
-            from .mount import _fusermount
-
-            for undo in ([_fusermount(), "-uz"], ["umount", "-l"]):
-                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                    subprocess.run([*undo, mountpoint], capture_output=True, timeout=MOUNT_TIMEOUT_S)
-        why = (r.stderr or r.stdout).strip().splitlines()
-        raise BootseerError(f"cannot overlay {mountpoint}: {why[-1] if why else f'{argv[0]} exit {r.returncode}'}")
-    return info["dev"]  # type: ignore[index]
+    if r.returncode == 0 and is_overlay(info):
+        return info["dev"], ""  # type: ignore[index]
+    if info is not None:  # something did appear: not left over the mount point the pull falls back to
+        for undo in ([_fusermount(), "-uz"], ["umount", "-l"]):
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run([*undo, mountpoint], capture_output=True, timeout=MOUNT_TIMEOUT_S)
+    lines = (r.stderr or r.stdout).strip().splitlines()
+    return "", lines[-1] if lines else f"{argv[0]} exit {r.returncode}"
 
 
 def umount_overlay(mountpoint: str, dev: str = "") -> bool:
