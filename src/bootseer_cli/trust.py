@@ -330,7 +330,7 @@ def announce_unverified(trust: Trust, domain: str, rel: str) -> None:
     import sys
 
     print(
-        f"bootseer: warning: running unsigned: env/compile/hot/torrent refs of domain {domain} are used without "
+        f"bootseer: notice: running unsigned: env/compile/hot/torrent refs of domain {domain} are used without "
         "a signature (whoever can write the store can put code into this job); turn signing on: bootseer trust "
         f'keygen --domain {domain} --out KEY, then [trust] signing_key = "KEY.key", verify_keys = ["KEY.pub"] '
         '(or [trust] verify = "off" to run unsigned knowingly)',
