@@ -104,9 +104,11 @@ def record_task(task: RecordTask, agent: Agent) -> None:
     # The queue is drained while the program starts only when it fills (opens.py): each event read is an
     # open the loader serves, so a small start's events are read after it, and a start that reads a dataset
     # (or a busy node) does not overflow it and lose the record (issue 44).
-    if log is not None:
-        log.start(before_launch=True)
-    (agent.run_dir / DRAINING_FILE).touch()  # the launcher waits for this (stage._wait_for_drain)
+    try:
+        if log is not None:
+            log.start(before_launch=True)
+    finally:
+        (agent.run_dir / DRAINING_FILE).touch()  # the launcher waits for this (stage._wait_for_drain)
     sampler, mapped = None, None
     try:
         sampler = _sampler(agent, roots) if log is not None else None
