@@ -139,8 +139,10 @@ def overlay_view(parent: Manifest, upper: Path, log: Callable[[str], None]) -> V
 
     Whiteouts (a 0/0 character device, or fuse-overlayfs's `.wh.NAME` file) hide a lower entry and
     everything under it; an opaque directory hides the lower entries below it; an upper file or
-    directory replaces a lower entry of the same path. Links and special files are left out (said)."""
+    directory replaces a lower entry of the same path. A link to a file of the view is that file's
+    content (`_resolve_links`); other links and special files are left out (said)."""
     files: dict[str, tuple[Origin, int]] = {}
+    links: dict[str, str] = {}
     dirs: set[str] = set()
     gone: set[str] = set()  # whited out, or replaced by an upper file: nothing of the lower at or below
     opaque: set[str] = set()  # upper directories whose lower contents are hidden
@@ -159,6 +161,9 @@ def overlay_view(parent: Manifest, upper: Path, log: Callable[[str], None]) -> V
             dirs.add(rel)
             if _opaque(upper / rel):
                 opaque.add(rel)
+        elif stat.S_ISLNK(st.st_mode):
+            links[rel] = os.readlink(upper / rel)
+            gone.add(rel)
         else:
             log(f"checkpoint write-back: {rel} is not a regular file or directory; left out")
 
@@ -172,23 +177,47 @@ def overlay_view(parent: Manifest, upper: Path, log: Callable[[str], None]) -> V
         if not hidden(f.path, True) and f.path not in files:
             files[f.path] = (f, f.size)
     dirs |= {d for d in parent.dirs if not hidden(d, False) and d not in files}
+    written = _resolve_links(files, links, log) or written
     view = [(rel, origin, size) for rel, (origin, size) in sorted(files.items())]
     changed = written or len(view) != len(parent.files) or dirs != set(parent.dirs)
     return view, sorted(dirs), changed
 
 
+def _resolve_links(files: dict[str, tuple[Origin, int]], links: dict[str, str], log: Callable[[str], None]) -> bool:
+    """A relative link to a file of the view (Lightning's `last.ckpt` may be one) becomes a file with
+    that file's content, read from where that file is; a link that leaves the directory, is absolute, or
+    names no file of the view is left out (said): a manifest holds files, and a link is never followed
+    out of the job's directory. True when any link was added."""
+    import posixpath
+
+    added = False
+    for rel, target in sorted(links.items()):
+        to = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+        found = None if target.startswith("/") or to.startswith("..") else files.get(to)
+        if found is None:
+            log(f"checkpoint write-back: {rel} is a link to {target}, not to a file of the checkpoint; left out")
+            continue
+        files[rel] = found
+        added = True
+    return added
+
+
 def local_view(dest: Path, log: Callable[[str], None]) -> tuple[list[tuple[str, Origin, int]], list[str]]:
-    """Every regular file and directory under `dest` (a pulled directory), links left out (said)."""
-    files: list[tuple[str, Origin, int]] = []
+    """Every regular file and directory under `dest` (a pulled directory); links as `_resolve_links`."""
+    files: dict[str, tuple[Origin, int]] = {}
+    links: dict[str, str] = {}
     dirs: list[str] = []
     for rel, _name, st in _entries(dest):
         if stat.S_ISREG(st.st_mode):
-            files.append((rel, dest / rel, st.st_size))
+            files[rel] = (dest / rel, st.st_size)
         elif stat.S_ISDIR(st.st_mode):
             dirs.append(rel)
+        elif stat.S_ISLNK(st.st_mode):
+            links[rel] = os.readlink(dest / rel)
         else:
             log(f"checkpoint write-back: {rel} is not a regular file or directory; left out")
-    return sorted(files, key=lambda t: t[0]), sorted(dirs)
+    _resolve_links(files, links, log)
+    return [(rel, origin, size) for rel, (origin, size) in sorted(files.items())], sorted(dirs)
 
 
 def finish(
