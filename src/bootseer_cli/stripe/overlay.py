@@ -10,8 +10,9 @@ copy through Python. The upper directory is then exactly "what the job wrote" (i
 whiteouts for what it deleted), which is what the write-back push (writeback.py) needs, without a
 journal of writes of our own.
 
-Mount options for the kernel overlay: `redirect_dir=off` (a renamed lower directory is copied, not
-recorded as an xattr redirect the write-back would have to follow), `metacopy=off` (an upper file
+Mount options for the kernel overlay: `redirect_dir=off` (renaming a restored directory fails with
+EXDEV, which `mv` and `shutil.move` answer with a copy, so the upper directory never holds an xattr
+redirect the write-back would have to follow), `metacopy=off` (an upper file
 always holds its data), `index=off` and `xino=off` (no state outside the upper and work dirs).
 
 The upper and work directories live under `<cache root>/ckpt-write/<run id>/` (local disk, 0700,
