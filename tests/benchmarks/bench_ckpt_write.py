@@ -1,6 +1,6 @@
 """Benchmark: the writable checkpoint directory (issue 44 item 2), side by side in one run.
 
-    python tests/benchmarks/bench_ckpt_write.py [--size-mib 512] [--reps 3]
+    python tests/benchmarks/bench_ckpt_write.py [--size-mib 512] [--reps 3] [--mixed]
 
 A `torch.save` checkpoint of --size-mib is pushed as 4 stripes to a store on local disk (file://; its
 stripe files are read once before each row, so every row reads them from the page cache and the rows
@@ -12,6 +12,10 @@ differ only in the path under test). Each round, in alternating order:
                 baseline) and over `ckpt.pt` in the writable view (the trainer's save; copy-up): >= 90 %
   push          `ckpt push` of a local directory holding such a checkpoint into an empty store (the
                 baseline) and the agent's write-back push of the view's save (writeback.finish): >= 90 %
+
+With --mixed, also: the job keeps `ckpt.pt` and saves `checkpoint-2/ckpt.pt` beside it, so the
+write-back re-pushes the kept file from the parent's stripes (`ckpt push` of the same two files is the
+baseline; the new tag cannot share the parent's stripes, see writeback.py).
 
 Speeds are the checkpoint's bytes over the time of the operation; the ratio is the view's speed over
 the baseline's, medians of --reps rounds. Run as root (kernel overlay) or as a user with
@@ -129,6 +133,33 @@ def _round(work: Path, store, m, size: int, i: int, rows: dict[str, list[float]]
         begin(root, Journal("overlay", "bench", m.tag, f"wb{i}", str(root / "upper"), owner=owner_stamp(1)))
         settings = CheckpointSettings(stripes=4, cell_size=CELL)
         rows["push: write-back"].append(_timed(lambda s=settings: finish(store, s, root, print)))
+    if "push: write-back, half kept" in rows:
+        _mixed_round(work, store, m, size, i, rows)
+
+
+def _mixed_round(work: Path, store, m, size: int, i: int, rows: dict[str, list[float]]) -> None:  # type: ignore[no-untyped-def]
+    """--mixed: the job keeps the restored `ckpt.pt` and saves `checkpoint-2/ckpt.pt` beside it; the
+    write-back re-pushes the kept file from the parent's stripes (twice the bytes, half from the store),
+    against `ckpt push` of a local directory holding the same two files."""
+    from bootseer_cli.settings import CheckpointSettings
+    from bootseer_cli.store import Store
+    from bootseer_cli.stripe.push import push
+    from bootseer_cli.stripe.rundirs import owner_stamp
+    from bootseer_cli.stripe.writeback import Journal, begin, finish
+
+    state = _state(size, 200 + i)
+    local = work / f"mixed-local-{i}"
+    shutil.copytree(work / "src", local)
+    _save(state, local / "checkpoint-2" / "ckpt.pt")
+    fresh = Store((work / f"mixed-store-{i}").as_uri())
+    _warm(Path(store.uri.removeprefix("file://")))
+    rows["push: ckpt push, 2 files"].append(_timed(lambda: push(fresh, local, "bench", "t", stripes=4, cell_size=CELL)))
+    with _writable(m, store, work, f"mixed{i}") as (view, root):
+        _save(state, view / "checkpoint-2" / "ckpt.pt")
+    begin(root, Journal("overlay", "bench", m.tag, f"mx{i}", str(root / "upper"), owner=owner_stamp(1)))
+    settings = CheckpointSettings(stripes=4, cell_size=CELL)
+    _warm(Path(store.uri.removeprefix("file://")))
+    rows["push: write-back, half kept"].append(_timed(lambda: finish(store, settings, root, print)))
 
 
 def main() -> int:
@@ -136,16 +167,17 @@ def main() -> int:
     ap.add_argument("--size-mib", type=int, default=512)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default=None, help="work directory (default: a new one under /var/tmp, on disk)")
+    ap.add_argument("--mixed", action="store_true", help="also a write-back that re-pushes a kept file")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-ckpt-write-", dir=args.dir or "/var/tmp"))
     os.environ["XDG_CACHE_HOME"] = str(work / "cache")  # the overlay's upper dir: on the same disk
     try:
-        return _run(work, args.size_mib << 20, args.reps)
+        return _run(work, args.size_mib << 20, args.reps, args.mixed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(work: Path, size: int, reps: int) -> int:
+def _run(work: Path, size: int, reps: int, mixed: bool) -> int:
     from bootseer_cli.store import Store
     from bootseer_cli.stripe.push import push
 
@@ -158,15 +190,20 @@ def _run(work: Path, size: int, reps: int) -> int:
     for k in ("read: read-only mount", "read: writable view", "save: local disk", "save: writable view"):
         rows[k] = []
     rows["push: ckpt push"], rows["push: write-back"] = [], []
+    if mixed:
+        rows["push: ckpt push, 2 files"], rows["push: write-back, half kept"] = [], []
     for i in range(reps):
         _round(work, store, m, size, i, rows)
     print(f"checkpoint {total / 2**20:.0f} MiB, {reps} rounds, medians; load: {os.getloadavg()}")
     pairs = [("read: read-only mount", "read: writable view", 0.95), ("save: local disk", "save: writable view", 0.9)]
     pairs.append(("push: ckpt push", "push: write-back", 0.9))
+    if mixed:
+        pairs.append(("push: ckpt push, 2 files", "push: write-back, half kept", 0.9))
     for base, view, goal in pairs:
         b, v = statistics.median(rows[base]), statistics.median(rows[view])
-        print(f"  {base:24s} {b:7.3f} s  {total / b / 1e6:8.1f} MB/s")
-        print(f"  {view:24s} {v:7.3f} s  {total / v / 1e6:8.1f} MB/s   {b / v:5.2f}x of the baseline (goal >= {goal})")
+        total = (2 if "2 files" in base else 1) * (src / "ckpt.pt").stat().st_size
+        print(f"  {base:28s} {b:7.3f} s  {total / b / 1e6:8.1f} MB/s")
+        print(f"  {view:28s} {v:7.3f} s  {total / v / 1e6:8.1f} MB/s   {b / v:5.2f}x of the baseline (goal >= {goal})")
     return 0
 
 
