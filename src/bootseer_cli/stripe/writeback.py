@@ -234,8 +234,8 @@ def finish(
     from .reader import open_reader
 
     j = Journal.load(root / "journal.json")
-    if store.exists(manifest_rel(j.name, j.tag)):
-        _done(root, j)
+    if store.exists(manifest_rel(j.name, j.tag)) or not os.path.isdir(j.path):
+        _done(root, j)  # pushed already (a push cut off after its manifest), or nothing left to push
         return None
     lower = None
     if j.kind == "overlay":
