@@ -153,6 +153,41 @@ def test_a_record_is_published_while_another_process_opens_many_files(tree: Path
     assert "recorded 2 files" in r.stderr, r.stderr
 
 
+# f1, then (the neighbour's opens filling the queue meanwhile, were they not read) f3, then ready
+READS_F1_WAIT_F3 = """
+import os, sys, time
+root = sys.argv[1]
+with open(os.path.join(root, "f1.bin"), "rb") as f:
+    f.read(100_000)
+time.sleep(3)
+with open(os.path.join(root, "f3.bin"), "rb") as f:
+    f.read(100_000)
+import bootseer_cli
+bootseer_cli.ready()
+"""
+
+
+@root_only
+@pytest.mark.integration
+def test_exec_records_while_another_process_opens_many_files(tree: Path, tmp_path: Path, isolated_cache: Path) -> None:
+    """The same through `bootseer exec`: the neighbour floods the queue from before the stage on (the agent's
+    own start included); the record is published with the start's two files and none of the neighbour's."""
+    started = tmp_path / "neighbour-started"
+    neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR_MANY, str(tmp_path / "other"), str(started)])
+    try:
+        wait_for(started.exists, what="the neighbour")
+        cfg = write_config(tmp_path / "bootseer.toml", [tree, tmp_path / "other"], ready="call")
+        (tmp_path / "prog.py").write_text(READS_F1_WAIT_F3)
+        r = bootseer("exec", "-c", str(cfg), "--", sys.executable, str(tmp_path / "prog.py"), str(tree), timeout=300)
+        assert r.returncode == 0, r.stderr
+        wait_for(lambda: list(isolated_cache.rglob("refs/hot/*.json")), timeout=120, what="the record")
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    shown = _shown(cfg)
+    assert {Path(f["path"]).name for f in shown["top_files"]} == {"f1.bin", "f3.bin"}, shown
+
+
 OPENER = """
 import os, sys
 for i in range(int(sys.argv[2])):
