@@ -14,7 +14,6 @@ verify) is a miss like any other: the caller sets up from the image (`setup.fres
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -83,10 +82,10 @@ def setup_over(
     """Run the setup over the nearest published snapshot; None (nothing run) when there is none, or
     when it cannot be put in the tree (then the caller sets up from the image). The caller holds the
     tree lock and the build lease."""
+    from .aside import set_aside
     from .chain import chain_of
-    from .manifest import scan
     from .restore import restore
-    from .setup import SetupRun, excluded_paths, run_setup
+    from .setup import guarded_setup
     from .stamp import read_carried, remove_stamp, stamped_blob, strip_carried
 
     env = settings.env
@@ -112,10 +111,7 @@ def setup_over(
         warn(f"env: parent {choice.key[:12]} is not what the tree carries; setting up from the image")
         return None
     info(f"env: setting up over {choice.key[:12]} (layer {len(chain)}): {choice.why()}")
-    baseline = scan(roots, excluded_paths(settings.store))
-    remove_stamp(roots)  # the tree is about to change; the paths file stays (the merged stamp needs it)
-    t0 = time.time()
-    if on_start is not None:
-        on_start()
-    run_setup(env, info)
-    return SetupRun(baseline, t0, time.time() - t0), Over(choice, chain, carried)
+    # the tree is about to change: the stamp is set aside (back if the setup fails and changed nothing);
+    # the paths file stays (the merged stamp needs it)
+    prev = set_aside(roots, info, strip=False)
+    return guarded_setup(env, settings.store, roots, prev, info, warn, on_start), Over(choice, chain, carried)

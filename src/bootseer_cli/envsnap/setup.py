@@ -6,7 +6,8 @@
   holder, or without a store); `bootseer baseline` before a setup run by hand only records (it never
   removes anything: the user runs the setup, and decides what the tree holds);
 - `run_setup`: the `[env] setup` commands, in the interpreter's environment; `fresh_setup` is
-  both, timed.
+  both, timed; `guarded_setup` runs it with the previous env set aside (aside.py), so a failed setup
+  leaves the env the tree carried, and its stamp, as they were.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import StageFatal
 from ..settings import EnvSettings, StoreSettings
 from .manifest import Manifest, scan
 from .stamp import remove_stamp, strip_carried
+
+if TYPE_CHECKING:
+    from .aside import Previous
 
 
 def excluded_paths(store: StoreSettings) -> list[str]:
@@ -108,11 +113,38 @@ def fresh_setup(
     roots: list[str],
     info: Callable[[str], None],
     on_start: Callable[[], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> SetupRun:
-    """stamp → strip → baseline → setup. `on_start` is told once the setup itself begins."""
-    baseline = take_baseline(roots, store, info)
-    t0 = time.time()
-    if on_start is not None:
-        on_start()
-    run_setup(env, info)
+    """stamp and carried env set aside → baseline → setup. `on_start` is told once the setup itself begins."""
+    from .aside import set_aside
+
+    prev = set_aside(roots, info, strip=True)
+    return guarded_setup(env, store, roots, prev, info, warn or info, on_start)
+
+
+def guarded_setup(
+    env: EnvSettings,
+    store: StoreSettings,
+    roots: list[str],
+    prev: Previous,
+    info: Callable[[str], None],
+    warn: Callable[[str], None],
+    on_start: Callable[[], None] | None = None,
+) -> SetupRun:
+    """Baseline → setup, the previous env (`prev`) set aside: dropped once the setup succeeded, put
+    back (with its stamp, if the setup changed nothing) when it fails or is interrupted."""
+    baseline: Manifest | None = None
+    try:
+        baseline = scan(roots, excluded_paths(store))
+        t0 = time.time()
+        if on_start is not None:
+            on_start()
+        run_setup(env, info)
+    except BaseException:
+        try:
+            prev.failed(baseline, excluded_paths(store), info, warn)
+        except Exception as e:  # the setup's own error is the one to report; the journal puts back the rest
+            warn(f"env: the previous env could not be put back after the failed setup: {e}")
+        raise
+    prev.done()
     return SetupRun(baseline, t0, time.time() - t0)
