@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ..errors import BootseerError
 from ..gcpause import collector_paused
 from .format import ArchiveEntry
-from .manifest import FILE, Manifest, read_small, under
+from .manifest import FILE, Diff, Manifest, read_small, under
 from .segments import BigWriter, write_blob
 from .setup import excluded_paths
 
@@ -314,6 +314,8 @@ class Captured:
     entries: list[ArchiveEntry]
     deletion_paths: list[str]
     seconds: dict[str, float] = field(default_factory=dict)  # scan, write, outside_wait: for profiles
+    # files a layer's setup rewrote with its parent's bytes (rewrites.py): not in the blob, in the stamp
+    unchanged: list[ArchiveEntry] = field(default_factory=list)
 
 
 def _refuse_unportable(after: Manifest, changed: list[str], roots: list[str]) -> None:
@@ -343,11 +345,13 @@ def capture(
     since: float | None = None,
     progress: bool | None = None,
     info: Callable[[str], None] | None = None,
+    parents: Sequence[tuple[str, Path | None]] = (),
 ) -> Captured:
     """Write the snapshot of what changed under `roots` since `baseline` into the node cache.
 
-    The cyclic collector is paused meanwhile: the scan's and the diff's tens of thousands of entries
-    form no cycles (gcpause.py)."""
+    `parents`: a layer's chain, newest first (digest, the blob's local path or None): files rewritten
+    with the bytes the chain holds for them are left out (rewrites.py). The cyclic collector is paused
+    meanwhile: the scan's and the diff's tens of thousands of entries form no cycles (gcpause.py)."""
     from .manifest import diff, scan
 
     exclude = excluded_paths(store)
@@ -362,10 +366,11 @@ def capture(
         look = OutsideLook(since, roots, exclude)
     except OSError:  # no fork (a process limit): the warning is skipped, the capture goes on
         look = OutsideLook(None, roots, exclude)
-    big = BigWriter(tmp.with_name(f"{tmp.name}.partbig"), baseline, roots)
+    big = BigWriter(tmp.with_name(f"{tmp.name}.partbig"), baseline, roots, defer_same_size=bool(parents))
     try:
         after = scan(roots, exclude, on_entry=big.offer)
         d = diff(baseline, after)
+        unchanged = _leave_out_identical(baseline, after, d, parents)
         _refuse_unportable(after, d.changed, roots)
         t1 = time.monotonic()
         meta = {
@@ -392,7 +397,23 @@ def capture(
         entries,
         d.deleted,
         seconds={"scan": t1 - t0, "write": t2 - t1, "outside_wait": time.monotonic() - t2},
+        unchanged=unchanged,
     )
+
+
+def _leave_out_identical(
+    baseline: Manifest, after: Manifest, d: Diff, parents: Sequence[tuple[str, Path | None]]
+) -> list[ArchiveEntry]:
+    """Drop from `d` the files rewritten with the parent's bytes; their entries, for the stamp."""
+    if not parents:
+        return []
+    from .rewrites import identical_rewrites
+
+    same = identical_rewrites(baseline, after, d.changed, parents)
+    if not same:
+        return []
+    d.changed = [p for p in d.changed if p not in same]
+    return [ArchiveEntry(p, FILE, after[p].mode, after[p].size, after[p].mtime_ns // 10**9, "") for p in sorted(same)]
 
 
 def _warn_outside(outside: list[str], warn: Callable[[str], None], info: Callable[[str], None] | None) -> None:

@@ -104,9 +104,14 @@ class BigWriter:
     files are sent when the scan is done (`finish_input`). Paths go over pipes, NUL-separated; the
     parent never blocks on one during the scan (what does not fit waits in the writer's `pending`)."""
 
-    def __init__(self, part: Path, baseline: Manifest, roots: list[str] | None = None) -> None:
+    def __init__(
+        self, part: Path, baseline: Manifest, roots: list[str] | None = None, defer_same_size: bool = False
+    ) -> None:
+        """`defer_same_size`: a layer's capture; a file that kept its size may hold its parent's bytes
+        (rewrites.py) and is left for after the scan, when that is known."""
         self.part = part  # the parts' common name: `<part>0`, `<part>1`, …
         self.baseline = baseline
+        self.defer_same_size = defer_same_size
         self.roots = roots  # the files are read through no-follow descriptors from these
         self.writers = big_writers(os.cpu_count() or 1)
         self.kids: list[_Kid] = []
@@ -122,7 +127,7 @@ class BigWriter:
         if not is_big(e) or e.nlink != 1:
             return
         b = self.baseline.get(path)
-        if b is not None and e.same_content(b):
+        if b is not None and (e.same_content(b) or (self.defer_same_size and b.kind == e.kind and b.size == e.size)):
             return
         if self.failed:
             return

@@ -225,7 +225,12 @@ def _build(
         run, over = built if built is not None else (None, None)
         if run is None:
             run = fresh_setup(
-                ctx.settings.env, ctx.settings.store, roots, ctx.info, on_start=lambda: ran.update(setup=True)
+                ctx.settings.env,
+                ctx.settings.store,
+                roots,
+                ctx.info,
+                on_start=lambda: ran.update(setup=True),
+                warn=ctx.warn,
             )
         b = Built(key, roots, run.baseline, run.started, run.seconds, note, over)
         if ctx.settings.exec.agent:
@@ -260,7 +265,7 @@ class Built:
         """Stamp the tree with the capture (merged over the parent's paths for a layer)."""
         from .stamp import write_stamp
 
-        merged = self.over.merged(cap.entries, cap.deletion_paths) if self.over is not None else None
+        merged = self.over.merged([*cap.entries, *cap.unchanged], cap.deletion_paths) if self.over is not None else None
         write_stamp(self.roots, keys or [self.key], cap.digest, cap.entries, cap.deletion_paths, carried=merged)
 
     def ref_extra(self, ctx: StageContext) -> dict[str, Any]:
@@ -282,10 +287,20 @@ class Built:
 def _capture(ctx: StageContext, b: Built) -> Captured | StageResult:
     """The capture after the lease holder's setup; when it fails, the tree stamped and the result."""
     from .capture import capture
+    from .rewrites import local_chain
 
     try:
+        parents = local_chain(b.over.chain, ctx.cache, ctx.store) if b.over is not None else []
         return capture(
-            ctx.settings.store, b.roots, b.baseline, b.key, ctx.cache, ctx.warn, since=b.started - 1, info=ctx.info
+            ctx.settings.store,
+            b.roots,
+            b.baseline,
+            b.key,
+            ctx.cache,
+            ctx.warn,
+            since=b.started - 1,
+            info=ctx.info,
+            parents=parents,
         )
     except StageFatal:
         raise
@@ -426,7 +441,7 @@ def _local_setup(ctx: StageContext, roots: list[str], key: str, reason: str) -> 
     """The slow path without the store: run the setup here and stamp the tree."""
     from .setup import fresh_setup
 
-    run = fresh_setup(ctx.settings.env, ctx.settings.store, roots, ctx.info)
+    run = fresh_setup(ctx.settings.env, ctx.settings.store, roots, ctx.info, warn=ctx.warn)
     _stamp_after_setup(ctx, roots, key, run.baseline)
     return StageResult(
         outcome="setup", summary=f"setup {time.time() - run.started:.1f} s ({reason})", cache="miss", reason=reason
