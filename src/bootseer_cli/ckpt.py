@@ -6,6 +6,9 @@
     # a restarted job then mounts my-model:latest ([checkpoint] name = "my-model")
 
 The store and targets come from bootseer.toml / BOOTSEER_* as for the CLI, unless given here.
+Under `bootseer exec` with a `[checkpoint]`, a job need not push at all: what it saves into
+`$BOOTSEER_CKPT_DIR` is pushed as a new tag by the agent after it ends (stripe/writeback.py), with
+the agent's credentials, which the job never holds.
 `push_checkpoint` and `phase_bars` are what `bootseer ckpt push` shares with this API, so the
 command and the library push the same way and show the same bars.
 """
