@@ -67,9 +67,12 @@ def _link_stored(store: Store, src: Path, digest: str, dfd: int, name: str) -> b
 
 
 class BlobCache:
-    def __init__(self, root: Path, max_bytes: int) -> None:
+    def __init__(self, root: Path, max_bytes: int, keeps: bool = True) -> None:
         self.root = root
         self.max_bytes = max_bytes
+        # False for a scratch directory standing in for a read-only or full node cache: what lands there
+        # is gone after the job, so a restore streams its snapshot from the store instead (delivery.py)
+        self.keeps = keeps
 
     def path(self, digest: str) -> Path:
         # the store's module is imported here, not with this one: a capture (which only needs
@@ -278,8 +281,10 @@ def cache_for(settings: StoreSettings, degrade: bool = True) -> BlobCache:
     from .paths import blob_cache_dir
 
     root = settings.cache_dir or blob_cache_dir()
-    if degrade:
-        from .nodedirs import usable_or_scratch
+    if not degrade:
+        return BlobCache(root, settings.cache_max_bytes)
+    from .nodedirs import usable_or_scratch, why_unusable
+    from .paths import configured_cache_root
 
-        root = usable_or_scratch(root, "blobs") or root
-    return BlobCache(root, settings.cache_max_bytes)
+    keeps = not why_unusable(settings.cache_dir or configured_cache_root() / "blobs")
+    return BlobCache(usable_or_scratch(root, "blobs") or root, settings.cache_max_bytes, keeps=keeps)

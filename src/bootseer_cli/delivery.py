@@ -295,6 +295,15 @@ class Download(_Threaded):
         src = store.open_ranged(blob_path(digest), f"blob {digest[:12]}")
         self.size = src.size()
         self.tail: tuple[Callable[[int, int], bytes], int] = (lambda n, off: bytes(src.read_at(n, off)), self.size)
+        self._dfd = -1
+        why = bypass_reason(cache, self.size)
+        if why:  # straight into the roots: through a file with no name, gone once the restore ends
+            self.dest, self._w = unnamed_file(self.size)
+            if why != NOT_KEPT:
+                _warn(f"{why}: restoring blob {digest[:12]} from the store straight into the roots (not cached)")
+            super().__init__(os.dup(self._w), digest)
+            self.start()
+            return
         # The part file lives in the fan-out directory, entered no-follow: created, renamed and removed
         # by name in that descriptor (a user's `sha256/86 -> /etc` is refused, never written through).
         self._dfd = cache.dir_fd(digest)
@@ -342,7 +351,10 @@ class Download(_Threaded):
         super().check()
 
     def keep(self, cache: BlobCache) -> None:
-        """The restore used it: rename it into the node cache, where later restores find it."""
+        """The restore used it: rename it into the node cache, where later restores find it (unless it
+        went through an unnamed file: `bypass_reason`)."""
+        if self._dfd < 0:
+            return
         os.replace(self.part, self.dest.name, src_dir_fd=self._dfd, dst_dir_fd=self._dfd)
         cache.evict(keep=self.digest)
 
@@ -354,6 +366,59 @@ class Download(_Threaded):
             os.unlink(self.part, dir_fd=self._dfd)
         os.close(self._dfd)
         self._dfd = -1
+
+
+NOT_KEPT = "the node cache keeps nothing on this node"  # a scratch stand-in: nodedirs warned already
+
+
+def bypass_reason(cache: BlobCache, size: int | None) -> str:
+    """Why a blob of `size` bytes goes straight into the roots rather than through the node cache ("" when
+    it fits). Checked before the download: a cache disk smaller than the snapshot was filled to the brim,
+    the download failed, and the setup ran on every start (issue 46)."""
+    from .nodedirs import FULL_BELOW_BYTES
+    from .units import fmt_bytes
+
+    if not cache.keeps:
+        return NOT_KEPT
+    free = free_bytes(cache.root)
+    if size is None or free is None or size + FULL_BELOW_BYTES <= free:
+        return ""
+    return f"the node cache {cache.root} has {fmt_bytes(free)} free, too little for a {fmt_bytes(size)} snapshot"
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Free space for this user on the filesystem of `directory` (its nearest existing parent)."""
+    d = directory
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def unnamed_file(size: int) -> tuple[Path, int]:
+    """A file with no name (O_TMPFILE, else created and unlinked at once) on the first temporary
+    filesystem with room for `size` bytes: nothing of it outlives this process, however it ends."""
+    import tempfile
+
+    from .envsnap.plan import NoSpace
+    from .nodedirs import FULL_BELOW_BYTES
+    from .units import fmt_bytes
+
+    for d in dict.fromkeys((tempfile.gettempdir(), "/var/tmp", "/dev/shm")):
+        free = free_bytes(Path(d))
+        if free is None or free < size + FULL_BELOW_BYTES:
+            continue
+        try:
+            return Path(d), os.open(d, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except OSError:
+            with contextlib.suppress(OSError):
+                fd, name = tempfile.mkstemp(prefix="bootseer-blob-", dir=d)
+                os.unlink(name)
+                return Path(d), fd
+    raise NoSpace(f"no temporary directory has room for a {fmt_bytes(size)} snapshot streamed from the store")
 
 
 @dataclass
@@ -402,7 +467,7 @@ def open_blob(
             raise BlobMissing(f"store {store.uri}: blob {digest[:12]} not found") from None
         n = os.fstat(fd).st_size
         return Blob(fd, Fetched(path, "store", bytes_from_store=n), Verifier(fd, digest), store_path=path)
-    if not p2p.enabled:  # a remote store: fetch, hash, decompress and write overlapped
+    if not p2p.enabled or bypass_reason(cache, size):  # a remote store: fetch, hash, decompress, write overlapped
         d = Download(store, cache, digest)
         return Blob(d.fd, Fetched(d.dest, "store", bytes_from_store=d.size), d)
     fetched = _fetch_or_drop(p2p, store, cache, digest, size, progress)
@@ -412,7 +477,7 @@ def open_blob(
 def link_into_cache(cache: BlobCache, b: Blob, digest: str) -> None:
     """After a verified in-place restore: the node cache gets a hard link to the store's blob (one copy
     on disk), if it is still the file that was read; across filesystems the store stays the only copy."""
-    if b.store_path is None:
+    if b.store_path is None or not cache.keeps:
         return
     dest = cache.path(digest)
     tmp = f".{dest.name}.link-{os.urandom(4).hex()}"

@@ -75,8 +75,10 @@ def _main() -> None:
         from pathlib import Path
 
         from .agent import main as agent_main
+        from .nodedirs import scratch_of_agent
 
-        sys.exit(agent_main(Path(argv[2])))
+        with scratch_of_agent(Path(argv[2])):  # exec's scratch directories: used, then removed at the end
+            sys.exit(agent_main(Path(argv[2])))
     if argv[:1] == ["restore"]:
         # `bootseer restore || (setup && bootseer snapshot)` runs in front of every start too
         from .verbs.exec import ExecOptions, ExecUsageError, parse_exec

@@ -229,6 +229,7 @@ def _spawn_agent(ctx: StageContext, launcher_pid: int) -> None:
     tasks. The store URI may carry credentials: agent.json names it redacted, for a human, and the
     full URI reaches the agent only through its environment (BOOTSEER_STORE), never a file or argv.
     """
+    from .nodedirs import made_scratch
     from .redact import redact
     from .settings import settings_doc
     from .stage import agent_task_doc
@@ -239,6 +240,7 @@ def _spawn_agent(ctx: StageContext, launcher_pid: int) -> None:
         "launcher_pid": launcher_pid,
         "settings": settings_doc(ctx.settings),
         "tasks": [agent_task_doc(t) for t in ctx.agent_tasks],
+        "scratch": made_scratch(),  # removed by the agent once the job ended (a read-only or full cache)
     }
     _write_private(ctx.run.run_dir / "agent.json", json.dumps(spec, default=str))
     env = {k: v for k, v in os.environ.items() if k != "BOOTSEER_STORE"}

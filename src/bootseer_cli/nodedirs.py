@@ -4,17 +4,22 @@
 The blob cache and the run directories live under the cache root (`paths.cache_root`). When a
 directory there cannot be made or written, this process uses a private scratch directory instead (in
 TMPDIR, else /dev/shm, which containers mount writable even on a read-only root): the blobs it fetches
-are not kept for the next start, which is what "running without the node cache" costs. When no
+are not kept for the next start, which is what "running without the node cache" costs, and the agent
+removes the scratch directories once the job ended (`remove_scratch`: nothing of a start stays in
+TMPDIR). The embedded store is never moved to scratch (`paths.default_store_uri`). When no
 directory can be made anywhere, the caller gets None and runs without one. Either way one warning says
 so, once per process: the same cause would otherwise be reported by every stage that touches the cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 # Below this much free space a cache directory counts as full: a blob or an event would not fit.
@@ -79,6 +84,81 @@ def scratch(name: str) -> Path | None:
     return found
 
 
+def made_scratch() -> dict[str, str]:
+    """The scratch directories this process made or adopted, by name: `exec` hands them to the agent."""
+    return {name: str(p) for name, p in _scratch.items() if p is not None}
+
+
+def _own_scratch(path: Path) -> bool:
+    """A real directory (not a link) of this user, 0700, named as `scratch` names them: safe to use and remove."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    mine = st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o077
+    return mine and path.name.startswith("bootseer-")
+
+
+def adopt_scratch(dirs: dict[str, str]) -> None:
+    """Use `exec`'s scratch directories (from agent.json) in this process instead of making new ones;
+    one that is not this user's private directory is ignored. No second warning: exec gave it."""
+    global _warned
+    for name, d in dirs.items():
+        p = Path(d)
+        if isinstance(name, str) and p.is_absolute() and _own_scratch(p):
+            _scratch.setdefault(name, p)
+            _warned = True
+
+
+def remove_scratch() -> list[str]:
+    """Remove this process's scratch directories (the agent, once the job ended); what is left, and why.
+
+    Never across a mount (a checkpoint view still mounted below one keeps the whole directory) and never
+    through a link (`shutil.rmtree` works on descriptors)."""
+    import shutil
+
+    left = []
+    for name in list(_scratch):
+        p = _scratch.pop(name)
+        if p is None or not _own_scratch(p):
+            continue
+        if _holds_a_mount(p):
+            left.append(f"{p} (a mount below it)")
+            continue
+        try:
+            shutil.rmtree(p)
+        except OSError as e:
+            left.append(f"{p} ({e.strerror or e})")
+    return left
+
+
+@contextlib.contextmanager
+def scratch_of_agent(run_dir: Path) -> Iterator[None]:
+    """Around the agent: exec's scratch directories (agent.json's `scratch`) are this process's, and
+    they go, with any this process made, once the agent ends (after its tasks stopped and unmounted)."""
+    import json
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        adopt_scratch(json.loads((run_dir / "agent.json").read_text()).get("scratch") or {})
+    try:
+        yield
+    finally:
+        for left in remove_scratch():
+            print(f"scratch directory left: {left}", flush=True)
+
+
+def _holds_a_mount(top: Path) -> bool:
+    dev = os.lstat(top).st_dev
+    try:
+        for _, dirnames, _, dfd in os.fwalk(top):
+            for d in dirnames:
+                if os.stat(d, dir_fd=dfd, follow_symlinks=False).st_dev != dev:
+                    return True
+    except OSError:  # a directory that cannot be read or a mount that does not answer: leave it all
+        return True
+    return False
+
+
 def usable_or_scratch(directory: Path, name: str) -> Path | None:
     """`directory` when it is usable; else a scratch directory (or None), with the one warning."""
     why = why_unusable(directory)
@@ -94,7 +174,8 @@ def warn_once(directory: Path, why: str, fallback: Path | None) -> None:
     if _warned:
         return
     _warned = True
-    where = f"its files for this start go to {fallback}" if fallback else "no run directory, events stay in memory"
+    where = f"this start's files go to {fallback} until the job ends" if fallback else "events stay in memory"
+    where += "; its store, if any, is still read"
     print(
         f"bootseer: warning: the node cache {directory} is {why}: starting without it ({where})",
         file=sys.stderr,

@@ -40,7 +40,11 @@ def store_flag_problem(value: str) -> str | None:
 
 
 def default_store_uri() -> str:
-    return (cache_root() / "store").as_uri()
+    """The embedded store: always under the configured cache root, usable or not. A read-only cache (a
+    node image's, a shared read-only mount) still holds a readable store: restores use it, and a publish
+    there fails with one warning. It was swapped for the process's scratch directory, so the snapshot it
+    held was never used, the setup ran on every start and its snapshot went to TMPDIR (issue 46)."""
+    return (configured_cache_root() / "store").as_uri()
 
 
 def blob_cache_dir() -> Path:

@@ -406,7 +406,10 @@ class Store(StoreFS):
         doc = self._lease_doc(key, owner, expires, ttl_s)
         if self.is_local:
             full = Path(self.path(self._lease_rel(key)))
-            full.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                full.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:  # a store under a read-only node cache: read, never written (issue 46)
+                raise StoreError(f"store {self.uri}: {e.strerror}; no snapshot can be published there") from None
             for _ in range(2):
                 # Write the whole document under a private name, then hard-link it into place:
                 # link() fails if the lease exists, and a reader never sees a half-written lease.

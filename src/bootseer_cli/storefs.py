@@ -10,6 +10,7 @@ every reader of a blob verifies its digest and refs are written last, a partial 
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,8 @@ class StoreFS:
             try:
                 Path(self.root).mkdir(parents=True, exist_ok=True)
             except OSError as e:
+                if e.errno == errno.EROFS:  # a read-only cache's default store: empty, and nothing is published
+                    return
                 raise StoreError(f"store {self.uri!r}: cannot create {self.root}: {e.strerror}") from None
 
     @property
