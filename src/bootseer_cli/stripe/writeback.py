@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from .push import Progress
 
 JOURNAL_VERSION = 1
-RECOVER_LIMIT = 16  # journals looked at per start
+RECOVER_LIMIT = 16  # write-backs finished per start (each may be a whole checkpoint)
+SCAN_LIMIT = 1024  # journal directories read per start (a few hundred bytes each)
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque", "user.fuseoverlayfs.opaque")
 WHITEOUT = ".wh."  # fuse-overlayfs's whiteout files where it cannot make a 0/0 device (a plain user)
 OPAQUE_FILE = ".wh..wh..opq"
@@ -322,12 +323,12 @@ def pending(name: str) -> list[Path]:
 
     found = []
     with contextlib.suppress(OSError), os.scandir(write_root()) as it:
-        for e in sorted(it, key=lambda e: e.name)[:RECOVER_LIMIT]:
+        for e in sorted(it, key=lambda e: e.name)[:SCAN_LIMIT]:  # run ids sort by time: oldest first
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 j = Journal.load(Path(e.path) / "journal.json")
                 if j.name == name and not owner_alive(j):
                     found.append(Path(e.path))
-    return found
+    return found[:RECOVER_LIMIT]
 
 
 def finish_pending(
