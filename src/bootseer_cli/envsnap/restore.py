@@ -42,6 +42,9 @@ class Restored:
     fetch_note: str = ""  # why the swarm was not used, when it was enabled
     layers: int = 0  # links of a chain this restore applied beyond the first (0: a full snapshot)
     present: int = 0  # links of its chain the tree already carried (a parent env in place)
+    # the blob bytes this restore used, from wherever they came (the node cache too): what `report`
+    # counts as delivered, and as saved when the store did not send them (issue 46: `0 B saved`)
+    bytes_read: int = 0
 
 
 def restore(
@@ -118,6 +121,7 @@ def _restore_chain(
         raw_bytes=sum(r.raw_bytes for r in done),
         bytes_from_store=sum(r.bytes_from_store for r in done),
         bytes_from_peers=sum(r.bytes_from_peers for r in done),
+        bytes_read=sum(r.bytes_read for r in done),
         seconds_fetch=sum(r.seconds_fetch for r in done),
         seconds_extract=sum(r.seconds_extract for r in done),
         layers=len(chain) - 1,
@@ -237,4 +241,5 @@ def _restore_from(
     restored = Restored(
         digest, ex.files, ex.raw_bytes, f.source, f.bytes_from_store, f.bytes_from_peers, t1 - t0, t2 - t1, f.note
     )
+    restored.bytes_read = v.size if isinstance(v, Download) else os.fstat(b.fd).st_size
     return restored, draft
