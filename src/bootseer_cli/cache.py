@@ -236,7 +236,8 @@ class BlobCache:
         return n, size
 
     def evict(self, keep: str | None = None) -> int:
-        """Remove least recently used blobs until the cache fits; returns bytes freed. Each unlink is
+        """Remove least recently used blobs until the cache fits; returns the bytes freed on disk (an
+        entry hard-linked with the local store counts toward the bound but frees nothing). Each unlink is
         by name in its fan-out directory, entered no-follow again: a directory swapped for a link
         since the listing is refused, not followed."""
         entries = sorted(self.entries())
@@ -253,11 +254,12 @@ class BlobCache:
                     dfd = fds.get(p.parent.name)
                     if dfd is None:
                         dfd = fds[p.parent.name] = open_parent(p, self.root, create=False)
-                    if not stat.S_ISREG(os.stat(p.name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                    st = os.stat(p.name, dir_fd=dfd, follow_symlinks=False)
+                    if not stat.S_ISREG(st.st_mode):
                         continue
                     os.unlink(p.name, dir_fd=dfd)
                     total -= size
-                    freed += size
+                    freed += size if st.st_nlink == 1 else 0  # a link shared with the store frees no disk
         finally:
             for dfd in fds.values():
                 os.close(dfd)

@@ -10,6 +10,7 @@ process has open stays readable (POSIX unlink), so a prune never breaks a start 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -101,16 +102,29 @@ def prune(
     c = _node_cache(config, store)
     limit = parse_size(max_size) if max_size is not None else c.max_bytes
     plan = _plan(c, limit)
-    freed = sum(size for size, _ in plan)
+    # an entry hard-linked with the local store frees nothing on disk: only a last link counts (issue 46)
+    shared = [size for size, p in plan if _links(p) > 1]
+    freed = sum(size for size, _ in plan) - sum(shared)
+    left = c.total_bytes() - sum(size for size, _ in plan)
     if not dry_run:
         freed = BlobCache(c.root, limit).evict()
-    left = c.total_bytes() - (freed if dry_run else 0)
+        left = c.total_bytes()
     if as_json:
         doc = {"dry_run": dry_run, "removed": len(plan), "freed_bytes": freed, "left_bytes": left}
-        typer.echo(json.dumps(doc | {"max_bytes": limit}, indent=2))
+        typer.echo(json.dumps(doc | {"shared": len(shared), "max_bytes": limit}, indent=2))
         return
     verb = "would remove" if dry_run else "removed"
-    typer.echo(f"{verb} {len(plan)} blob(s), {fmt_bytes(freed)}; {fmt_bytes(left)} left (max {fmt_bytes(limit)})")
+    also = f" ({len(shared)} of them shared with the local store, which keeps them)" if shared else ""
+    typer.echo(
+        f"{verb} {len(plan)} blob(s), {fmt_bytes(freed)} freed{also}; {fmt_bytes(left)} left (max {fmt_bytes(limit)})"
+    )
+
+
+def _links(p: Path) -> int:
+    try:
+        return os.lstat(p).st_nlink
+    except OSError:
+        return 1
 
 
 def register(app: typer.Typer) -> None:
