@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from . import capabilities
 from .errors import StoreError
 from .procs import pid_alive
-from .upkeep import DAY_S, KEEP_EVERYTHING, Doomed, Policy, Scan, is_digest, number
+from .upkeep import DAY_S, KEEP_EVERYTHING, Doomed, Kept, Policy, Scan, is_digest, number
 
 if TYPE_CHECKING:
     from .store import Store
@@ -58,6 +58,7 @@ class Plan:
     doomed: list[Doomed]
     held: list[str]
     kept: dict[str, tuple[int, int]] = field(default_factory=dict)
+    kept_refs: list[Kept] = field(default_factory=list)  # the refs a keep policy keeps, and which policy
 
     @property
     def kept_bytes(self) -> int:
@@ -188,7 +189,7 @@ def plan(store: Store, policy: Policy, runs_root: Path | None = None) -> Plan:
     doomed += _orphans(store, policy, scan, kept)
     if runs_root is not None:
         doomed += _runs(runs_root, policy)
-    return Plan(doomed, scan.held, kept)
+    return Plan(doomed, scan.held, kept, scan.kept_refs)
 
 
 def _delete(store: Store, d: Doomed, targets: Any) -> None:
@@ -221,7 +222,7 @@ def apply(store: Store, p: Plan, configured_targets: list[str] | None = None) ->
             with contextlib.suppress(StoreError, OSError):  # an unreachable target keeps an orphan stripe
                 _delete(store, d, targets)
                 done.append(d)
-    return Plan(done, p.held, p.kept)
+    return Plan(done, p.held, p.kept, p.kept_refs)
 
 
 def touch_used(store: Store, kind: str, key: str, doc: dict[str, Any], now: float | None = None) -> None:

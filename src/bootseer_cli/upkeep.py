@@ -71,6 +71,24 @@ class Doomed:
         return {"kind": self.kind, "name": self.name, "bytes": self.bytes, "last_used": self.last_used or None}
 
 
+@dataclass(frozen=True)
+class Kept:
+    """One ref a keep policy keeps, and which policy: `gc` lists them beside what goes (issue 46)."""
+
+    kind: str
+    name: str
+    why: str  # "used within 30 days", "one of the newest 5 tags", …
+    last_used: float = 0.0
+
+    def as_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "name": self.name, "why": self.why, "last_used": self.last_used or None}
+
+
+def within(policy: Policy) -> str:
+    """The words of the keep-days policy: `used within 30 days`."""
+    return f"used within {policy.keep_days:g} day{'' if policy.keep_days == 1 else 's'}"
+
+
 @dataclass
 class Scan:
     """What one pass over the store found: what goes (blobs aside), and the names still in use."""
@@ -83,6 +101,7 @@ class Scan:
     lease_digests: set[str] = field(default_factory=set)
     leased_env: set[str] = field(default_factory=set)  # env keys whose build lease is live
     gone_stripes: list[tuple[str, str, int]] = field(default_factory=list)  # (target, digest, size) of doomed tags
+    kept_refs: list[Kept] = field(default_factory=list)  # the refs a policy keeps, and which
 
 
 def digests_in(doc: object) -> Iterator[str]:
@@ -121,6 +140,8 @@ def aged_refs(store: Store, kind: str, policy: Policy, scan: Scan) -> None:
         if last >= policy.cutoff or (kind == "env" and key in scan.leased_env):
             if last < policy.cutoff:
                 scan.held.append(f"{kind} {key[:12]}: a live build lease")
+            why = within(policy) if last >= policy.cutoff else "a live build lease"
+            scan.kept_refs.append(Kept(kind, key, why, last))
             scan.live.update(digests_in(doc))
             continue
         scan.doomed.append(Doomed(kind, key, f.size, (f.rel,), last_used=last))

@@ -59,12 +59,17 @@ def gc(
         doc |= {"freed_bytes": plan.freed_bytes, "removed": [d.as_json() for d in plan.doomed], "held": plan.held}
         doc["kept_bytes"] = plan.kept_bytes
         doc["kept"] = {why: {"blobs": n, "bytes": b} for why, (n, b) in plan.kept.items()}
+        doc["kept_refs"] = [k.as_json() for k in plan.kept_refs]
         typer.echo(json.dumps(doc, indent=2))
         return
     verb = "would remove" if dry_run else "removed"
+    width = max((len(x.name) for x in [*plan.doomed, *plan.kept_refs]), default=0)  # whole names (issue 46)
     for d in plan.doomed:
         used = f", idle {fmt_age(d.last_used, policy.now)}" if d.last_used else ""
-        typer.echo(f"{verb} {d.kind:7} {d.name[:48]:48} {fmt_bytes(d.bytes):>9}{used}")
+        typer.echo(f"{verb} {d.kind:7} {d.name:{width}} {fmt_bytes(d.bytes):>9}{used}")
+    for k in plan.kept_refs:
+        used = f", last used {fmt_age(k.last_used, policy.now)} ago" if 0 < k.last_used <= policy.now else ""
+        typer.echo(f"keep {k.kind:7} {k.name:{width}} {k.why}{used}")
     for kind, (n, size) in plan.by_kind().items():
         typer.echo(f"{_KINDS.get(kind, kind)}: {n}, {fmt_bytes(size)}")
     for why in plan.held:

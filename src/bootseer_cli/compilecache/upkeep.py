@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError
-from ..upkeep import Check, Doomed, Policy, Scan, is_digest, number
+from ..upkeep import Check, Doomed, Kept, Policy, Scan, is_digest, number, within
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -55,6 +55,7 @@ def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:
                         last = max(last, number(e.get("used")))
         if last >= policy.cutoff:
             scan.live.update(digests)
+            scan.kept_refs.append(Kept("compile", key, within(policy), last))
         else:
             size = sum(f.size for f in files)
             scan.doomed.append(Doomed("compile", key, size, tuple(f.rel for f in files), last_used=last))

@@ -10,7 +10,7 @@ import shutil
 from typing import TYPE_CHECKING
 
 from ..errors import BootseerError, IntegrityError, StoreError
-from ..upkeep import Check, Doomed, Item, Policy, Scan, fetch_into_cache
+from ..upkeep import Check, Doomed, Item, Kept, Policy, Scan, fetch_into_cache
 
 if TYPE_CHECKING:
     from ..cache import BlobCache
@@ -40,6 +40,9 @@ def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:
         manifests.sort(key=lambda m: (m[0].created, m[0].tag))
         for i, (m, rel, size) in enumerate(manifests):
             if i >= len(manifests) - policy.keep_tags or m.tag == hint.get("tag"):
+                newest = i >= len(manifests) - policy.keep_tags
+                why = f"one of the newest {policy.keep_tags} tags" if newest else "the tag latest names"
+                scan.kept_refs.append(Kept("ckpt", f"{name}:{m.tag}", why, m.created))
                 for s in m.stripes:
                     if s.target in main:
                         scan.live.add(s.digest)
