@@ -346,11 +346,14 @@ def capture(
     progress: bool | None = None,
     info: Callable[[str], None] | None = None,
     parents: Sequence[tuple[str, Path | None]] = (),
+    setup_writes: frozenset[tuple[int, int]] | None = None,
 ) -> Captured:
     """Write the snapshot of what changed under `roots` since `baseline` into the node cache.
 
     `parents`: a layer's chain, newest first (digest, the blob's local path or None): files rewritten
-    with the bytes the chain holds for them are left out (rewrites.py). The cyclic collector is paused
+    with the bytes the chain holds for them are left out (rewrites.py). `setup_writes`: the files the
+    setup's processes wrote, which the warning about changes outside the roots is limited to
+    (setupwrites.py; None: unknown). The cyclic collector is paused
     meanwhile: the scan's and the diff's tens of thousands of entries form no cycles (gcpause.py)."""
     from .manifest import diff, scan
 
@@ -386,7 +389,9 @@ def capture(
     finally:
         big.abort()
         look.close()
-    _warn_outside(outside, warn, info)
+    from .setupwrites import attribute
+
+    _warn_outside(attribute(outside, setup_writes), warn, info)
     return Captured(
         tmp,
         written.digest,

@@ -29,6 +29,7 @@ from .stamp import remove_stamp, strip_carried
 
 if TYPE_CHECKING:
     from .aside import Previous
+    from .setupwrites import SetupWrites
 
 
 def excluded_paths(store: StoreSettings) -> list[str]:
@@ -81,20 +82,32 @@ def setup_environ() -> dict[str, str]:
     return env
 
 
-def run_setup(env: EnvSettings, info: Callable[[str], None]) -> None:
+def run_setup(env: EnvSettings, info: Callable[[str], None], writes: SetupWrites | None = None) -> None:
     """Run each `[env] setup` command through the shell in the config file's directory.
 
     Output goes to our stderr (stdout belongs to the launcher). A failing command stops here with
-    its exit status, which `bootseer exec` passes on.
+    its exit status, which `bootseer exec` passes on. With `writes`, each command runs in a mount
+    namespace of its own whose writes that group sees (setupwrites.py).
     """
 
     environ = setup_environ()
     for cmd in env.setup:
         info(f"env setup: {cmd}")
         sys.stderr.flush()
-        rc = subprocess.run(
-            cmd, shell=True, cwd=env.base_dir, stdout=sys.stderr.fileno(), check=False, env=environ
-        ).returncode
+        argv, fds = writes.argv(cmd) if writes is not None else ([cmd], ())
+        try:
+            rc = subprocess.run(
+                argv if writes is not None else cmd,
+                shell=writes is None,
+                cwd=env.base_dir,
+                stdout=sys.stderr.fileno(),
+                check=False,
+                env=environ,
+                pass_fds=fds,
+            ).returncode
+        finally:
+            if writes is not None:
+                writes.command_ended(fds)
         if rc != 0:
             code = 128 - rc if rc < 0 else rc
             raise StageFatal(f"[env] setup command failed (exit {code}): {cmd}", code)
@@ -105,6 +118,7 @@ class SetupRun:
     baseline: Manifest
     started: float  # wall clock, when the setup began (files changed after it are the setup's)
     seconds: float
+    writes: frozenset[tuple[int, int]] | None = None  # what its processes wrote (setupwrites.py); None: unknown
 
 
 def fresh_setup(
@@ -133,18 +147,24 @@ def guarded_setup(
 ) -> SetupRun:
     """Baseline → setup, the previous env (`prev`) set aside: dropped once the setup succeeded, put
     back (with its stamp, if the setup changed nothing) when it fails or is interrupted."""
+    from .setupwrites import SetupWrites
+
     baseline: Manifest | None = None
+    tracked = SetupWrites.start()
     try:
         baseline = scan(roots, excluded_paths(store))
         t0 = time.time()
         if on_start is not None:
             on_start()
-        run_setup(env, info)
+        run_setup(env, info, tracked)
     except BaseException:
+        if tracked is not None:
+            tracked.result()
         try:
             prev.failed(baseline, excluded_paths(store), info, warn)
         except Exception as e:  # the setup's own error is the one to report; the journal puts back the rest
             warn(f"env: the previous env could not be put back after the failed setup: {e}")
         raise
+    seconds = time.time() - t0
     prev.done()
-    return SetupRun(baseline, t0, time.time() - t0)
+    return SetupRun(baseline, t0, seconds, tracked.result() if tracked is not None else None)

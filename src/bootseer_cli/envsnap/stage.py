@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError, StageFatal
 from ..stage import StageContext, StageResult
-from ..units import fmt_bytes
+from ..units import count, fmt_bytes
 
 if TYPE_CHECKING:
     from ..store import Lease, Store
@@ -45,7 +45,7 @@ def _lease_ttl(ctx: StageContext) -> float:
 
 
 def _restored_result(r: Restored, note: str = "") -> StageResult:
-    summary = f"restored {r.files} files ({fmt_bytes(r.raw_bytes)} unpacked) from {r.source}"
+    summary = f"restored {count(r.files, 'file')} ({fmt_bytes(r.raw_bytes)} unpacked) from {r.source}"
     if r.layers:
         summary += f" (layer {r.layers}, {r.present} link(s) already in the tree)"
     summary += f", {note}" if note else ""
@@ -232,7 +232,7 @@ def _build(
                 on_start=lambda: ran.update(setup=True),
                 warn=ctx.warn,
             )
-        b = Built(key, roots, run.baseline, run.started, run.seconds, note, over)
+        b = Built(key, roots, run.baseline, run.started, run.seconds, note, over, run.writes)
         if ctx.settings.exec.agent:
             return _capture_and_hand_over(ctx, keeper, b)
         return _capture_and_publish(ctx, store, b)
@@ -260,6 +260,7 @@ class Built:
     setup_s: float
     note: str
     over: Over | None
+    writes: frozenset[tuple[int, int]] | None = None  # what the setup's processes wrote (setupwrites.py)
 
     def stamp(self, ctx: StageContext, cap: Captured, keys: list[str] | None = None) -> None:
         """Stamp the tree with the capture (merged over the parent's paths for a layer)."""
@@ -301,6 +302,7 @@ def _capture(ctx: StageContext, b: Built) -> Captured | StageResult:
             since=b.started - 1,
             info=ctx.info,
             parents=parents,
+            setup_writes=b.writes,
         )
     except StageFatal:
         raise
@@ -352,7 +354,7 @@ def _capture_and_hand_over(ctx: StageContext, keeper: LeaseKeeper, b: Built) -> 
     ctx.before_agent.append(stop_renewing)
     ctx.add_agent_task(task)
     _squash_when_due(ctx, b, cap, agent=True)
-    summary = f"{b.what(setup_s)}, captured {cap.files} files ({fmt_bytes(cap.size)} compressed)"
+    summary = f"{b.what(setup_s)}, captured {count(cap.files, 'file')} ({fmt_bytes(cap.size)} compressed)"
     summary += "; the agent uploads it"
     return StageResult(
         outcome="built",
@@ -381,7 +383,7 @@ def _capture_and_publish(ctx: StageContext, store: Store, b: Built) -> StageResu
         return StageResult("setup", summary=f"{b.what(setup_s)} (not published)", cache="miss", reason=str(e))
     b.stamp(ctx, cap, _keys_now(ctx, key))
     _squash_when_due(ctx, b, cap, agent=False)
-    summary = f"{b.what(setup_s)}, published {cap.files} files ({fmt_bytes(cap.size)} compressed)"
+    summary = f"{b.what(setup_s)}, published {count(cap.files, 'file')} ({fmt_bytes(cap.size)} compressed)"
     return StageResult(
         outcome="built",
         summary=summary + (f", {note}" if note else ""),

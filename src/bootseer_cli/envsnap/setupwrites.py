@@ -1,0 +1,187 @@
+"""Which files outside the roots the setup itself wrote, so a node's other work is never blamed on it.
+
+The capture warns about files the setup changed outside the roots (they are not in the snapshot). It
+finds them by time: changed since the setup started, in the places setups write (capture.py's
+`OutsideLook`). Time alone blames whatever else ran meanwhile: under load, another process ran
+`ldconfig` during a setup and the capture reported `/etc/ld.so.cache` as the setup's.
+
+Where bootseer is root with CAP_SYS_ADMIN, each setup command runs in a mount namespace of its own
+(`unshare(CLONE_NEWNS)`, done by a small helper that then execs `/bin/sh -c CMD`; the copy keeps every
+mount and its propagation, so files and mounts are shared as before). Before the exec, the helper marks
+every mount of that namespace in a fanotify group bootseer holds, for FAN_CLOSE_WRITE. A mount mark
+belongs to one mount instance, and the namespace's copies are used only by the setup's processes
+and their descendants (which inherit it): the group sees exactly the files the setup's own process tree
+wrote, whichever process it was and however short-lived, and nothing another process writes through
+the node's own mounts. Each event's file is identified by (device, inode), which a write-then-rename
+keeps. A path the time look found is then the setup's only if its inode is among them.
+
+What this does not see: a file the setup only renamed, chmod'ed or linked (no write), a symlink; those
+are still reported by time. Where the group cannot be made (not root, no CAP_SYS_ADMIN, no fanotify),
+the namespace cannot be made, a mount cannot be marked, or the queue overflowed, the writes are
+unknown and the look falls back: a plain user's setup can only have changed a file it may write (or
+whose directory it may write), so the others are not its; root's are reported by time, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import stat
+import struct
+import sys
+import threading
+from collections.abc import Iterable
+
+FAN_CLOEXEC, FAN_NONBLOCK, FAN_CLASS_NOTIF = 0x1, 0x2, 0x0
+FAN_CLOSE_WRITE = 0x8
+FAN_Q_OVERFLOW = 0x4000
+_META = struct.Struct("=IBBHQii")  # event_len, vers, reserved, metadata_len, mask, fd, pid
+
+# The helper, run as `python -I -S -c HELPER FD STATUS_FD CMD`: no site, no bootseer import (a few
+# ms); any failure before the exec still runs the command, and the status says the writes are unknown.
+HELPER = r"""
+import ctypes, os, sys
+fan, status, cmd = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+ok = b"0"
+try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
+    if libc.unshare(0x00020000) == 0:
+        ok = b"1"
+        with open("/proc/self/mountinfo", "rb") as f:
+            for line in f:
+                pre, _, post = line.partition(b" - ")
+                point = pre.split()[4].replace(b"\\040", b" ").replace(b"\\011", b"\t").replace(b"\\012", b"\n")
+                fstype = post.split()[0] if post else b""
+                if fstype in PSEUDO or point.startswith((b"/proc/", b"/sys/", b"/dev/")) or point in SKIP:
+                    continue
+                if libc.fanotify_mark(fan, 0x11, 0x8, -100, point) != 0:
+                    ok = b"0"
+except BaseException:
+    ok = b"0"
+try:
+    os.write(status, ok)
+    os.close(status)
+    os.close(fan)
+finally:
+    os.execv("/bin/sh", ["/bin/sh", "-c", cmd])
+"""
+PSEUDO = (
+    b"proc sysfs cgroup cgroup2 devpts mqueue debugfs tracefs securityfs pstore bpf configfs fusectl "
+    b"autofs hugetlbfs binfmt_misc nsfs devtmpfs efivarfs selinuxfs rpc_pipefs"
+).split()
+_HELPER_CODE = HELPER.replace("PSEUDO", repr(tuple(PSEUDO))).replace("SKIP", repr((b"/proc", b"/sys", b"/dev")))
+
+
+def _libc() -> object:
+    import ctypes
+
+    lib = ctypes.CDLL(None, use_errno=True)
+    lib.fanotify_init.argtypes = [ctypes.c_uint, ctypes.c_uint]
+    lib.fanotify_init.restype = ctypes.c_int
+    return lib
+
+
+class SetupWrites:
+    """The fanotify group for one setup: `argv` wraps each command, `result()` is what its processes wrote.
+
+    Drained by a thread while the setup runs (the kernel's bounded queue: an overflow makes it unknown)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.written: set[tuple[int, int]] = set()
+        self.known = True  # every command ran tracked, and nothing was lost
+        self._status: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="bootseer-setup-writes", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls) -> SetupWrites | None:
+        """A group, or None where fanotify mount marks cannot be had (not root, no CAP_SYS_ADMIN)."""
+        if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+            return None
+        try:
+            fd = _libc().fanotify_init(  # type: ignore[attr-defined]
+                FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK, os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC
+            )
+        except (OSError, AttributeError):
+            return None
+        return cls(fd) if fd >= 0 else None
+
+    def argv(self, cmd: str) -> tuple[list[str], tuple[int, ...]]:
+        """The command line that runs `cmd` through the helper, and the descriptors it must inherit."""
+        r, w = os.pipe()
+        self._status.append(r)
+        return [sys.executable, "-I", "-S", "-c", _HELPER_CODE, str(self.fd), str(w), cmd], (self.fd, w)
+
+    def command_ended(self, passed: tuple[int, ...]) -> None:
+        """After a command: close the status pipe's write end this process kept."""
+        with contextlib.suppress(OSError):
+            os.close(passed[-1])
+
+    def _drain(self) -> None:
+        poll = select.poll()
+        poll.register(self.fd, select.POLLIN)
+        while not self._stop.is_set():
+            try:
+                if poll.poll(100):
+                    self._read()
+            except OSError:
+                self.known = False
+                return
+
+    def _read(self) -> None:
+        while True:
+            try:
+                buf = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if not buf:
+                return
+            pos = 0
+            while pos + _META.size <= len(buf):
+                length, _v, _r, _m, mask, efd, _pid = _META.unpack_from(buf, pos)
+                if length < _META.size:
+                    break
+                pos += length
+                if mask & FAN_Q_OVERFLOW:
+                    self.known = False
+                if efd >= 0:
+                    with contextlib.suppress(OSError):
+                        st = os.fstat(efd)
+                        self.written.add((st.st_dev, st.st_ino))
+                    os.close(efd)
+
+    def result(self) -> frozenset[tuple[int, int]] | None:
+        """Stop and close; the (device, inode) of every file the setup's processes wrote, or None (unknown)."""
+        self._stop.set()
+        self._thread.join()
+        with contextlib.suppress(OSError):
+            self._read()
+        os.close(self.fd)
+        for r in self._status:
+            with contextlib.suppress(OSError):
+                self.known = self.known and os.read(r, 1) == b"1"
+            os.close(r)
+        return frozenset(self.written) if self.known and self._status else None
+
+
+def attribute(paths: Iterable[str], written: frozenset[tuple[int, int]] | None) -> list[str]:
+    """Of the paths the time look found, those the setup may have changed (module doc)."""
+    out = []
+    for p in paths:
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue  # gone since: nothing to report
+        if written is not None and stat.S_ISREG(st.st_mode):
+            if (st.st_dev, st.st_ino) in written:
+                out.append(p)
+        elif written is None and os.geteuid() != 0:
+            if os.access(p, os.W_OK, follow_symlinks=False) or os.access(os.path.dirname(p), os.W_OK):
+                out.append(p)
+        else:
+            out.append(p)
+    return out
