@@ -335,3 +335,15 @@ def test_cache_on_an_overlayfs_gets_fuse_overlayfs(tmp_path: Path, mounts: Path)
     assert "pulling" not in r.stderr and "warning" not in r.stderr, r.stderr
     _agents_done(node)
     assert "checkpoint-2/state.pt" in {f.path for f in load_manifest(store, "job").files}
+
+
+def test_ckpt_umount_takes_a_writable_view_down(tmp_path: Path, mounts: Path) -> None:
+    store = file_store(tmp_path)
+    _first_checkpoint(tmp_path, store)
+    node = _node(tmp_path, "a")
+    cfg = _config(tmp_path, store, "mount", mounts / "out")
+    umount = f"{sys.executable} -m bootseer_cli ckpt umount $BOOTSEER_CKPT_DIR"
+    r = run_cli("exec", "--config", str(cfg), "--", "sh", "-c", umount, env=node)
+    assert r.returncode == 0 and r.stdout.strip() == f"unmounted {mounts / 'out'}", r.stderr
+    assert mount_info(mounts / "out") is None
+    _agents_done(node)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..units import fmt_bytes, fmt_seconds
+from ..units import count, fmt_bytes, fmt_rate, fmt_seconds
 from .complete import checkpoint_refs
 from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
 
@@ -87,7 +87,7 @@ def push(
         typer.echo(json.dumps(describe(m), indent=2))
     else:
         typer.echo(
-            f"pushed {m.name}:{m.tag}: {len(m.files)} files, {fmt_bytes(m.total_size)} in {m.k} stripes "
+            f"pushed {m.name}:{m.tag}: {count(len(m.files), 'file')}, {fmt_bytes(m.total_size)} in {m.k} stripes "
             f"({fmt_seconds(time.time() - t0)})"
         )
 
@@ -204,9 +204,9 @@ def pull(
     if r.skipped:
         typer.echo(f"{r.dest} already holds {m.name}:{m.tag}")
     else:
-        rate = r.bytes / took / 1e6 if took > 0 else 0.0
         typer.echo(
-            f"pulled {m.name}:{m.tag} to {r.dest}: {fmt_bytes(r.bytes)} in {fmt_seconds(took)} ({rate:.0f} MB/s)"
+            f"pulled {m.name}:{m.tag} to {r.dest}: {fmt_bytes(r.bytes)} in {fmt_seconds(took)} "
+            f"({fmt_rate(r.bytes, took)})"
         )
 
 
@@ -249,13 +249,15 @@ def mount(
 
 @app.command()
 def umount(mountpoint: Annotated[Path, typer.Argument(help="The mount point.")], as_json: JsonOpt = False) -> None:
-    """Unmount a checkpoint mount (also a stale one whose server died)."""
+    """Unmount a checkpoint mount (also a stale one whose server died, or a job's writable view)."""
     from ..errors import BootseerError
     from ..stripe.mount import resolve_mountpoint
     from ..stripe.mount import umount as do_umount
+    from ..stripe.overlay import umount_overlay
 
     mp = resolve_mountpoint(mountpoint.expanduser())
-    if not do_umount(mp):
+    # a writable view first: what the job wrote stays in its upper directory, pushed by the next start
+    if not umount_overlay(mp) and not do_umount(mp):
         raise BootseerError(f"{mp} is not mounted")
     if as_json:
         _emit({"unmounted": mp})
