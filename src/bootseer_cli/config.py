@@ -182,7 +182,8 @@ def refusal_of(st: os.stat_result, me: int) -> str:
     if st.st_uid not in (me, 0):
         return f"it belongs to {_who(st.st_uid)}, not you ({_who(me)})"
     if st.st_mode & 0o022:
-        return f"it is writable by {'group' if st.st_mode & 0o020 else 'others'} (chmod go-w it)"
+        who = " and ".join(w for w, bit in (("group", 0o020), ("others", 0o002)) if st.st_mode & bit)
+        return f"it is writable by {who} (chmod go-w it)"
     return ""
 
 
