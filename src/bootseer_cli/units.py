@@ -21,6 +21,17 @@ def fmt_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def count(n: int, word: str, plural: str = "") -> str:
+    """`1 file`, `2 files`, `1,234 files`: a count with its noun in the right number (`1 files`, issue 46)."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
+
+
+def fmt_rate(n_bytes: float, seconds: float) -> str:
+    """`300 B/s`, `22.5 MB/s`; `–` when no time was measured. In the units of `fmt_bytes`, so a small
+    transfer reads `850 kB/s`, never `0 MB/s`."""
+    return f"{fmt_bytes(n_bytes / seconds)}/s" if seconds > 0 else "–"
+
+
 def fmt_seconds(s: float) -> str:
     """`120 ms`, `1.5 s`, `123 s`: whole milliseconds below 0.1 s, whole seconds from 100 s."""
     if s >= 100:

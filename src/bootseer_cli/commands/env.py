@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..settings import Settings
-from ..units import fmt_age, fmt_bytes, fmt_time
+from ..units import count, fmt_age, fmt_bytes, fmt_time
 from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def _published(p: Published, as_json: bool) -> None:
         typer.echo(json.dumps(doc, indent=2))
         return
     typer.echo(
-        f"published env {p.env_key[:16]}: {p.files} files, {p.deletions} deletions, "
+        f"published env {p.env_key[:16]}: {count(p.files, 'file')}, {count(p.deletions, 'deletion')}, "
         f"{fmt_bytes(p.size)} compressed, in {p.seconds:.1f} s"
     )
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import BootseerError
 from ..stage import StageContext, StageResult
-from ..units import fmt_bytes
+from ..units import count, fmt_bytes
 from .index import Index, read_index, surely_empty
 from .jobpython import JobTorch, job_torch
 from .key import current_compile_key
@@ -142,7 +142,8 @@ def _result(key: Key, index: Index | None, r: Restored, why: str, publishing: st
         outcome, summary = "fallback", "no restore (store)"
     elif have:
         outcome = "hit"
-        summary = f"restored {r.files} files, {fmt_bytes(r.bytes)}" + (f", {r.kept} already here" if r.kept else "")
+        summary = f"restored {count(r.files, 'file')}, {fmt_bytes(r.bytes)}"
+        summary += f", {r.kept} already here" if r.kept else ""
     else:
         outcome, summary = "miss", f"empty cache, {publishing}"
     return StageResult(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BootseerError
 from ..events import record as record_event
-from ..units import fmt_bytes, fmt_seconds
+from ..units import count, fmt_bytes, fmt_seconds
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -82,5 +82,6 @@ def publish_task(task: PublishTask, agent: Agent) -> None:
     finally:
         up.blob.unlink(missing_ok=True)  # adopted into the cache on success; a failed upload's copy goes
     took = time.time() - t0
-    agent.log(f"env-publish: env {key[:12]} published, {up.files} files ({fmt_bytes(up.size)}) in {fmt_seconds(took)}")
+    files = count(up.files, "file")
+    agent.log(f"env-publish: env {key[:12]} published, {files} ({fmt_bytes(up.size)}) in {fmt_seconds(took)}")
     record_event(agent.run, "env-publish", t0, time.time(), "built", bytes=up.size, detail=up.digest)

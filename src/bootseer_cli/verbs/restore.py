@@ -37,7 +37,7 @@ def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], N
 def _restore(cfg: Config, out: Callable[[str], None], err: Callable[[str], None], as_json: bool) -> int:
     from ..envsnap.actions import restore_here
     from ..settings import Settings
-    from ..units import fmt_bytes
+    from ..units import count, fmt_bytes
 
     done = restore_here(
         Settings.from_config(cfg), lambda m: err(f"bootseer: {m}"), lambda m: err(f"bootseer: warning: {m}")
@@ -60,7 +60,7 @@ def _restore(cfg: Config, out: Callable[[str], None], err: Callable[[str], None]
         err(f"no snapshot for env {key[:16]}")
         return EXIT_MISS
     out(
-        f"restored env {key[:16]}: {r.files} files ({fmt_bytes(r.raw_bytes)} unpacked) from {r.source} "
+        f"restored env {key[:16]}: {count(r.files, 'file')} ({fmt_bytes(r.raw_bytes)} unpacked) from {r.source} "
         f"in {r.seconds_fetch + r.seconds_extract:.2f} s (fetch {r.seconds_fetch:.2f} s, "
         f"extract {r.seconds_extract:.2f} s)"
     )
