@@ -232,7 +232,7 @@ def _build(
                 on_start=lambda: ran.update(setup=True),
                 warn=ctx.warn,
             )
-        b = Built(key, roots, run.baseline, run.started, run.seconds, note, over)
+        b = Built(key, roots, run.baseline, run.started, run.seconds, note, over, run.writes)
         if ctx.settings.exec.agent:
             return _capture_and_hand_over(ctx, keeper, b)
         return _capture_and_publish(ctx, store, b)
@@ -260,6 +260,7 @@ class Built:
     setup_s: float
     note: str
     over: Over | None
+    writes: frozenset[tuple[int, int]] | None = None  # what the setup's processes wrote (setupwrites.py)
 
     def stamp(self, ctx: StageContext, cap: Captured, keys: list[str] | None = None) -> None:
         """Stamp the tree with the capture (merged over the parent's paths for a layer)."""
@@ -301,6 +302,7 @@ def _capture(ctx: StageContext, b: Built) -> Captured | StageResult:
             since=b.started - 1,
             info=ctx.info,
             parents=parents,
+            setup_writes=b.writes,
         )
     except StageFatal:
         raise
