@@ -75,3 +75,62 @@ def test_another_process_writing_outside_the_roots_during_the_setup_is_not_blame
     assert f"{opt_dir}/mine.conf" in warning and f"{opt_dir}/child.conf" in warning, r.stderr
     assert "theirs.cache" not in warning, "another process's write was blamed on the setup"
     assert "2 file(s)" in warning, warning
+
+
+NOBODY = 65534
+# a plain user (read and search everywhere, so the interpreter under /root starts; no write anywhere)
+AS_NOBODY = [
+    "setpriv",
+    f"--reuid={NOBODY}",
+    f"--regid={NOBODY}",
+    "--clear-groups",
+    "--inh-caps=-all,+dac_read_search",
+    "--ambient-caps=+dac_read_search",
+]
+
+
+def test_a_plain_users_setup_is_not_blamed_for_a_file_it_could_not_write(tmp_path: Path) -> None:
+    """No fanotify for a plain user: a file it may not write (nor its directory) is not its setup's."""
+    import json
+
+    work = tmp_path / "work"
+    home, root, done = work / "home", work / "env", work / "done"
+    for d in (work, home, root):
+        d.mkdir()
+        os.chown(d, NOBODY, NOBODY)
+    system = home / "sys"  # root's, inside the home the capture looks in (as /etc is for ld.so.cache)
+    system.mkdir(mode=0o755)
+    (system / "theirs.conf").write_text("before\n")
+    go = work / "go"
+    wait = f"for i in $(seq 1200); do [ -e {done} ] && break; sleep 0.05; done; [ -e {done} ]"
+    setup = [f"echo pkg > {root}/pkg.py", f"echo mine > {home}/mine.conf && touch {go} && {wait}"]
+    (work / "bootseer.toml").write_text(
+        f'[store]\nuri = "{(work / "store").as_uri()}"\n[exec]\nagent = false\n'
+        f'[env]\nroots = ["{root}"]\nwait_s = 30\nsetup = {json.dumps(setup)}\n'
+    )
+    other = subprocess.Popen(  # root, no descendant of the setup
+        [
+            "sh",
+            "-c",
+            f"for i in $(seq 2400); do [ -e {go} ] && break; sleep 0.05; done;"
+            f" echo after > {system}/theirs.conf~ && mv {system}/theirs.conf~ {system}/theirs.conf; touch {done}",
+        ]
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
+    env.update(HOME=str(home), XDG_CACHE_HOME=str(work / "cache"), BOOTSEER_EXEC_AGENT="0")
+    try:
+        r = subprocess.run(
+            [*AS_NOBODY, sys.executable, "-m", "bootseer_cli", "exec", "--", "true"],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    finally:
+        other.wait(timeout=150)
+    assert r.returncode == 0, r.stderr
+    assert (system / "theirs.conf").read_text() == "after\n"
+    warning = next((line for line in r.stderr.splitlines() if "outside [env] roots" in line), "")
+    assert f"{home}/mine.conf" in warning, r.stderr
+    assert "theirs.conf" not in warning, "a file the user could not write was blamed on its setup"

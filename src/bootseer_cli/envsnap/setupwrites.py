@@ -180,8 +180,16 @@ def attribute(paths: Iterable[str], written: frozenset[tuple[int, int]] | None) 
             if (st.st_dev, st.st_ino) in written:
                 out.append(p)
         elif written is None and os.geteuid() != 0:
-            if os.access(p, os.W_OK, follow_symlinks=False) or os.access(os.path.dirname(p), os.W_OK):
+            if _may_write(p) or _may_write(os.path.dirname(p)):
                 out.append(p)
         else:
             out.append(p)
     return out
+
+
+def _may_write(path: str) -> bool:
+    """Whether this process (its effective ids and capabilities, as the setup it ran) may write `path`."""
+    try:
+        return os.access(path, os.W_OK, effective_ids=True, follow_symlinks=False)
+    except (NotImplementedError, OSError):
+        return True  # not known: as before, by time
