@@ -2,10 +2,10 @@
 devices=2, strategy="ddp")` started by Lightning's own launcher (`python lightning_train.py`: it starts the
 second process itself), `ModelCheckpoint(dirpath=…, save_last=True)`, resumed with `fit(ckpt_path="last")`.
 
-The data is a local text file as byte-level token ids, an epoch of `--save-steps` steps, and the checkpoint
-is saved every `--save-steps` steps: a resumed run sees the batches an uninterrupted one sees (Lightning 2.6
-restarts a partly trained epoch from its first batch, and one saved by `every_n_epochs` resumes into
-another batch order).
+The data is a local text file as byte-level token ids, an epoch of `--save-steps` steps in the same order
+every epoch, and the checkpoint is saved every `--save-steps` steps: a resumed run sees the batches an
+uninterrupted one sees (Lightning 2.6 restarts a partly trained epoch from its first batch, and a run
+resumed twice shuffles its epoch as the epoch before: both would change the losses, not bootseer).
 Rank 0 prints `train: begin step=N`, `train: first-step t=<unix time>` and `train: step step=N loss=X` lines.
 """
 
@@ -28,8 +28,9 @@ BATCH = 4
 class CharModel(L.LightningModule):
     """Embedding, one transformer layer, a head over the 256 byte values."""
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: torch.Tensor) -> None:
         super().__init__()
+        self.blocks = blocks
         self.embed = nn.Embedding(256, 32)
         self.layer = nn.TransformerEncoderLayer(32, 2, dim_feedforward=64, dropout=0.0, batch_first=True)
         self.head = nn.Linear(32, 256)
@@ -52,6 +53,11 @@ class CharModel(L.LightningModule):
             self.first = False
         print(f"train: step step={self.global_step} loss={outputs['loss'].item()!r}", flush=True)
 
+    def train_dataloader(self) -> DataLoader:
+        """This rank's share of the blocks, in order: every epoch sees the same batches."""
+        share = self.blocks[self.global_rank :: self.trainer.world_size]
+        return DataLoader(TensorDataset(share), batch_size=BATCH, shuffle=False)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=3e-3)
 
@@ -67,7 +73,6 @@ def main() -> None:
     L.seed_everything(0, workers=True)
     ids = torch.tensor(list(a.data.read_bytes()), dtype=torch.long)
     n = min(len(ids) // BLOCK, 2 * BATCH * a.save_steps)  # two ranks: an epoch ends at each save
-    data = DataLoader(TensorDataset(ids[: n * BLOCK].view(n, BLOCK)), batch_size=BATCH, shuffle=True)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
@@ -79,8 +84,9 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         deterministic=True,
+        use_distributed_sampler=False,  # the model shards its data itself (train_dataloader)
     )
-    trainer.fit(CharModel(), data, ckpt_path="last")
+    trainer.fit(CharModel(ids[: n * BLOCK].view(n, BLOCK)), ckpt_path="last")
 
 
 if __name__ == "__main__":
