@@ -94,6 +94,7 @@ class SetupWrites:
         self.known = True  # every command ran tracked, and nothing was lost
         self._status: list[int] = []
         self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()  # ends the drain's wait at once when the setup is over
         self._thread = threading.Thread(target=self._drain, name="bootseer-setup-writes", daemon=True)
         self._thread.start()
 
@@ -124,9 +125,10 @@ class SetupWrites:
     def _drain(self) -> None:
         poll = select.poll()
         poll.register(self.fd, select.POLLIN)
+        poll.register(self._wake_r, select.POLLIN)
         while not self._stop.is_set():
             try:
-                if poll.poll(100):
+                if poll.poll(1000):
                     self._read()
             except OSError:
                 self.known = False
@@ -157,7 +159,10 @@ class SetupWrites:
     def result(self) -> frozenset[tuple[int, int]] | None:
         """Stop and close; the (device, inode) of every file the setup's processes wrote, or None (unknown)."""
         self._stop.set()
+        os.write(self._wake_w, b"x")
         self._thread.join()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         with contextlib.suppress(OSError):
             self._read()
         os.close(self.fd)
