@@ -39,7 +39,7 @@ def test_another_process_writing_outside_the_roots_during_the_setup_is_not_blame
     root.mkdir()
     wait = f"for i in $(seq 1200); do [ -e {done} ] && break; sleep 0.05; done; [ -e {done} ]"
     setup = [
-        f"echo pkg > {root}/pkg.py",
+        f"echo pkg > {root}/pkg.py && ls -l /proc/$$/fd > {tmp_path}/fds",
         f"echo mine > {opt_dir}/mine.conf && (echo kid > {opt_dir}/child.conf &) && touch {go} && {wait}",
     ]
     import json
@@ -75,6 +75,7 @@ def test_another_process_writing_outside_the_roots_during_the_setup_is_not_blame
     assert f"{opt_dir}/mine.conf" in warning and f"{opt_dir}/child.conf" in warning, r.stderr
     assert "theirs.cache" not in warning, "another process's write was blamed on the setup"
     assert "2 file(s)" in warning, warning
+    assert "fanotify" not in (tmp_path / "fds").read_text(), "the setup holds bootseer's fanotify group"
 
 
 NOBODY = 65534

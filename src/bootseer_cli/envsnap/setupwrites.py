@@ -62,9 +62,12 @@ except BaseException:
     ok = b"0"
 try:
     os.write(status, ok)
-    os.close(status)
-    os.close(fan)
 finally:
+    for fd in (status, fan):  # the setup never holds the group (its events' files are opened as root)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     os.execv("/bin/sh", ["/bin/sh", "-c", cmd])
 """
 PSEUDO = (
@@ -101,7 +104,7 @@ class SetupWrites:
     @classmethod
     def start(cls) -> SetupWrites | None:
         """A group, or None where fanotify mount marks cannot be had (not root, no CAP_SYS_ADMIN)."""
-        if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        if os.geteuid() != 0 or not sys.platform.startswith("linux") or not sys.executable:
             return None
         try:
             fd = _libc().fanotify_init(  # type: ignore[attr-defined]
