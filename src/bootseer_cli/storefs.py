@@ -104,7 +104,7 @@ class StoreFS:
             try:
                 Path(self.root).mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                if e.errno == errno.EROFS:  # a read-only cache's default store: empty, and nothing is published
+                if e.errno in (errno.EROFS, errno.EACCES):  # under a read-only cache: empty, nothing published
                     return
                 raise StoreError(f"store {self.uri!r}: cannot create {self.root}: {e.strerror}") from None
 
