@@ -77,3 +77,15 @@ def test_first_step_counts_as_ready_and_ready_wins() -> None:
     assert "1 node(s) ready at their first optimizer step" in text
     assert "1 node(s) neither called bootseer_cli.ready() nor made an optimizer step" in text
     assert "launcher → first step" in text
+
+
+def test_page_and_timeline_name_the_first_step() -> None:
+    from bootseer_cli.report.page import job_html
+    from bootseer_cli.report.svg import timeline_svg
+
+    evs = [_ev("n0", "bootseer", 0.0, 2.0), _ev("n0", "first_step", 2.0, 40.0, extra='{"local_rank": "0"}')]
+    r = analysis.analyze_job(evs, "j")
+    html, svg = job_html(r), timeline_svg(r)
+    assert "launcher → first step" in svg and "launcher → ready()" not in svg
+    assert "<th>to first step</th>" in html and "nodes ready at their first optimizer step" in html
+    assert "measured only to exec" not in html
