@@ -18,6 +18,9 @@ mtime (bytes 8-12), so the rewritten module's `.pyc` differs from the parent's t
 objects are equal and its source is left out, each copy recording its own source's mtime: the
 builder's pair (new mtime) and a restored pair (the parent's) are both valid for Python's check.
 
+The comparison reads (and hashes) the whole blob, so it is made only where the candidates are a
+material part of it (`_worth_reading`): a `--target` reinstall, a bump of a large package.
+
 Only a file whose every byte is compared equal is left out: a blob missing, unreadable or not what
 its digest says makes no file identical (it and every older link are not consulted), so the worst
 case is the layer as it was.
@@ -39,6 +42,7 @@ if TYPE_CHECKING:
 
 PYC_STAMP = slice(8, 12)  # a timestamp-based pyc's source mtime (PEP 552: flags 0)
 PYC_MAX = 8 << 20
+WORTH_BYTES = 64 << 20  # candidates' bytes that make reading any blob for them worth it
 
 
 def local_chain(chain: Sequence[dict[str, Any]], cache: BlobCache, store: Store) -> list[tuple[str, Path | None]]:
@@ -77,7 +81,7 @@ def identical_rewrites(
     same: set[str] = set()
     pycs: dict[str, str] = {}  # pyc -> its source: left out only if the source is
     for digest, path in blobs:
-        if not todo or path is None:
+        if not todo or path is None or not _worth_reading(todo, path):
             break
         try:
             found = _compare_blob(digest, path, todo, baseline, after)
@@ -90,6 +94,20 @@ def identical_rewrites(
                 same.add(p)
     same |= {p for p, src in pycs.items() if src in same}
     return same
+
+
+def _worth_reading(todo: dict[str, Entry], blob: Path) -> bool:
+    """Whether the candidates' bytes are worth reading the blob for (hashing it, decompressing its frames).
+
+    A small bump over a large base (a few same-size files of one reinstalled package against a torch
+    blob of hundreds of MB) would pay a second or more on every layered build to save a few kB of
+    upload: compared only when the candidates hold at least a quarter of the blob's size, or 64 MiB."""
+    want = sum(e.size for e in todo.values())
+    try:
+        size = os.stat(blob).st_size
+    except OSError:
+        return False
+    return want * 4 >= size or want >= WORTH_BYTES
 
 
 def _compare_blob(
