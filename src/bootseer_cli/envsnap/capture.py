@@ -29,6 +29,7 @@ from .setup import excluded_paths
 if TYPE_CHECKING:
     from ..cache import BlobCache
     from ..settings import StoreSettings
+    from .setupwrites import Written
 
 
 # Written by the container runtime (Docker, Podman, the kubelet) when it creates the container, a
@@ -160,10 +161,11 @@ def outside_places(
     import lock another thread held at the fork would hang it)."""
     import sysconfig
 
-    home = os.path.expanduser("~")
+    from .setupwrites import look_places
+
     base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
     installs = {os.path.normpath(base[k]) for k in ("purelib", "platlib", "scripts")}
-    places = [base["purelib"], base["platlib"], base["scripts"], "/usr/local", "/opt", "/etc", home]
+    places = look_places()  # the setup's mounts there are the ones watched (setupwrites.py)
     skip = [*roots, *exclude, "/proc", "/sys", "/dev"]
     # as a place, or met inside another (/usr/local holds a Docker image's site-packages)
     shallow = {p for p in installs if not _changed_since(p, since)} if since is not None else set()
@@ -346,7 +348,7 @@ def capture(
     progress: bool | None = None,
     info: Callable[[str], None] | None = None,
     parents: Sequence[tuple[str, Path | None]] = (),
-    setup_writes: frozenset[tuple[int, int]] | None = None,
+    setup_writes: Written | None = None,
 ) -> Captured:
     """Write the snapshot of what changed under `roots` since `baseline` into the node cache.
 

@@ -29,7 +29,7 @@ from .stamp import remove_stamp, strip_carried
 
 if TYPE_CHECKING:
     from .aside import Previous
-    from .setupwrites import SetupWrites
+    from .setupwrites import SetupWrites, Written
 
 
 def excluded_paths(store: StoreSettings) -> list[str]:
@@ -118,7 +118,7 @@ class SetupRun:
     baseline: Manifest
     started: float  # wall clock, when the setup began (files changed after it are the setup's)
     seconds: float
-    writes: frozenset[tuple[int, int]] | None = None  # what its processes wrote (setupwrites.py); None: unknown
+    writes: Written | None = None  # what its processes wrote (setupwrites.py); None: unknown
 
 
 def fresh_setup(

@@ -32,36 +32,48 @@ import struct
 import sys
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 FAN_CLOEXEC, FAN_NONBLOCK, FAN_CLASS_NOTIF = 0x1, 0x2, 0x0
 FAN_CLOSE_WRITE = 0x8
 FAN_Q_OVERFLOW = 0x4000
 _META = struct.Struct("=IBBHQii")  # event_len, vers, reserved, metadata_len, mask, fd, pid
 
-# The helper, run as `python -I -S -c HELPER FD STATUS_FD CMD`: no site, no bootseer import (a few
-# ms); any failure before the exec still runs the command, and the status says the writes are unknown.
+# The helper, run as `python -I -S -c HELPER FD STATUS_FD CMD PLACE...`: no site, no bootseer import
+# (a few ms); any failure before the exec still runs the command. It marks the mounts that hold the
+# places the capture looks in, or lie below one (network filesystems never: a stale one would hang
+# the lookup), and reports "1 maj:min …", the devices all of whose such mounts it marked, or "0".
 HELPER = r"""
 import ctypes, os, sys
-fan, status, cmd = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-ok = b"0"
+fan, status, cmd, places = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], [os.fsencode(p) for p in sys.argv[4:]]
+out = b"0"
+def near(point):
+    top = point.rstrip(b"/") + b"/"
+    return any(p == point or p.startswith(top) or point.startswith(p.rstrip(b"/") + b"/") for p in places)
 try:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
     if libc.unshare(0x00020000) == 0:
-        ok = b"1"
+        marked, missed = set(), set()
         with open("/proc/self/mountinfo", "rb") as f:
             for line in f:
                 pre, _, post = line.partition(b" - ")
-                point = pre.split()[4].replace(b"\\040", b" ").replace(b"\\011", b"\t").replace(b"\\012", b"\n")
-                fstype = post.split()[0] if post else b""
-                if fstype in PSEUDO or point.startswith((b"/proc/", b"/sys/", b"/dev/")) or point in SKIP:
+                fields = pre.split()
+                dev, point = fields[2], fields[4]
+                for esc, raw in ((b"\\040", b" "), (b"\\011", b"\t"), (b"\\012", b"\n"), (b"\\134", b"\\")):
+                    point = point.replace(esc, raw)
+                if not near(point):
                     continue
-                if libc.fanotify_mark(fan, 0x11, 0x8, -100, point) != 0:
-                    ok = b"0"
+                fstype = post.split()[0] if post else b""
+                if fstype in NETWORK or libc.fanotify_mark(fan, 0x11, 0x8, -100, point) != 0:
+                    missed.add(dev)
+                else:
+                    marked.add(dev)
+        out = b" ".join([b"1", *sorted(marked - missed)])
 except BaseException:
-    ok = b"0"
+    out = b"0"
 try:
-    os.write(status, ok)
+    os.write(status, out)
 finally:
     for fd in (status, fan):  # the setup never holds the group (its events' files are opened as root)
         try:
@@ -70,11 +82,31 @@ finally:
             pass
     os.execv("/bin/sh", ["/bin/sh", "-c", cmd])
 """
-PSEUDO = (
-    b"proc sysfs cgroup cgroup2 devpts mqueue debugfs tracefs securityfs pstore bpf configfs fusectl "
-    b"autofs hugetlbfs binfmt_misc nsfs devtmpfs efivarfs selinuxfs rpc_pipefs"
+NETWORK = (
+    b"nfs nfs4 cifs smb3 smbfs ncpfs 9p afs ceph glusterfs lustre gpfs beegfs fuse.sshfs fuse.s3fs fuse.gcsfuse "
+    b"fuse.rclone fuse.juicefs fuse.glusterfs fuse.ceph autofs"
 ).split()
-_HELPER_CODE = HELPER.replace("PSEUDO", repr(tuple(PSEUDO))).replace("SKIP", repr((b"/proc", b"/sys", b"/dev")))
+_HELPER_CODE = HELPER.replace("NETWORK", repr(tuple(NETWORK)))
+
+
+def look_places() -> list[str]:
+    """Where setups usually write outside the roots: where the capture looks (`capture.outside_places`)
+    and the mounts the helper marks. `sysconfig` is imported in the caller's process."""
+    import sysconfig
+
+    home = os.path.expanduser("~")
+    base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
+    places = [base["purelib"], base["platlib"], base["scripts"], "/usr/local", "/opt", "/etc", home]
+    return [os.path.normpath(p) for p in dict.fromkeys(places)]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a setup's processes wrote: (device, inode) of each file, on the devices whose mounts were
+    all watched (`devices`); a file on another device is the setup's or not by time, as before."""
+
+    inodes: frozenset[tuple[int, int]]
+    devices: frozenset[int]
 
 
 def _libc() -> object:
@@ -94,7 +126,9 @@ class SetupWrites:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.written: set[tuple[int, int]] = set()
-        self.known = True  # every command ran tracked, and nothing was lost
+        self.known = True  # nothing was lost
+        self.devices: set[int] | None = None  # watched by every command so far
+        self.places = look_places()
         self._status: list[int] = []
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()  # ends the drain's wait at once when the setup is over
@@ -118,7 +152,7 @@ class SetupWrites:
         """The command line that runs `cmd` through the helper, and the descriptors it must inherit."""
         r, w = os.pipe()
         self._status.append(r)
-        return [sys.executable, "-I", "-S", "-c", _HELPER_CODE, str(self.fd), str(w), cmd], (self.fd, w)
+        return [sys.executable, "-I", "-S", "-c", _HELPER_CODE, str(self.fd), str(w), cmd, *self.places], (self.fd, w)
 
     def command_ended(self, passed: tuple[int, ...]) -> None:
         """After a command: close the status pipe's write end this process kept."""
@@ -159,8 +193,9 @@ class SetupWrites:
                         self.written.add((st.st_dev, st.st_ino))
                     os.close(efd)
 
-    def result(self) -> frozenset[tuple[int, int]] | None:
-        """Stop and close; the (device, inode) of every file the setup's processes wrote, or None (unknown)."""
+    def result(self) -> Written | None:
+        """Stop and close; what the setup's processes wrote, or None (unknown: the queue overflowed, or
+        no command ran tracked)."""
         self._stop.set()
         os.write(self._wake_w, b"x")
         self._thread.join()
@@ -170,13 +205,29 @@ class SetupWrites:
             self._read()
         os.close(self.fd)
         for r in self._status:
-            with contextlib.suppress(OSError):
-                self.known = self.known and os.read(r, 1) == b"1"
+            self._command_devices(r)
             os.close(r)
-        return frozenset(self.written) if self.known and self._status else None
+        if not self.known or not self.devices:
+            return None
+        return Written(frozenset(self.written), frozenset(self.devices))
+
+    def _command_devices(self, r: int) -> None:
+        """The devices one command's helper watched ("1 maj:min …"); those every command watched stay."""
+        data = b""
+        with contextlib.suppress(OSError):
+            while piece := os.read(r, 1 << 16):
+                data += piece
+        words = data.split()
+        devs: set[int] = set()
+        if words[:1] == [b"1"]:
+            for w in words[1:]:
+                with contextlib.suppress(ValueError):
+                    major, minor = w.split(b":")
+                    devs.add(os.makedev(int(major), int(minor)))
+        self.devices = devs if self.devices is None else self.devices & devs
 
 
-def attribute(paths: Iterable[str], written: frozenset[tuple[int, int]] | None) -> list[str]:
+def attribute(paths: Iterable[str], written: Written | None) -> list[str]:
     """Of the paths the time look found, those the setup may have changed (module doc)."""
     out = []
     for p in paths:
@@ -184,10 +235,10 @@ def attribute(paths: Iterable[str], written: frozenset[tuple[int, int]] | None) 
             st = os.lstat(p)
         except OSError:
             continue  # gone since: nothing to report
-        if written is not None and stat.S_ISREG(st.st_mode):
-            if (st.st_dev, st.st_ino) in written:
+        if written is not None and stat.S_ISREG(st.st_mode) and st.st_dev in written.devices:
+            if (st.st_dev, st.st_ino) in written.inodes:
                 out.append(p)
-        elif written is None and os.geteuid() != 0:
+        elif os.geteuid() != 0:
             if _may_write(p) or _may_write(os.path.dirname(p)):
                 out.append(p)
         else:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .manifest import Manifest
     from .restore import Restored
     from .setup import SetupRun
+    from .setupwrites import Written
 
 POLL_S = 1.0
 
@@ -135,9 +136,19 @@ def _locked_stage(ctx: StageContext, roots: list[str], key: str) -> StageResult:
 def _try_restore(
     ctx: StageContext, store: Store, key: str, roots: list[str], ref: dict[str, Any]
 ) -> StageResult | None:
+    from ..gc import touch_used
     from .catalog import REF_KIND
     from .restore import restore
 
+    note = ""
+    if ctx.settings.env.mode == "mount":  # the image mounted at the roots (envmount/), else extracted, saying why
+        from ..envmount.stage import try_mount
+
+        mounted, why = try_mount(ctx, store, key, roots, ref)
+        if mounted is not None:
+            touch_used(store, REF_KIND, key, ref)
+            return mounted
+        note = f"not mounted: {why}"
     try:
         r = restore(ctx.settings.p2p, store, ctx.cache, key, roots, ref=ref)
     except StageFatal:
@@ -148,10 +159,8 @@ def _try_restore(
         return None
     if r is None:
         return None
-    from ..gc import touch_used
-
     touch_used(store, REF_KIND, key, ref)  # at most once a day: `bootseer gc` keeps what jobs use
-    return _restored_result(r)
+    return _restored_result(r, note)
 
 
 def _replaced(ref: dict[str, Any], failed: str) -> bool:
@@ -260,7 +269,7 @@ class Built:
     setup_s: float
     note: str
     over: Over | None
-    writes: frozenset[tuple[int, int]] | None = None  # what the setup's processes wrote (setupwrites.py)
+    writes: Written | None = None  # what the setup's processes wrote (setupwrites.py)
 
     def stamp(self, ctx: StageContext, cap: Captured, keys: list[str] | None = None) -> None:
         """Stamp the tree with the capture (merged over the parent's paths for a layer)."""
@@ -341,7 +350,7 @@ def _capture_and_hand_over(ctx: StageContext, keeper: LeaseKeeper, b: Built) -> 
         lease_owner=lease.owner,
         lease_expires=lease.expires,
         lease_ttl_s=keeper.ttl_s,
-        ref_extra=b.ref_extra(ctx),
+        ref_extra={**b.ref_extra(ctx), **_image_extra(ctx, b)},
     )
 
     def stop_renewing() -> None:
@@ -375,7 +384,7 @@ def _capture_and_publish(ctx: StageContext, store: Store, b: Built) -> StageResu
     if isinstance(cap, StageResult):
         return cap
     try:
-        publish(ctx.settings.p2p, store, ctx.cache, cap, key, roots, extra=b.ref_extra(ctx))
+        publish(ctx.settings.p2p, store, ctx.cache, cap, key, roots, extra={**b.ref_extra(ctx), **_image_extra(ctx, b)})
     except BootseerError as e:
         ctx.warn(f"env: setup done and captured, but not published: {e}")
         cap.blob.unlink(missing_ok=True)
@@ -392,6 +401,17 @@ def _capture_and_publish(ctx: StageContext, store: Store, b: Built) -> StageResu
         reason=note,
         extra={"files": cap.files, "setup_s": round(setup_s, 3)},
     )
+
+
+def _image_extra(ctx: StageContext, b: Built) -> dict[str, Any]:
+    """`[env] mode = "mount"`: the ref's `fs_image` field, the image built now from the set-up roots
+    (envmount/image.py); {} in extract mode or when it cannot be built (warned: the snapshot is extracted)."""
+    if ctx.settings.env.mode != "mount":
+        return {}
+    from ..envmount.image import image_for_publish
+    from .setup import excluded_paths
+
+    return image_for_publish(b.roots, excluded_paths(ctx.settings.store), ctx.cache, ctx.warn)
 
 
 def _keys_now(ctx: StageContext, key: str) -> list[str]:
