@@ -7,8 +7,10 @@ finds them by time: changed since the setup started, in the places setups write 
 
 Where bootseer is root with CAP_SYS_ADMIN, each setup command runs in a mount namespace of its own
 (`unshare(CLONE_NEWNS)`, done by a small helper that then execs `/bin/sh -c CMD`; the copy keeps every
-mount and its propagation, so files and mounts are shared as before). Before the exec, the helper marks
-every mount of that namespace in a fanotify group bootseer holds, for FAN_CLOSE_WRITE. A mount mark
+mount and its propagation, so files are shared as before, and so are mounts where the node's mounts
+propagate, as under systemd; in a container with private mounts, a mount the setup makes stays in its
+namespace). Before the exec, the helper marks the namespace's mounts that hold the places the capture
+looks in (`look_places`), or lie below one, in a fanotify group bootseer holds, for FAN_CLOSE_WRITE. A mount mark
 belongs to one mount instance, and the namespace's copies are used only by the setup's processes
 and their descendants (which inherit it): the group sees exactly the files the setup's own process tree
 wrote, whichever process it was and however short-lived, and nothing another process writes through
@@ -16,10 +18,12 @@ the node's own mounts. Each event's file is identified by (device, inode), which
 keeps. A path the time look found is then the setup's only if its inode is among them.
 
 What this does not see: a file the setup only renamed, chmod'ed or linked (no write), a symlink; those
-are still reported by time. Where the group cannot be made (not root, no CAP_SYS_ADMIN, no fanotify),
-the namespace cannot be made, a mount cannot be marked, or the queue overflowed, the writes are
-unknown and the look falls back: a plain user's setup can only have changed a file it may write (or
-whose directory it may write), so the others are not its; root's are reported by time, as before.
+are still reported by time, and so is a file on a device some of whose mounts there were not marked (a
+network filesystem is never marked: a stale one would hang the lookup; overlayfs may report another
+device for a file than for its mount). Where the group cannot be made (not root, no CAP_SYS_ADMIN, no
+fanotify), the namespace cannot be made, or the queue overflowed, the writes are unknown and the look
+falls back: a plain user's setup can only have changed a file it may write (or whose directory it may
+write), so the others are not its; root's are reported by time, as before.
 """
 
 from __future__ import annotations
