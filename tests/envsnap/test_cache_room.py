@@ -109,6 +109,48 @@ def test_a_read_only_cache_still_gives_its_store_snapshot_and_leaves_nothing_in_
     assert _gone_in_time(tmpdir) == []
 
 
+def test_a_plain_users_read_only_cache_still_gives_its_store_snapshot() -> None:
+    """The same as a plain user whose cache is a 0555 tree (mode bits, not a mount): the store is read,
+    nothing is published, and nothing stays in TMPDIR once the agent ends."""
+    from tests.slurm.plainuser import plain_user, user_bin, world_dir
+
+    user = plain_user()
+    with world_dir("bootseer-rocache-") as base:  # tmp_path is root's 0700: the user works in a 0755 one
+        bootseer = str(user_bin(user, base) / "bootseer")
+        cache, tmpdir = base / "cache", base / "tmp"
+        tmpdir.mkdir()
+        proj, root = _project(base, f"head -c 300000 /dev/urandom > {base}/envroot/lib.so")
+        (base / "setups").touch()
+        for d in (cache, tmpdir, proj, root, base / "setups"):
+            if not d.exists():
+                d.mkdir()
+            os.chown(d, user.uid, user.gid)
+        env = ["env", f"XDG_CACHE_HOME={cache}", f"TMPDIR={tmpdir}", f"HOME={base}"]
+
+        def start(*extra: str) -> subprocess.CompletedProcess[str]:
+            argv = [*env, *extra, bootseer, "exec", "--", "sh", "-c", "exit 7"]
+            r = user.run(*argv, cwd=proj, timeout=600)
+            assert r.returncode == 7 and "Traceback" not in r.stderr, r.stderr
+            return r
+
+        start("BOOTSEER_EXEC_AGENT=0")  # a writable cache: builds and publishes
+        assert _setups(base) == 1
+        want = tree_state(root)
+        _fresh_node(root)
+        os.chown(root, user.uid, user.gid)
+        for d, _, _ in os.walk(cache):
+            os.chmod(d, 0o555)
+        try:
+            r = start()
+            assert _setups(base) == 1, r.stderr  # restored from the store under the 0555 cache
+            assert tree_state(root) == want
+            assert len(_warnings(r)) == 1 and "not writable" in _warnings(r)[0], r.stderr
+            assert _gone_in_time(tmpdir) == []
+        finally:
+            for d, _, _ in os.walk(cache):
+                os.chmod(d, 0o755)
+
+
 def test_a_read_only_default_store_says_it_cannot_publish(tmp_path: Path) -> None:
     """No snapshot yet and the default store read-only: the setup runs, and one line says the snapshot
     cannot be published there, instead of a publish into a temporary directory."""
