@@ -116,9 +116,11 @@ CAPABILITIES: list[Capability] = [
         agent_tasks=(
             _task("env-publish", "envsnap.agent_tasks", "publish_task", "PublishTask"),
             _task("env-squash", "envsnap.squash", "squash_task", "SquashTask"),
+            _task("env-umount", "envmount.stage", "umount_task", "MountTask"),
         ),
         gc_keep="bootseer_cli.envsnap.upkeep:gc_keep",
         prefetch="bootseer_cli.envsnap.upkeep:prefetch",
+        doctor="bootseer_cli.envmount.upkeep:doctor",
     ),
     Capability(
         "checkpoint",

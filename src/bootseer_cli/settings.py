@@ -179,6 +179,11 @@ class EnvSettings:
         "How long a miss may read the store's env refs for a parent; past it, the setup runs from the image.",
         unit="s",
     )
+    mode: str = text(
+        "extract",
+        "How a snapshot reaches a fresh node: extracted into the roots, or its squashfs image mounted there.",
+        choices=("extract", "mount"),
+    )
     base_dir: Path = field(default_factory=Path.cwd)  # the config file's folder: relative paths resolve here
 
     def wanted(self) -> bool:

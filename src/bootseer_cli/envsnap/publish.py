@@ -107,6 +107,9 @@ def publish(
         store.put_blob_file(cap.blob, cap.digest, progress=advance)
     path = cache.adopt(cap.blob, cap.digest, store)  # a local store: one copy, linked
     torrent = delivery.after_publish(p2p, store, cap.digest, path) or {}
+    from ..envmount.image import upload_images
+
+    upload_images(store, cache, extra)  # `[env] mode = "mount"`: the image the ref names, uploaded first
     doc = {
         "blob": cap.digest,
         "size": cap.size,

@@ -1,0 +1,165 @@
+"""The env snapshot's filesystem image: built at publish, named by the signed env ref, uploaded as a blob.
+
+Why squashfs rather than EROFS: every kernel a training node runs has the squashfs driver (loop
+mounts as root), and an unprivileged node has `squashfuse`/`squashfuse_ll` (Debian's `squashfuse`) for
+a plain-user FUSE mount; `mksquashfs` (Debian's `squashfs-tools`) reads a tar stream and compresses
+with zstd on every core. EROFS's kernel driver is newer and its FUSE side (`erofsfuse`) and
+`mkfs.erofs` with zstd are missing or old in the distributions nodes run (Debian bookworm's
+erofs-utils 1.5 has neither zstd nor a tar input), so squashfs is the image a node can mount
+everywhere today; EROFS can be added as a second `format` of the same ref field.
+
+What it holds: each root's whole tree as it stands after the capture (for a layer, the merged tree:
+the image is always full; mapping layers onto stacked images is a later step of issue 48), at its
+absolute path without the leading '/', so the mount's lower directory for root `/opt/venv` is
+`<mount>/opt/venv`. bootseer's own state (the node cache, a local store) and its per-tree files
+(`.bootseer-env.*`: the stamp, the carried paths, the journal) stay out, as they stay out of the tar
+snapshot. The file list goes to GNU tar (no recursion, no links followed), whose stream `mksquashfs
+-tar` packs (squashfs-tools 4.5.1's own `-cpiostyle` list input hangs).
+
+The ref field is `fs_image: {digest, size, format}`; `format` is "squashfs-zstd". Before the ref is
+written, `publish()` uploads the image (`upload_images`) from the node cache's pending area, where
+the builder left it (a capture handed to the agent waits there too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BootseerError
+
+if TYPE_CHECKING:
+    from ..cache import BlobCache
+    from ..store import Store
+
+FIELD = "fs_image"
+FORMAT = "squashfs-zstd"
+SUFFIX = ".squashfs"
+OWN_PREFIX = ".bootseer-env"  # the stamp, the carried paths, the journal: per tree, never in an image
+BUILD_TIMEOUT_S = 3600.0
+PENDING_DIR = "pending"  # envsnap/publish.py's PENDING_DIR, named here: publish imports this module
+
+
+@dataclass(frozen=True)
+class Image:
+    path: Path
+    digest: str
+    size: int
+
+    def field(self) -> dict[str, Any]:
+        """The ref's extra field naming this image."""
+        return {FIELD: {"digest": self.digest, "size": self.size, "format": FORMAT}}
+
+
+def image_of(ref: dict[str, Any]) -> tuple[str, int] | None:
+    """(digest, size) of the ref's image when it has one this bootseer can mount, else None."""
+    from ..digests import is_digest
+
+    f = ref.get(FIELD)
+    if not isinstance(f, dict) or f.get("format") != FORMAT or not is_digest(f.get("digest")):
+        return None
+    size = f.get("size")
+    return str(f["digest"]), int(size) if isinstance(size, int) and not isinstance(size, bool) else 0
+
+
+def missing_builder() -> str:
+    """Why no image can be built here ("" when it can)."""
+    for tool, pkg in (("mksquashfs", "squashfs-tools"), ("tar", "tar")):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install {pkg})"
+    return ""
+
+
+def tree_paths(roots: list[str], exclude: list[str]) -> Iterator[str]:
+    """Every path under the roots (the roots included), relative to '/', never through a link, less
+    bootseer's own state (`exclude`) and its per-tree files."""
+    skip = [os.path.normpath(p) for p in exclude]
+
+    def excluded(p: str) -> bool:
+        return any(p == s or p.startswith(s + "/") for s in skip)
+
+    for root in roots:
+        if not os.path.isdir(root) or os.path.islink(root):
+            continue
+        yield root.lstrip("/")
+        for top, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if not excluded(os.path.join(top, d)))
+            for name in sorted(dirs + files):
+                p = os.path.join(top, name)
+                if (top == root and name.startswith(OWN_PREFIX)) or excluded(p):
+                    continue
+                yield p.lstrip("/")
+
+
+def build_image(roots: list[str], exclude: list[str], dest_dir: Path) -> Image:
+    """Pack the roots' trees into a squashfs image (zstd) under `dest_dir`, named by its digest."""
+    from ..digests import sha256_file
+
+    why = missing_builder()
+    if why:
+        raise BootseerError(f"no env image: {why}")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    tmp = dest_dir / f".image-{uuid.uuid4().hex}{SUFFIX}"
+    listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in tree_paths(roots, exclude))
+    tar = ["tar", "-C", "/", "--no-recursion", "--null", "-T", "-", "-cf", "-"]
+    mk = ["mksquashfs", "-", str(tmp), "-tar", "-comp", "zstd", "-noappend", "-quiet", "-no-progress"]
+    try:
+        with subprocess.Popen(tar, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as t:
+            m = subprocess.Popen(mk, stdin=t.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            assert t.stdout is not None and t.stdin is not None
+            t.stdout.close()  # mksquashfs holds the pipe: tar sees EPIPE if it dies
+            _, tar_err = t.communicate(listing, timeout=BUILD_TIMEOUT_S)
+            _, mk_err = m.communicate(timeout=BUILD_TIMEOUT_S)
+        if t.returncode != 0 or m.returncode != 0:
+            err = (mk_err or tar_err or b"").decode(errors="replace").strip().splitlines()
+            raise BootseerError(f"mksquashfs failed: {err[-1] if err else f'exit {m.returncode}/{t.returncode}'}")
+        digest = sha256_file(tmp)
+        final = dest_dir / f"{digest}{SUFFIX}"
+        os.replace(tmp, final)
+        return Image(final, digest, final.stat().st_size)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BootseerError(f"no env image: {e}") from e
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def pending_dir(cache: BlobCache) -> Path:
+    """The node cache's pending area (publish.py): out of eviction until the upload adopts the image."""
+    return cache.root / PENDING_DIR
+
+
+def image_for_publish(
+    roots: list[str], exclude: list[str], cache: BlobCache, warn: Callable[[str], None]
+) -> dict[str, Any]:
+    """The ref field of a freshly built image of the roots (waiting in the pending area), or {} with a
+    warning: a snapshot without an image is still restored, by extraction."""
+    try:
+        return build_image(roots, exclude, pending_dir(cache)).field()
+    except BootseerError as e:
+        warn(f"env: {e}; this snapshot will be extracted, not mounted")
+        return {}
+
+
+def upload_images(store: Store, cache: BlobCache, extra: dict[str, Any] | None) -> None:
+    """Upload the image a ref is about to name (from the pending area) and adopt it into the node cache.
+    An image that is no longer pending but in the store already is fine; one that is neither is an
+    error (the ref would name a blob nobody can fetch)."""
+    found = image_of(extra or {})
+    if found is None:
+        return
+    digest, _ = found
+    path = pending_dir(cache) / f"{digest}{SUFFIX}"
+    if not path.exists():
+        if cache.get(digest) is not None or store.has_blob(digest):
+            return
+        raise BootseerError(f"env image {digest[:12]} is neither pending nor stored")
+    store.put_blob_file(path, digest)
+    cache.adopt(path, digest, store)

@@ -1,0 +1,156 @@
+"""The env stage's mount path (`[env] mode = "mount"`), and the "env-umount" agent task that holds it.
+
+On a node whose roots lack the env, with a ref that names an image (image.py): fetch the image whole
+into the node cache through delivery.py, verified by digest like every blob (filling it lazily by
+ranges, hot ranges first, is the next step of issue 48), mount it read-only once, and over each root
+a writable overlay whose upper directory is this run's (runs.py). The mounts live as long as the
+launcher: the agent's "env-umount" task takes them down when it ends; a run killed with its agent
+leaves a record the next start's sweep undoes.
+
+When mounting is not possible here, `try_mount` says why in one line and the caller extracts:
+- the ref names no image (published by extract mode, or the builder had no mksquashfs);
+- no agent (`[exec] agent = false`): nothing would take the mounts down when the job ends;
+- this node can mount neither with the kernel nor with FUSE (mounts.py `method_here`);
+- a root already holds files, or is a link or a mount point: an overlay there would hide them
+  from the job (and from any other job using them) for as long as it runs, so the env is extracted
+  next to them, as without mount mode;
+- a mount fails (what failed is undone first).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BootseerError, StageFatal
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+    from ..stage import StageContext, StageResult
+    from ..store import Store
+    from .runs import RunMounts
+
+
+def _blocked_root(roots: list[str]) -> str:
+    """Why some root cannot take an overlay ("" when each is absent or an empty directory)."""
+    from .mounts import mount_info
+
+    for r in roots:
+        if os.path.islink(r):
+            return f"{r} is a link"
+        if not os.path.lexists(r):
+            continue
+        if not os.path.isdir(r):
+            return f"{r} is not a directory"
+        if mount_info(r) is not None:
+            return f"{r} is already a mount point"
+        with os.scandir(r) as it:
+            first = next(it, None)
+        if first is not None:
+            return f"{r} already holds files the image would hide ({first.name}, ...)"
+    return ""
+
+
+def why_not(ctx: StageContext, ref: dict[str, Any], roots: list[str]) -> str:
+    """Why this start cannot mount the ref's image ("" when it can try)."""
+    from .image import image_of
+    from .mounts import method_here
+
+    if image_of(ref) is None:
+        return "the snapshot has no squashfs image (published in extract mode)"
+    if not ctx.settings.exec.agent:
+        return "mount mode needs the agent ([exec] agent) to take the mounts down"
+    how, why = method_here()
+    return why if not how else _blocked_root(roots)
+
+
+def try_mount(
+    ctx: StageContext, store: Store, key: str, roots: list[str], ref: dict[str, Any]
+) -> tuple[StageResult | None, str]:
+    """(the stage's result, "") with the env mounted at the roots, or (None, why not) to extract instead."""
+    from .. import delivery
+    from .image import image_of
+    from .runs import RunMounts, sweep
+
+    sweep(keep=ctx.run.run, log=ctx.info)  # the mounts of killed runs go before this one looks at the roots
+    why = why_not(ctx, ref, roots)
+    if why:
+        return None, why
+    digest, size = image_of(ref)  # type: ignore[misc]
+    t0 = time.time()
+    try:
+        fetched = delivery.fetch_verified(ctx.settings.p2p, store, ctx.cache, digest, size or None)
+    except StageFatal:
+        raise
+    except Exception as e:  # the store, the swarm, the cache: extraction may still work (its own blob)
+        return None, f"image {digest[:12]} not fetched: {e}"
+    t1 = time.time()
+    rm = RunMounts.create(ctx.run.run, os.getpid())  # exec keeps this pid for the launcher
+    try:
+        how = _mount_all(rm, str(fetched.path), roots)
+    except (BootseerError, OSError) as e:
+        rm.teardown()
+        return None, f"mount failed: {e}"
+    ctx.add_agent_task(MountTask(root=str(rm.root)))
+    return _mounted_result(fetched, digest, size, how, t1 - t0, time.time() - t1), ""
+
+
+def _mount_all(rm: RunMounts, image: str, roots: list[str]) -> str:
+    """The image at `lower/`, an overlay over each root; returns how ("kernel squashfs + kernel overlay")."""
+    from .mounts import mount_lower, mount_overlay
+
+    lower = rm.dir("lower")
+    rm.add(lower, "")  # recorded before it exists: a kill in between leaves the path for the sweep
+    dev, lower_how = mount_lower(image, lower)
+    rm.mounts[-1]["dev"] = dev
+    rm.save()
+    over = set()
+    for i, root in enumerate(roots):
+        os.makedirs(root, mode=0o755, exist_ok=True)
+        dev, how = mount_overlay(lower + root, rm.dir("upper", str(i)), rm.dir("work", str(i)), root)
+        rm.add(root, dev)
+        over.add(how)
+    return f"{lower_how} squashfs + {'/'.join(sorted(over))} overlay"
+
+
+def _mounted_result(fetched: Any, digest: str, size: int, how: str, fetch_s: float, mount_s: float) -> StageResult:
+    from ..stage import StageResult
+    from ..units import fmt_bytes
+
+    got = fetched.bytes_from_store + fetched.bytes_from_peers
+    src = "node cache" if fetched.source == "cache" else fetched.source
+    return StageResult(
+        outcome="restored",
+        summary=f"mounted image {digest[:12]} ({fmt_bytes(size)}, from {src}; {how}) in {mount_s:.2f} s",
+        cache="hit",
+        bytes=got,
+        bytes_from_store=fetched.bytes_from_store,
+        bytes_from_peers=fetched.bytes_from_peers,
+        reason=fetched.note,
+        extra={"mode": "mount", "how": how, "fetch_s": round(fetch_s, 3), "mount_s": round(mount_s, 3)},
+    )
+
+
+@dataclass(frozen=True)
+class MountTask:
+    """The "env-umount" agent task: this run's mount directory (runs.py), taken down when the launcher ends."""
+
+    root: str
+
+
+def umount_task(task: MountTask, agent: Agent) -> None:
+    """Hold the env mounts while the launcher runs; unmount them (only this run's) when it ends."""
+    from .runs import RunMounts
+
+    while not agent.wait(5.0):
+        pass
+    try:
+        rm = RunMounts.load(Path(task.root))
+    except (OSError, ValueError) as e:
+        agent.log(f"env-umount: no mount record at {task.root} ({e})")
+        return
+    if not rm.teardown(agent.log):
+        agent.log("env-umount: some mounts stayed; the next start takes them down")

@@ -1,0 +1,180 @@
+"""Issue 48, first step: `[env] mode = "mount"` publishes a squashfs image and a fresh node mounts it.
+
+Real `mksquashfs`, the kernel's squashfs driver on a loop device and overlayfs (root), real `bootseer
+exec` and its agent, a job env made by `pip install --target` of two real wheels. The builder
+publishes; the tree is then removed (a fresh node never had it) and another node cache starts the job
+on the mounted image: it imports from it, writes into it (the write lands in the run's upper
+directory, never in the image), and when the launcher ends the agent takes every mount down. A run
+killed with its agent leaves its mounts; the next start takes them down. Without a way to mount (no
+`mount`, no squashfuse on PATH) the start extracts and says why, and `bootseer doctor` says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bootseer_cli.digests import sha256_file
+from bootseer_cli.envmount.image import FIELD, FORMAT
+from bootseer_cli.store import Store
+
+from .conftest import agents_done, bootseer, config, mounted_under, node
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a kernel loop mount)"),
+]
+
+JOB = """
+import os, sys
+root = sys.argv[1]
+sys.path.insert(0, os.path.join(root, "site"))
+import six, idna
+assert six.__file__.startswith(root), six.__file__
+with open(os.path.join(root, "site", "late.txt"), "w") as f:
+    f.write("late")
+with open(os.path.join(root, "site", "six.py"), "a") as f:
+    f.write("# touched by the job")
+with open("/proc/self/mountinfo") as f:
+    mounted = any(line.split()[4] == root for line in f)
+print("ok", six.__version__, idna.__version__, open(os.path.join(root, "site", "late.txt")).read(), mounted)
+"""
+
+
+def _job(base: Path, root: Path) -> list[str]:
+    script = base / "job.py"
+    script.write_text(JOB)
+    return [sys.executable, str(script), str(root)]
+
+
+def _ref(base: Path) -> dict:
+    store = Store((base / "store").as_uri())
+    [name] = [p.name for p in (base / "store").rglob("refs/env/*.json")]
+    return store.read_ref("env", name[: -len(".json")])
+
+
+def _publish(base: Path, root: Path, wheels: Path) -> dict:
+    """The builder: set up, capture, publish with the image (before exec: no agent); the tree then goes."""
+    cfg = config(base, root, wheels)
+    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], node(base, "builder"), agent=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[:2] == ["ok", "1.17.0"] and r.stdout.split()[-1] == "False", r.stdout
+    shutil.rmtree(root)
+    return _ref(base)
+
+
+def test_fresh_node_mounts_the_image_imports_writes_and_unmounts(base: Path, wheels: Path) -> None:
+    root = base / "env"
+    ref = _publish(base, root, wheels)
+    image = ref[FIELD]
+    assert image["format"] == FORMAT and image["size"] > 0
+    listing = subprocess.run(
+        ["unsquashfs", "-l", str(base / "store" / "blobs" / "sha256" / image["digest"][:2] / image["digest"])],
+        capture_output=True,
+        text=True,
+    )
+    if listing.returncode != 0:  # the store's blob layout: found by digest anywhere under blobs/
+        [blob] = list((base / "store").rglob(image["digest"] + "*"))
+        listing = subprocess.run(["unsquashfs", "-l", str(blob)], capture_output=True, text=True)
+    assert f"{str(root).lstrip('/')}/site/six.py" in listing.stdout, listing.stdout[-2000:]
+    assert ".bootseer-env" not in listing.stdout
+    nd = node(base, "fresh")
+    cfg = base / "bootseer-mount.toml"
+    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], nd)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok", "1.17.0", "3.20", "late", "True"], r.stdout + r.stderr
+    assert "mounted image" in r.stderr and "kernel squashfs" in r.stderr, r.stderr
+    agents_done(nd)
+    assert mounted_under(str(base)) == [], "the mounts outlived the launcher"
+    assert os.listdir(root) == [], "what the job wrote went into the tree, not the run's upper directory"
+    cached = Path(nd["XDG_CACHE_HOME"]).rglob(image["digest"])
+    assert [sha256_file(p) for p in cached] == [image["digest"]]  # the job's write never reached the image
+    assert not list((Path(nd["XDG_CACHE_HOME"]) / "bootseer" / "env-mount").iterdir())
+
+
+def test_a_killed_runs_mounts_are_taken_down_by_the_next_start(base: Path, wheels: Path) -> None:
+    root = base / "env"
+    _publish(base, root, wheels)
+    nd = node(base, "fresh")
+    cfg = base / "bootseer-mount.toml"
+    killer = (
+        'for i in $(seq 200); do test -e "$BOOTSEER_RUN_DIR/agent.pid" && break; sleep 0.05; done; '
+        'kill -9 $(cat "$BOOTSEER_RUN_DIR/agent.pid"); kill -9 $$'
+    )
+    r = bootseer(["exec", "--config", str(cfg), "--", "/bin/sh", "-c", killer], nd)
+    assert r.returncode != 0
+    time.sleep(0.5)
+    stale = list((Path(nd["XDG_CACHE_HOME"]) / "bootseer" / "env-mount").iterdir())
+    assert len(stale) == 1 and str(root) in mounted_under(str(base)), "the killed run left nothing to clean"
+    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], nd)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "True", r.stdout + r.stderr
+    assert not stale[0].exists(), "the dead run's mount directory is still there"
+    agents_done(nd)
+    assert mounted_under(str(base)) == []
+
+
+def _bare_path(base: Path) -> str:
+    """A PATH with a shell and tar but neither `mount` nor squashfuse (nor fusermount)."""
+    d = base / "bin"
+    d.mkdir()
+    for tool in ("sh", "tar", "zstd", "env", "cat"):
+        found = shutil.which(tool)
+        if found:
+            (d / tool).symlink_to(found)
+    return str(d)
+
+
+def test_without_a_way_to_mount_the_start_extracts_and_says_why(base: Path, wheels: Path) -> None:
+    root = base / "env"
+    _publish(base, root, wheels)
+    nd = node(base, "fresh")
+    cfg = base / "bootseer-mount.toml"
+    path = _bare_path(base)
+    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], nd, path=path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok", "1.17.0", "3.20", "late", "False"], r.stdout + r.stderr
+    [line] = [ln for ln in r.stderr.splitlines() if "not mounted:" in ln]
+    assert "squashfuse is not installed" in line and "restored" in line, line
+    agents_done(nd)
+    d = bootseer(["doctor", "--config", str(cfg)], nd, path=path)
+    [mode] = [ln for ln in d.stdout.splitlines() if "env mode" in ln]
+    assert "extract only" in mode and "squashfuse" in mode, d.stdout
+    d = bootseer(["doctor", "--config", str(cfg)], nd)
+    [mode] = [ln for ln in d.stdout.splitlines() if "env mode" in ln]
+    assert "mount (kernel" in mode, d.stdout
+
+
+def test_a_root_holding_files_is_not_hidden_the_env_is_extracted(base: Path, wheels: Path) -> None:
+    root = base / "env"
+    _publish(base, root, wheels)
+    root.mkdir()
+    (root / "notes.txt").write_text("mine")
+    nd = node(base, "fresh")
+    r = bootseer(["exec", "--config", str(base / "bootseer-mount.toml"), "--", *_job(base, root)], nd)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "False", r.stdout + r.stderr
+    assert "not mounted:" in r.stderr and "already holds files the image would hide" in r.stderr, r.stderr
+    assert (root / "notes.txt").read_text() == "mine"
+    agents_done(nd)
+
+
+def test_the_ref_of_extract_mode_names_no_image(base: Path, wheels: Path) -> None:
+    root = base / "env"
+    cfg = config(base, root, wheels, mode="extract")
+    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], node(base, "builder"), agent=False)
+    assert r.returncode == 0, r.stderr
+    assert FIELD not in _ref(base)
+    assert json.dumps(_ref(base))  # a plain document
+
+
+def test_the_image_waits_in_the_pending_area_publish_sweeps() -> None:
+    from bootseer_cli.envmount import image
+    from bootseer_cli.envsnap import publish
+
+    assert image.PENDING_DIR == publish.PENDING_DIR
