@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -159,7 +160,8 @@ def guarded_setup(
         run_setup(env, info, tracked)
     except BaseException:
         if tracked is not None:
-            tracked.result()
+            with contextlib.suppress(OSError):  # only closed: the setup's own error is the one raised
+                tracked.result()
         try:
             prev.failed(baseline, excluded_paths(store), info, warn)
         except Exception as e:  # the setup's own error is the one to report; the journal puts back the rest
