@@ -8,6 +8,7 @@ present (no restore, no setup). A failed setup that did change the tree is named
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -41,16 +42,27 @@ def _start(tmp: Path) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(
-    ("failing", "status", "layers"),
-    [("false", 1, False), ("no-such-command-bootseer-46", 127, False), ("no-such-command-bootseer-46", 127, True)],
+    ("failing", "status", "layers", "restored"),
+    [
+        ("false", 1, False, False),
+        ("no-such-command-bootseer-46", 127, False, False),
+        ("no-such-command-bootseer-46", 127, True, False),
+        ("false", 1, True, True),
+    ],
 )
 def test_a_failed_setup_leaves_the_previous_env_and_its_stamp(
-    tmp_path: Path, failing: str, status: int, layers: bool
+    tmp_path: Path, failing: str, status: int, layers: bool, restored: bool
 ) -> None:
     (tmp_path / "env").mkdir()
     _config(tmp_path, _env_a(tmp_path), layers)
     rc, err = _start(tmp_path)
     assert rc == 0 and "published" in err, err
+    if restored:  # env A as a fresh node gets it: restored from the store into an empty tree
+        shutil.rmtree(tmp_path / "env")
+        shutil.rmtree(tmp_path / "cache")
+        (tmp_path / "env").mkdir()
+        rc, err = _start(tmp_path)
+        assert rc == 0 and "restored" in err, err
     built = tree_state(tmp_path / "env")
     stamp = (tmp_path / "env" / ".bootseer-env.json").read_bytes()
     assert (tmp_path / "runs").read_text().count("run") == 1
