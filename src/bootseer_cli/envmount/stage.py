@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 def _blocked_root(roots: list[str]) -> str:
     """Why some root cannot take an overlay ("" when each is absent or an empty directory)."""
+    from .image import OWN_PREFIX
     from .mounts import mount_info
 
     for r in roots:
@@ -47,8 +48,8 @@ def _blocked_root(roots: list[str]) -> str:
             return f"{r} is not a directory"
         if mount_info(r) is not None:
             return f"{r} is already a mount point"
-        with os.scandir(r) as it:
-            first = next(it, None)
+        with os.scandir(r) as it:  # bootseer's own per-tree files (the tree lock's file) hide nothing of the job's
+            first = next((e for e in it if not e.name.startswith(OWN_PREFIX)), None)
         if first is not None:
             return f"{r} already holds files the image would hide ({first.name}, ...)"
     return ""
