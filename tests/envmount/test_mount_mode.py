@@ -60,12 +60,15 @@ def _ref(base: Path) -> dict:
     return store.read_ref("env", name[: -len(".json")])
 
 
-def _publish(base: Path, root: Path, wheels: Path) -> dict:
-    """The builder: set up, capture, publish with the image (before exec: no agent); the tree then goes."""
+def _publish(base: Path, root: Path, wheels: Path, agent: bool = False) -> dict:
+    """The builder: set up, capture, publish with the image (before exec without an agent; else the
+    agent uploads both while the job runs); the tree then goes."""
     cfg = config(base, root, wheels)
-    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], node(base, "builder"), agent=False)
+    builder = node(base, "builder")
+    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], builder, agent=agent)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[:2] == ["ok", "1.17.0"] and r.stdout.split()[-1] == "False", r.stdout
+    agents_done(builder)
     shutil.rmtree(root)
     return _ref(base)
 
@@ -98,6 +101,19 @@ def test_fresh_node_mounts_the_image_imports_writes_and_unmounts(base: Path, whe
     cached = Path(nd["XDG_CACHE_HOME"]).rglob(image["digest"])
     assert [sha256_file(p) for p in cached] == [image["digest"]]  # the job's write never reached the image
     assert not list((Path(nd["XDG_CACHE_HOME"]) / "bootseer" / "env-mount").iterdir())
+
+
+def test_the_agent_uploads_the_image_with_the_snapshot(base: Path, wheels: Path) -> None:
+    root = base / "env"
+    ref = _publish(base, root, wheels, agent=True)
+    assert ref[FIELD]["format"] == FORMAT
+    builder_cache = Path(node(base, "builder")["XDG_CACHE_HOME"])
+    assert not list((builder_cache / "bootseer").rglob(f"pending/*{ref[FIELD]['digest']}*")), "left pending"
+    nd = node(base, "fresh")
+    r = bootseer(["exec", "--config", str(base / "bootseer-mount.toml"), "--", *_job(base, root)], nd)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "True", r.stdout + r.stderr
+    agents_done(nd)
+    assert mounted_under(str(base)) == []
 
 
 def test_a_killed_runs_mounts_are_taken_down_by_the_next_start(base: Path, wheels: Path) -> None:

@@ -40,8 +40,8 @@ def _blocked_root(roots: list[str]) -> str:
     from .mounts import mount_info
 
     for r in roots:
-        if os.path.islink(r):
-            return f"{r} is a link"
+        if os.path.islink(r) or os.path.realpath(r) != r:
+            return f"{r} is a link or lies below one"  # mount(8) would follow it elsewhere
         if not os.path.lexists(r):
             continue
         if not os.path.isdir(r):
@@ -110,6 +110,8 @@ def _mount_all(rm: RunMounts, image: str, roots: list[str]) -> str:
     rm.save()
     over = set()
     for i, root in enumerate(roots):
+        if os.path.realpath(lower + root) != os.path.realpath(lower) + root:  # no link in the image leads out
+            raise BootseerError(f"the image holds no plain directory at {root}")
         os.makedirs(root, mode=0o755, exist_ok=True)
         dev, how = mount_overlay(lower + root, rm.dir("upper", str(i)), rm.dir("work", str(i)), root)
         rm.add(root, dev)

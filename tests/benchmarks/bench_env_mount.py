@@ -1,0 +1,197 @@
+"""Issue 48 figure: on a fresh node, the time until a program importing the env's packages has run,
+with the env mounted (`[env] mode = "mount"`) against extracted. Root only (drop_caches, mounts).
+
+    python tests/benchmarks/bench_env_mount.py [--packages torch,...] [--imports torch] [--rounds 3]
+
+The env is a copy of some packages of this interpreter's site-packages (default: CPU torch and what
+`import torch` needs) put at `<work>/env/site` by the setup of a real `bootseer exec` (mode "mount"),
+which publishes the tar snapshot and the squashfs image into a local store; the builder's node cache
+then holds both, as a fresh node's would once fetched (so every step below starts "blob local").
+Each round, in a rotating order, with the tree removed and `sync; echo 3 > drop_caches` before each:
+- `tar`: GNU tar extracts tar's own zstd archive of the tree, then the import (the issue's baseline);
+- `extract`: `bootseer exec` in mode "extract" restores the snapshot, the launcher imports;
+- `mount`: `bootseer exec` in mode "mount" (root: the kernel's squashfs on a loop device + overlayfs);
+- `fuse`: the same image through `squashfuse_ll` + `fuse-overlayfs` (the plain user's path), then the import.
+Printed: each step's median wall time, the ratio to `extract` and to `tar`, and for the two exec steps the
+env stage's own seconds (its event). Lazy ranged fill (the image only in the store) is a later step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+TORCH = (
+    "torch,functorch,torchgen,typing_extensions.py,sympy,mpmath,networkx,jinja2,markupsafe,filelock,fsspec,"
+    "numpy,numpy.libs"
+)
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def _bootseer(args: list[str], cache: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
+    env.update({"XDG_CACHE_HOME": str(cache), "BOOTSEER_ENV_MODE": mode, "BOOTSEER_TRUST_VERIFY": "off"})
+    return subprocess.run([sys.executable, "-m", "bootseer_cli", *args], env=env, capture_output=True, text=True)
+
+
+def _agents_done(cache: Path) -> None:
+    """Wait until every run's agent has logged its end (the mounts are down then)."""
+    for _ in range(1200):
+        logs = list((cache / "bootseer" / "runs").glob("*/agent.log"))
+        if all("agent done" in p.read_text() for p in logs):
+            return
+        time.sleep(0.1)
+    raise SystemExit("an agent did not finish")
+
+
+def _env_stage_s(cache: Path) -> float:
+    """The newest run's env stage duration (its event)."""
+    runs = sorted((cache / "bootseer" / "runs").glob("*/events.jsonl"), key=lambda p: p.stat().st_mtime)
+    events = [json.loads(line) for line in runs[-1].read_text().splitlines()]
+    return float(next(e["duration_s"] for e in events if e["stage"] == "env"))
+
+
+def setup(work: Path, packages: list[str]) -> tuple[Path, Path, Path]:
+    """The config, the builder's node cache (snapshot and image in it) and tar's archive of the tree."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    src = work / "src"
+    if not src.exists():
+        src.mkdir(parents=True)
+        for name in packages:
+            p = site / name
+            (shutil.copytree if p.is_dir() else shutil.copy2)(p, src / name)  # type: ignore[operator]
+    root = work / "env"
+    cfg = work / "bootseer.toml"
+    cfg.write_text(
+        f'[store]\nuri = "{(work / "store").as_uri()}"\n[exec]\nagent = true\n'
+        f'[env]\nroots = ["{root}"]\nsetup = ["mkdir -p {root}/site && cp -a {src}/. {root}/site/"]\n'
+    )
+    cache = work / "node"
+    if not (work / "published").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        (work / "store").mkdir(exist_ok=True)
+        env = {**os.environ, "BOOTSEER_EXEC_AGENT": "0"}
+        t = time.time()
+        r = subprocess.run(
+            [sys.executable, "-m", "bootseer_cli", "exec", "--config", str(cfg), "--", "true"],
+            env={**env, "XDG_CACHE_HOME": str(cache), "BOOTSEER_ENV_MODE": "mount", "BOOTSEER_TRUST_VERIFY": "off"},
+            capture_output=True,
+            text=True,
+        )
+        if r.returncode:
+            raise SystemExit(r.stderr[-3000:])
+        print(f"built and published (snapshot + image) in {time.time() - t:.1f} s", file=sys.stderr)
+        (work / "published").touch()
+    tar = work / "env.tar.zst"
+    if not tar.exists():
+        subprocess.run(["tar", "-I", "zstd -T0", "-C", "/", "-cf", str(tar), str(root).lstrip("/")], check=True)
+    return cfg, cache, tar
+
+
+def _empty(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir()
+
+
+def step(name: str, work: Path, cfg: Path, cache: Path, tar: Path, imports: str) -> tuple[float, float | None]:
+    """One timed step from a removed tree and a dropped page cache: (wall s, env stage s or None)."""
+    root = work / "env"
+    prog = f"import sys; sys.path.insert(0, {str(root / 'site')!r}); import {imports}"
+    _empty(root)
+    drop_caches()
+    t = time.perf_counter()
+    if name == "tar":
+        subprocess.run(["tar", "-I", "zstd -T0", "-C", "/", "-xf", str(tar)], check=True)
+        subprocess.run([sys.executable, "-c", prog], check=True)
+        return time.perf_counter() - t, None
+    if name == "fuse":
+        return _fuse(work, cache, prog, t), None
+    r = _bootseer(["exec", "--config", str(cfg), "--", sys.executable, "-c", prog], cache, name)
+    took = time.perf_counter() - t
+    if r.returncode:
+        raise SystemExit(r.stderr[-3000:])
+    _agents_done(cache)
+    expected = "mounted image" if name == "mount" else "restored"
+    if expected not in r.stderr or (name == "mount" and "kernel squashfs" not in r.stderr):
+        raise SystemExit(f"{name}: not what was measured: {r.stderr[-1500:]}")
+    return took, _env_stage_s(cache)
+
+
+def _fuse(work: Path, cache: Path, prog: str, t: float) -> float:
+    from bootseer_cli.envmount.mounts import mount_info, umount
+
+    [image] = [p for p in cache.rglob("*") if _is_image(p)]
+    lower, upper, wk, root = work / "lower", work / "upper", work / "work", str(work / "env")
+    for d in (lower, upper, wk):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir()
+    subprocess.run([shutil.which("squashfuse_ll") or "squashfuse", str(image), str(lower)], check=True)
+    opts = f"lowerdir={lower}{root},upperdir={upper},workdir={wk}"
+    subprocess.run(["fuse-overlayfs", "-o", opts, root], check=True)
+    subprocess.run([sys.executable, "-c", prog], check=True)
+    took = time.perf_counter() - t
+    for mp in (root, str(lower)):
+        info = mount_info(mp)
+        if info:
+            umount(mp, info["dev"])
+    return took
+
+
+def _is_image(p: Path) -> bool:
+    if not p.is_file() or p.stat().st_size < 4:
+        return False
+    with open(p, "rb") as f:
+        return f.read(4) == b"hsqs"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--packages", default=TORCH)
+    ap.add_argument("--imports", default="torch")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--work", type=Path, default=Path("/var/tmp/bootseer-bench-env-mount"))
+    ap.add_argument("--steps", default="tar,extract,mount,fuse")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root (drop_caches, kernel mounts)")
+    a.work.mkdir(parents=True, exist_ok=True)
+    cfg, cache, tar = setup(a.work, a.packages.split(","))
+    names = a.steps.split(",")
+    walls: dict[str, list[float]] = {n: [] for n in names}
+    stages: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(a.rounds):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            wall, stage_s = step(name, a.work, cfg, cache, tar, a.imports)
+            walls[name].append(wall)
+            if stage_s is not None:
+                stages[name].append(stage_s)
+            print(f"round {i + 1} {name}: {wall:.2f} s" + (f" (env stage {stage_s:.3f} s)" if stage_s else ""))
+    base = {b: statistics.median(walls[b]) for b in ("extract", "tar") if walls.get(b)}
+    print(f"\nload: {os.getloadavg()}, {os.cpu_count()} cores, image {_image_size(cache)}")
+    for n in names:
+        med = statistics.median(walls[n])
+        ratios = ", ".join(f"{med / v:.2f}x {b}" for b, v in base.items())
+        st = f", env stage median {statistics.median(stages[n]):.3f} s" if stages[n] else ""
+        print(f"{n:8} median {med:.2f} s ({ratios}){st}")
+
+
+def _image_size(cache: Path) -> str:
+    sizes = [p.stat().st_size for p in cache.rglob("*") if _is_image(p)]
+    return f"{sizes[0] / 1e6:.0f} MB" if sizes else "?"
+
+
+if __name__ == "__main__":
+    main()
