@@ -49,8 +49,10 @@ def _setups(tmp_path: Path) -> int:
     return len(f.read_text().splitlines()) if f.exists() else 0
 
 
-def _exec(proj: Path, env: dict[str, str], wrap: list[str] | None = None) -> subprocess.CompletedProcess[str]:
-    argv = [*(wrap or []), sys.executable, "-m", "bootseer_cli", "exec", "--", "sh", "-c", "exit 7"]
+def _exec(
+    proj: Path, env: dict[str, str], wrap: list[str] | None = None, job: str = "exit 7"
+) -> subprocess.CompletedProcess[str]:
+    argv = [*(wrap or []), sys.executable, "-m", "bootseer_cli", "exec", "--", "sh", "-c", job]
     r = subprocess.run(argv, cwd=proj, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 7, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
@@ -202,3 +204,21 @@ def test_a_cache_smaller_than_the_snapshot_is_bypassed_after_a_size_check(tmp_pa
     assert len(warnings) == 1 and "too little for a" in warnings[0], r.stderr
     assert "straight into the roots" in warnings[0]
     assert list(tmpdir.iterdir()) == []  # streamed through a file with no name
+
+
+def test_a_read_only_cache_streams_a_remote_snapshot_into_the_roots(tmp_path: Path, s3_server: S3Server) -> None:
+    """With a read-only cache and a remote store, the snapshot was downloaded into a scratch blob cache in
+    TMPDIR for the whole job; now it goes from the store straight into the roots, with no second warning."""
+    uri = f"s3://{s3_server.bucket}/ro-{os.urandom(6).hex()}?endpoint_override=127.0.0.1:{s3_server.port}&scheme=http"
+    cache, tmpdir = tmp_path / "cache", tmp_path / "tmp"
+    tmpdir.mkdir()
+    proj, root = _project(tmp_path, f"head -c 3000000 /dev/urandom > {tmp_path}/envroot/lib.so", store=uri)
+    _exec(proj, _env(cache, tmpdir, **S3_ENV, BOOTSEER_EXEC_AGENT="0"))
+    want = tree_state(root)
+    _fresh_node(root)
+    blob_in_tmpdir = f'find "{tmpdir}" -type f -size +1000k | grep -q . && exit 8; exit 7'  # while the job runs
+    r = _exec(proj, _env(cache, tmpdir, **S3_ENV), _read_only_wrap(cache), job=blob_in_tmpdir)
+    assert _setups(tmp_path) == 1, r.stderr
+    assert tree_state(root) == want
+    assert len(_warnings(r)) == 1 and "read-only" in _warnings(r)[0], r.stderr
+    assert _gone_in_time(tmpdir) == []
