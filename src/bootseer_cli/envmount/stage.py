@@ -72,7 +72,6 @@ def try_mount(
     ctx: StageContext, store: Store, key: str, roots: list[str], ref: dict[str, Any]
 ) -> tuple[StageResult | None, str]:
     """(the stage's result, "") with the env mounted at the roots, or (None, why not) to extract instead."""
-    from .. import delivery
     from .image import image_of
     from .runs import RunMounts, sweep
 
@@ -83,7 +82,7 @@ def try_mount(
     digest, size = image_of(ref)  # type: ignore[misc]
     t0 = time.time()
     try:
-        fetched = delivery.fetch_verified(ctx.settings.p2p, store, ctx.cache, digest, size or None)
+        fetched = _local_image(ctx, store, digest, size)
     except StageFatal:
         raise
     except Exception as e:  # the store, the swarm, the cache: extraction may still work (its own blob)
@@ -97,6 +96,38 @@ def try_mount(
         return None, f"mount failed: {e}"
     ctx.add_agent_task(MountTask(root=str(rm.root)))
     return _mounted_result(fetched, digest, size, how, t1 - t0, time.time() - t1), ""
+
+
+def _identity(path: Path) -> str:
+    st = os.lstat(path)
+    return f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_ctime_ns}"
+
+
+def _local_image(ctx: StageContext, store: Store, digest: str, size: int) -> Any:
+    """The image in the node cache, its digest verified once: on the download (or a first hash of a
+    cached copy), then remembered by the file's identity (device, inode, size, ctime: any write,
+    rename or replacement changes one), so a later start does not read 200 MB again before it mounts.
+    Per-range verification comes with the lazy fill (issue 48 item 2)."""
+    from .. import delivery
+    from ..delivery import Fetched
+    from .runs import mount_root
+
+    record = mount_root().parent / "env-mount-verified" / digest
+    path = ctx.cache.path(digest)
+    try:
+        trusted = record.read_text() == _identity(path)
+    except OSError:
+        trusted = False
+    if trusted and ctx.cache.peek(digest) is not None:  # its recency refreshed (a new ctime: recorded)
+        fetched = Fetched(path, "cache")
+    else:
+        fetched = delivery.fetch_verified(ctx.settings.p2p, store, ctx.cache, digest, size or None)
+    from ..paths import make_private_dir
+
+    tmp = make_private_dir(record.parent) / f".{digest}.{os.getpid()}"
+    tmp.write_text(_identity(Path(fetched.path)))
+    os.replace(tmp, record)
+    return fetched
 
 
 def _mount_all(rm: RunMounts, image: str, roots: list[str]) -> str:
