@@ -19,7 +19,6 @@ import errno
 import json
 import os
 import select
-import shutil
 import stat
 import subprocess
 import sys
@@ -32,26 +31,11 @@ from typing import Any
 from ..errors import BootseerError
 from ..redact import redact_text
 from .layout import Manifest
+from .mountinfo import fusermount as _fusermount
+from .mountinfo import mount_info
 
 FSTYPE = "fuse.bootseer-ckpt"
 READ_AHEAD_KB = 16384
-
-
-def _unescape(s: str) -> str:
-    return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-
-
-def mount_info(mountpoint: str | Path) -> dict[str, str] | None:
-    """The mountinfo entry at `mountpoint` (the last, i.e. topmost), or None."""
-    mp = os.path.abspath(mountpoint)
-    found = None
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields, rfields = left.split(), right.split()
-            if len(fields) >= 5 and _unescape(fields[4]) == mp:
-                found = {"dev": fields[2], "fstype": rfields[0] if rfields else "", "source": _unescape(rfields[1])}
-    return found
 
 
 def is_ours(info: dict[str, str] | None) -> bool:
@@ -81,10 +65,6 @@ def raise_read_ahead(mountpoint: str, kb: int = READ_AHEAD_KB, timeout: float = 
                 return False
         time.sleep(0.05)
     return stable >= 3
-
-
-def _fusermount() -> str:
-    return shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
 
 
 def umount(mountpoint: str | Path, lazy_ok: bool = True, dev: str = "") -> bool:

@@ -116,7 +116,8 @@ def mount_overlay(lower: str, dirs: WriteDirs, mountpoint: str) -> str:
 
 def _try_mount(argv: list[str], mountpoint: str) -> tuple[str, str]:
     """(device number, "") when `argv` mounted our overlay at `mountpoint`, else ("", why)."""
-    from .mount import _fusermount, mount_info
+    from .mountinfo import fusermount as _fusermount
+    from .mountinfo import mount_info
 
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=MOUNT_TIMEOUT_S, cwd="/")
@@ -136,7 +137,8 @@ def _try_mount(argv: list[str], mountpoint: str) -> tuple[str, str]:
 def umount_overlay(mountpoint: str, dev: str = "") -> bool:
     """Unmount the writable view at `mountpoint` (only the one with device `dev`, when given); False
     when it is not there. A normal unmount first, then a lazy one (a process still in the directory)."""
-    from .mount import _fusermount, mount_info
+    from .mountinfo import fusermount as _fusermount
+    from .mountinfo import mount_info
 
     info = mount_info(mountpoint)
     if not is_overlay(info) or (dev and info["dev"] != dev):  # type: ignore[index]
