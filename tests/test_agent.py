@@ -174,6 +174,7 @@ def test_agent_gets_the_settings_exec_ran_with(tmp_path: Path, monkeypatch: pyte
 def _samples() -> list[object]:
     """One spec of every task kind, as a stage would hand it over."""
     from bootseer_cli.compilecache.tasks import PublishTask as CompilePublish
+    from bootseer_cli.envmount.stage import MountTask
     from bootseer_cli.envsnap.agent_tasks import PublishTask as EnvPublish
     from bootseer_cli.envsnap.squash import SquashTask
     from bootseer_cli.hotblocks.agent_tasks import JudgeTask, PrefetchTask, RecordTask
@@ -196,6 +197,7 @@ def _samples() -> list[object]:
         ),
         SquashTask(env_key="e", roots=["/venv"], layer="b" * 64, ref_extra={"inputs": ["pip install x==1"]}),
         UnmountTask(mountpoint="/mnt/ckpt", pid=42),
+        MountTask(root="/c/env-mount/r1"),
         WritebackTask(root="/c/ckpt-write/r1", mountpoint="/run/ckpt-r1", dev="0:99"),
         CompilePublish(key="c", baseline="/run/baseline.json", max_bytes=10, ready="quiet", started=2.0),
         SeedTask(blobs=[{"digest": "d", "torrent": "t"}], fetches=[{"digest": "d", "origin": True}]),
