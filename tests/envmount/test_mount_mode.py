@@ -207,3 +207,26 @@ def test_the_image_waits_in_the_pending_area_publish_sweeps() -> None:
     from bootseer_cli.envsnap import publish
 
     assert image.PENDING_DIR == publish.PENDING_DIR
+
+
+def test_a_squashed_chain_keeps_its_image(base: Path, wheels: Path) -> None:
+    """A layer at `[env] max_layers` is squashed under the same key: the new ref still names the image
+    (before: the squash's ref dropped it, and every mount-mode node extracted from then on)."""
+    root = base / "env"
+    _publish(base, root, wheels)
+    cfg = config(base, root, wheels)
+    setup = cfg.read_text().split("setup = [")[1].rstrip().rstrip("]")
+    cfg.write_text(
+        cfg.read_text().replace(
+            f"setup = [{setup}]", f'max_layers = 1\nsetup = [{setup}, "echo more > {root}/more.txt"]'
+        )
+    )
+    builder = node(base, "builder")
+    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], builder, agent=False)
+    assert r.returncode == 0, r.stderr
+    assert "squashed" in r.stderr or "layer" in r.stderr, r.stderr
+    refs = [
+        Store((base / "store").as_uri()).read_ref("env", p.name[:-5]) for p in (base / "store").rglob("refs/env/*.json")
+    ]
+    [squashed] = [ref for ref in refs if ref.get("squashed")]
+    assert squashed.get("depth") == 0 and squashed[FIELD]["format"] == FORMAT, squashed

@@ -108,6 +108,7 @@ def squash(
     extra = {k: v for k, v in task.ref_extra.items() if k not in ("parent", "chain", "depth")}
     # the layer's digest only as a prefix, for people: a full digest would keep the layer's blob live for gc
     extra.update(depth=0, squashed=task.layer[:16])
+    extra.update(_kept_image(store, task.env_key))
     try:
         publish(settings.p2p, store, cache, cap, task.env_key, task.roots, extra=extra)
     finally:
@@ -120,6 +121,19 @@ def squash(
             write_stamp(task.roots, [task.env_key], cap.digest, cap.entries, cap.deletion_paths)
     say(f"env: squashed the chain of {task.env_key[:12]} into one snapshot {cap.digest[:12]}")
     return cap.digest
+
+
+def _kept_image(store: Store, env_key: str) -> dict[str, Any]:
+    """The layer's `fs_image` (envmount/image.py: an image always holds the whole tree), kept by the
+    squashed ref so `[env] mode = "mount"` nodes go on mounting; {} when it has none."""
+    from ..envmount.image import FIELD
+    from .catalog import REF_KIND
+
+    try:
+        ref = store.read_ref(REF_KIND, env_key) or {}
+    except (BootseerError, OSError):  # the squash goes on without it: those nodes then extract
+        return {}
+    return {FIELD: ref[FIELD]} if isinstance(ref.get(FIELD), dict) else {}
 
 
 def squash_task(task: SquashTask, agent: Agent) -> None:
