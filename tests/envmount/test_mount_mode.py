@@ -23,6 +23,7 @@ import pytest
 
 from bootseer_cli.digests import sha256_file
 from bootseer_cli.envmount.image import FIELD, FORMAT
+from bootseer_cli.envmount.mounts import devices_at
 from bootseer_cli.store import Store
 
 from .conftest import agents_done, bootseer, config, mounted_under, node
@@ -230,3 +231,59 @@ def test_a_squashed_chain_keeps_its_image(base: Path, wheels: Path) -> None:
     ]
     [squashed] = [ref for ref in refs if ref.get("squashed")]
     assert squashed.get("depth") == 0 and squashed[FIELD]["format"] == FORMAT, squashed
+
+
+def test_two_runs_on_one_root_stack_and_each_takes_down_only_its_own(base: Path, wheels: Path) -> None:
+    """A second job on the node while the first runs: its overlay stacks over the first's (before: the
+    root was "already a mount point" and the env was extracted into the first run's overlay, to vanish
+    when that run ended). The first run ends first: its covered overlay stays recorded, the second's
+    comes down with it, and the next start sweeps what is left."""
+    root = base / "env"
+    _publish(base, root, wheels)
+    nd = node(base, "fresh")
+    cfg = str(base / "bootseer-mount.toml")
+    gate = base / "gate"
+    hold = f'{_job(base, root)[0]} {_job(base, root)[1]} {root} && while [ ! -e "$0" ]; do sleep 0.1; done'
+
+    def start(flag: Path) -> subprocess.Popen[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
+        env.update({**nd, "BOOTSEER_EXEC_AGENT": "1"})
+        argv = [sys.executable, "-m", "bootseer_cli", "exec", "--config", cfg, "--", "/bin/sh", "-c", hold, str(flag)]
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    first = start(gate / "1")
+    gate.mkdir()
+    second = None
+    try:
+        runs = Path(nd["XDG_CACHE_HOME"]) / "bootseer" / "env-mount"
+        deadline = time.time() + 120
+        while len(mounted_under(str(root))) < 1 and time.time() < deadline:
+            time.sleep(0.1)
+        second = start(gate / "2")
+        while mounted_under(str(root)).count(str(root)) < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        assert mounted_under(str(root)).count(str(root)) == 2, "the second run did not stack its overlay"
+        stacked = devices_at(str(root))
+        (gate / "1").touch()
+        out1, err1 = first.communicate(timeout=120)
+        assert first.returncode == 0 and out1.split()[-1] == "True", out1 + err1
+        logs = Path(nd["XDG_CACHE_HOME"]) / "bootseer" / "runs"
+        while sum("agent done" in p.read_text() for p in logs.glob("*/agent.log")) < 1 and time.time() < deadline:
+            time.sleep(0.1)
+        assert devices_at(str(root)) == stacked, "the first run took down the second run's view"
+        (gate / "2").touch()
+        out2, err2 = second.communicate(timeout=120)
+        assert second.returncode == 0 and out2.split()[-1] == "True", out2 + err2
+        assert "not mounted" not in err2, err2
+    finally:  # the launchers end whatever failed
+        (gate / "1").touch()
+        (gate / "2").touch()
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.communicate(timeout=120)
+    agents_done(nd)
+    assert len(list(runs.iterdir())) == 1  # the first run's covered overlay, kept on record
+    r = bootseer(["exec", "--config", cfg, "--", *_job(base, root)], nd)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "True", r.stdout + r.stderr
+    agents_done(nd)
+    assert mounted_under(str(base)) == [] and not list(runs.iterdir())

@@ -151,12 +151,26 @@ def mount_overlay(lowerdir: str, upper: str, work: str, mountpoint: str) -> tupl
     raise BootseerError(f"cannot overlay {mountpoint}: {'; '.join(reasons) or 'fuse-overlayfs is not installed'}")
 
 
+def devices_at(mountpoint: str) -> list[str]:
+    """The devices mounted at `mountpoint`, bottom to top (two runs' overlays can stack on one root)."""
+    out = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split(" - ")[0].split()
+            if len(fields) >= 5 and fields[4].replace("\\040", " ") == mountpoint:
+                out.append(fields[2])
+    return out
+
+
 def umount(mountpoint: str, dev: str) -> bool:
     """Unmount the mount with device `dev` at `mountpoint` (only that one: what another run mounted there
-    since is left alone); False when it is not there. A normal unmount first, then a lazy one."""
+    since is left alone); False when it is not there; raises while another mount covers it (a later
+    run's overlay stacked on the same root), so the caller keeps its record. Normal unmount, then lazy."""
+    if dev not in devices_at(mountpoint):
+        return False
     info = mount_info(mountpoint)
     if info is None or info["dev"] != dev:
-        return False
+        raise BootseerError(f"{mountpoint}: covered by a later mount; taken down once that one is gone")
     fuse = info["fstype"].startswith("fuse")
     attempts = [[_fusermount(), "-u"], [_fusermount(), "-uz"]] if fuse else [["umount"], ["umount", "-l"]]
     for argv in attempts:

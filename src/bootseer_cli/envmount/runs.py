@@ -96,9 +96,12 @@ class RunMounts:
         when a mount would not go (the directory then stays, for the next start)."""
         from .mounts import mount_info, umount
 
-        left = []
+        left: list[dict[str, str]] = []
         for m in reversed(self.mounts):
             dev = m["dev"] or self._private_dev(m["path"])
+            if left and m["path"].startswith(str(self.root) + "/"):
+                left.append(m)  # the lower stays while an overlay of ours still stands on it
+                continue
             try:
                 done = bool(dev) and umount(m["path"], dev)
                 if log:
@@ -113,6 +116,19 @@ class RunMounts:
             return False
         shutil.rmtree(self.root, ignore_errors=True)
         return True
+
+
+def live_mount(path: str, dev: str) -> bool:
+    """Whether `path` with device `dev` is a mount a live run recorded (another job's env on this root)."""
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(mount_root()))[:SWEEP_LIMIT]:
+            try:
+                rm = RunMounts.load(mount_root() / name)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if {"path": path, "dev": dev} in rm.mounts and rm.owner_alive():
+                return True
+    return False
 
 
 def sweep(keep: str, log: Callable[[str], None] | None = None) -> int:

@@ -38,6 +38,7 @@ def _blocked_root(roots: list[str]) -> str:
     """Why some root cannot take an overlay ("" when each is absent or an empty directory)."""
     from .image import OWN_PREFIX
     from .mounts import mount_info
+    from .runs import live_mount
 
     for r in roots:
         if os.path.islink(r) or os.path.realpath(r) != r:
@@ -46,7 +47,10 @@ def _blocked_root(roots: list[str]) -> str:
             continue
         if not os.path.isdir(r):
             return f"{r} is not a directory"
-        if mount_info(r) is not None:
+        info = mount_info(r)
+        if info is not None:
+            if live_mount(r, info["dev"]):
+                continue  # another live run's env here: this run's overlay stacks over it, its own
             return f"{r} is already a mount point"
         with os.scandir(r) as it:  # bootseer's own per-tree files (the tree lock's file) hide nothing of the job's
             first = next((e for e in it if not e.name.startswith(OWN_PREFIX)), None)
