@@ -287,3 +287,23 @@ def test_two_runs_on_one_root_stack_and_each_takes_down_only_its_own(base: Path,
     assert r.returncode == 0 and r.stdout.split()[-1] == "True", r.stdout + r.stderr
     agents_done(nd)
     assert mounted_under(str(base)) == [] and not list(runs.iterdir())
+
+
+def test_the_snapshot_verb_publishes_the_image_too(base: Path, wheels: Path) -> None:
+    """`bootseer baseline`, the user's own setup, `bootseer snapshot`: in mount mode the ref names an image,
+    which a fresh node mounts (before: the verb published the tar snapshot alone)."""
+    root = base / "env"
+    cfg = config(base, root, wheels)
+    builder = node(base, "builder")
+    root.mkdir()
+    assert bootseer(["baseline", "--config", str(cfg)], builder, agent=False).returncode == 0
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels)]
+    subprocess.run([*pip, "--target", str(root / "site"), "six", "idna"], check=True, capture_output=True)
+    r = bootseer(["snapshot", "--config", str(cfg)], builder, agent=False)
+    assert r.returncode == 0, r.stderr
+    assert _ref(base)[FIELD]["format"] == FORMAT
+    shutil.rmtree(root)
+    nd = node(base, "fresh")
+    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], nd)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "True", r.stdout + r.stderr
+    agents_done(nd)

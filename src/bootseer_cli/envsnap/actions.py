@@ -129,7 +129,13 @@ def snapshot_here(settings: Settings, warn: Say) -> Published:
     cache = cache_for(settings.store)
     t0 = time.monotonic()
     cap = capture(settings.store, roots, base, key, cache, warn, since=path.stat().st_mtime)
-    publish(settings.p2p, st, cache, cap, key, roots, extra=_parent_fields(settings, keys_now, roots))
+    extra = _parent_fields(settings, keys_now, roots)
+    if settings.env.mode == "mount":  # the squashfs image too (envmount/image.py), as `exec` publishes it
+        from ..envmount.image import image_for_publish
+        from .setup import excluded_paths
+
+        extra.update(image_for_publish(roots, excluded_paths(settings.store), cache, warn))
+    publish(settings.p2p, st, cache, cap, key, roots, extra=extra)
     write_stamp(roots, [key, now], cap.digest, cap.entries, cap.deletion_paths)
     return Published(key, cap.digest, cap.size, cap.files, cap.deletions, time.monotonic() - t0)
 
