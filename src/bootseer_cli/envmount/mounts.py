@@ -26,7 +26,7 @@ MOUNT_TIMEOUT_S = 30.0
 
 
 def mount_info(mountpoint: str) -> dict[str, str] | None:
-    from ..stripe.mount import mount_info as info
+    from ..stripe.mountinfo import mount_info as info
 
     return info(mountpoint)
 
