@@ -12,9 +12,11 @@ where `torch==2.13.0` resolves to the CPU build on disk rather than a download o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -39,6 +41,7 @@ class TrainerNode(Node):
     """A node of one of the trainer jobs (`job/bootseer-<trainer>.toml` as its `bootseer.toml`)."""
 
     trainer: str = "hf"
+    program_args: tuple[str, ...] = ()  # appended to the trainer's command line
 
     @property
     def tmp(self) -> Path:
@@ -67,10 +70,10 @@ class TrainerNode(Node):
         if self.trainer == "hf":
             torchrun = [str(self.venv_at / "bin" / "torchrun"), "--nproc-per-node", "2", "--master-port"]
             args = ["hf_train.py", "--data", "corpus.txt", "--output-dir", out, "--max-steps", str(max_steps)]
-            return [*torchrun, str(free_port()), *args]
+            return [*torchrun, str(free_port()), *args, *self.program_args]
         # Lightning's own launcher: `python lightning_train.py` starts the second rank itself
         args = ["lightning_train.py", "--data", "corpus.txt", "--ckpt-dir", out, "--max-steps", str(max_steps)]
-        return [str(self.venv_at / "bin" / "python"), *args]
+        return [str(self.venv_at / "bin" / "python"), *args, *self.program_args]
 
     def train(self, max_steps: int, bootseer: bool = True, out: str | None = None, timeout: float = 900.0) -> Run:
         """One start of the job to `max_steps`, through `bootseer exec` or as the trainer alone; `out` is
@@ -92,12 +95,32 @@ class TrainerNode(Node):
 
     def tags(self) -> list[str]:
         """The tags of this job's checkpoint in the store."""
-        name = "hf-tiny-gpt2" if self.trainer == "hf" else "lightning-tiny"
+        name = self.ckpt_name
         return [t["tag"] for t in json.loads(self.bootseer("ckpt", "ls", name, "--json")) if t.get("tag")]
 
+    @property
+    def ckpt_name(self) -> str:
+        return "hf-tiny-gpt2" if self.trainer == "hf" else "lightning-tiny"
+
+    def mounted_files(self, tag: str, where: Path) -> dict[str, tuple[int, str]]:
+        """(mtime in ns, sha256) of every file of this job's checkpoint `tag` as `bootseer ckpt mount` shows
+        it (mounted from this process's own mount namespace, so that it sees the mount, then unmounted)."""
+        where.mkdir(parents=True)
+        env = self.env()
+        mount = [BOOTSEER, "ckpt", "mount", f"{self.ckpt_name}:{tag}", str(where)]
+        r = subprocess.run(mount, env=env, cwd=self.work, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        try:
+            files = [p for p in where.rglob("*") if p.is_file()]
+            return {
+                str(p.relative_to(where)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+                for p in files
+            }
+        finally:
+            subprocess.run([BOOTSEER, "ckpt", "umount", str(where)], env=env, capture_output=True, timeout=120)
+
     def push_by_hand(self) -> None:
-        name = "hf-tiny-gpt2" if self.trainer == "hf" else "lightning-tiny"
-        self.bootseer("ckpt", "push", self.ckpt_dir, "--name", name, "--tag", "by-hand")
+        self.bootseer("ckpt", "push", self.ckpt_dir, "--name", self.ckpt_name, "--tag", "by-hand")
 
 
 def first_step_s(run: Run) -> float:

@@ -69,6 +69,7 @@ def main() -> None:
     p.add_argument("--root-dir", default="lightning-root")
     p.add_argument("--max-steps", type=int, default=8)
     p.add_argument("--save-steps", type=int, default=4)
+    p.add_argument("--one-last", action="store_true", help="overwrite last.ckpt instead of adding last-vN.ckpt")
     a = p.parse_args()
     L.seed_everything(0, workers=True)
     ids = torch.tensor(list(a.data.read_bytes()), dtype=torch.long)
@@ -79,7 +80,15 @@ def main() -> None:
         strategy="ddp",
         max_steps=a.max_steps,
         default_root_dir=a.root_dir,
-        callbacks=[ModelCheckpoint(dirpath=a.ckpt_dir, save_last=True, every_n_train_steps=a.save_steps, save_top_k=1)],
+        callbacks=[
+            ModelCheckpoint(
+                dirpath=a.ckpt_dir,
+                save_last=True,
+                every_n_train_steps=a.save_steps,
+                save_top_k=1,
+                enable_version_counter=not a.one_last,
+            )
+        ],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
