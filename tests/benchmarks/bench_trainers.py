@@ -23,6 +23,9 @@ newest by mtime, and the checkpoint mount shows every file with one mtime: the t
 `last.ckpt` (step 4) on rank 0 and `last-v1.ckpt` (step 8) on rank 1, and gloo failed (tests/trainers:
 test_mounted_checkpoint_keeps_the_order_of_its_saves).
 
+`--compile` runs the HF model under `torch.compile` (`TrainingArguments(torch_compile=True)`): the compile
+stage publishes the warm start's Inductor cache, a fresh node restores it.
+
 Time = from the node's first command to rank 0's first finished training step (the program's
 `train: first-step` line). Goals (issue 44): fresh node <= 0.2x; restart <= 1.02x. Medians of --reps.
 """
@@ -59,7 +62,7 @@ def timed(node: TrainerNode, max_steps: int, bootseer: bool, setup: bool = False
     return first_step_s(run)
 
 
-def bench(trainer: str, store: TrainerStore, reps: int) -> dict[str, list[float]]:
+def bench(trainer: str, store: TrainerStore, reps: int, compiled: bool = False) -> dict[str, list[float]]:
     """Each start trains 4 steps past the checkpoint it resumes from (`latest` in the store with bootseer;
     its own directory without), so that every start resumes and reaches a training step."""
     cluster, make = make_nodes(store, trainer)
@@ -68,6 +71,8 @@ def bench(trainer: str, store: TrainerStore, reps: int) -> dict[str, list[float]
         n = make(name)
         if trainer == "lightning":  # one last.ckpt: the mount shows every file with one mtime (see below)
             n.program_args = ("--one-last",)
+        elif compiled:
+            n.program_args = ("--compile",)
         return n
 
     out: dict[str, list[float]] = {k: [] for k in KINDS}
@@ -118,11 +123,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="hf,lightning")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--compile", action="store_true", help="the HF model under torch.compile (TrainingArguments)")
     a = ap.parse_args()
     os.environ.pop("BOOTSEER_STORE", None)
     store = TrainerStore(Path(tempfile.mkdtemp(prefix="bench-trainers-")))
     print(f"load average at start: {os.getloadavg()}", flush=True)
-    results = {t: bench(t, store, a.reps) for t in a.only.split(",")}
+    results = {t: bench(t, store, a.reps, a.compile) for t in a.only.split(",")}
     print(f"load average at end: {os.getloadavg()}\n")
     print(table(results))
     if a.json:
