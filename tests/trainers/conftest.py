@@ -3,6 +3,7 @@ their identical [env] sections key), and nodes of a job made on demand."""
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,3 +57,4 @@ def scenario(request: pytest.FixtureRequest, trainer_store: TrainerStore) -> Ite
         yield run_scenario(node)
     finally:
         cluster.close()
+        shutil.rmtree(cluster.root, ignore_errors=True)  # two 1.2 GB venvs
