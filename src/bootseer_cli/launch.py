@@ -44,6 +44,9 @@ def execute(settings: Settings, command: list[str], skip: set[str] | None = None
         env = launcher_base_environ(settings, os.environ)
         _exec(command, resolve_command(command, env), env)
         return
+    from .trust import starting_a_job
+
+    starting_a_job()
     run = RunInfo.new(command)
     ctx = StageContext(settings=settings, run=run, command=command, quiet=quiet)
     results = run_stages(ctx, skip)

@@ -318,13 +318,21 @@ def describe(trust: Trust) -> tuple[str, str, str]:
 # configuration says `[trust] verify = "off"`.
 CODE_REFS = ("refs/env/", "refs/compile/", "refs/hot/", "refs/torrent/")
 _announced: list[str] = []
+_starting: list[bool] = []  # set by what starts a job (exec, restore): only a start runs what it reads
+
+
+def starting_a_job() -> None:
+    """Mark this process as a start (`exec`, `restore`): the unsigned notice is said by starts only.
+    A verb that only looks (`hot show`, `env ls`) runs nothing it reads, and its one-line errors stay one
+    line (`hot show` of a gone record printed the notice as a second line)."""
+    _starting.append(True)
 
 
 def announce_unverified(trust: Trust, domain: str, rel: str) -> None:
     """Say once per process (one start), on one line, that code from the store is used without a verified
     signature, and how to turn signing on. A downgrade must not be silent; a notice per ref would be noise.
     Nothing is said where the configuration chose `verify = "off"`, or where every use was verified."""
-    if _announced or trust.required or trust.verify == "off" or not rel.startswith(CODE_REFS):
+    if not _starting or _announced or trust.required or trust.verify == "off" or not rel.startswith(CODE_REFS):
         return
     _announced.append(domain)
     import sys

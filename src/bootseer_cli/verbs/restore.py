@@ -24,6 +24,9 @@ def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], N
     """`bootseer restore`: 0 when the env is present or restored, 3 when the store has no snapshot, 1
     (or the error's own code) when anything else fails. `as_json`: the outcome as one JSON document on
     stdout (also for a miss); errors stay one line on stderr."""
+    from ..trust import starting_a_job
+
+    starting_a_job()
     try:
         return _restore(cfg, out, err, as_json)
     except BootseerError as e:
