@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.nobody import NOBODY, USER_FUSE, as_nobody
+
 from .conftest import WHEELS, agents_done, config, unmount_all
 from .test_mount_mode import JOB
 
@@ -30,16 +32,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become the plain user (setpriv)"),
 ]
 
-NOBODY = 65534
-AS_NOBODY = [
-    "setpriv",
-    f"--reuid={NOBODY}",
-    f"--regid={NOBODY}",
-    "--clear-groups",
-    "--inh-caps=-all,+dac_read_search,+dac_override",
-    "--ambient-caps=+dac_read_search,+dac_override",
-]
-_USER_FUSE = 'mknod -m 666 "$0" c 10 229 && mount --bind "$0" /dev/fuse && exec "$@"'
+AS_NOBODY = as_nobody("dac_read_search", "dac_override")
 
 
 @pytest.fixture
@@ -68,7 +61,7 @@ def _as_nobody(argv: list[str], nd: dict[str, str], agent: bool) -> subprocess.C
     env.update({**nd, "HOME": nd["XDG_CACHE_HOME"], "BOOTSEER_EXEC_AGENT": "1" if agent else "0"})
     env["PIP_CONFIG_FILE"] = "/dev/null"
     dev = Path(nd["XDG_CACHE_HOME"]).parent / f"fuse-{time.monotonic_ns()}"
-    cmd = ["unshare", "-m", "sh", "-c", _USER_FUSE, str(dev), *AS_NOBODY, sys.executable, "-m", "bootseer_cli"]
+    cmd = ["unshare", "-m", "sh", "-c", USER_FUSE, str(dev), *AS_NOBODY, sys.executable, "-m", "bootseer_cli"]
     return subprocess.run([*cmd, *argv], env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.envsnap.conftest import run_cli
+from tests.support.nobody import NOBODY, as_nobody
 
 pytestmark = pytest.mark.integration
 
@@ -78,16 +79,8 @@ def test_another_process_writing_outside_the_roots_during_the_setup_is_not_blame
     assert "fanotify" not in (tmp_path / "fds").read_text(), "the setup holds bootseer's fanotify group"
 
 
-NOBODY = 65534
 # a plain user (read and search everywhere, so the interpreter under /root starts; no write anywhere)
-AS_NOBODY = [
-    "setpriv",
-    f"--reuid={NOBODY}",
-    f"--regid={NOBODY}",
-    "--clear-groups",
-    "--inh-caps=-all,+dac_read_search",
-    "--ambient-caps=+dac_read_search",
-]
+AS_NOBODY = as_nobody("dac_read_search")
 
 
 def test_a_plain_users_setup_is_not_blamed_for_a_file_it_could_not_write(tmp_path: Path) -> None:

@@ -15,18 +15,11 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.hotblocks.pagecache import evict, walk_files
+from tests.support.nobody import NOBODY, as_nobody
 
 from .conftest import write_config
 
-NOBODY = 65534
-AS_NOBODY = [
-    "setpriv",
-    f"--reuid={NOBODY}",
-    f"--regid={NOBODY}",
-    "--clear-groups",
-    "--inh-caps=-all,+dac_read_search",
-    "--ambient-caps=+dac_read_search",
-]
+AS_NOBODY = as_nobody("dac_read_search")
 
 
 # The start, as a shell command (os.access() drops capabilities, so the launcher must be executable
