@@ -22,9 +22,10 @@ def keygen(
         Path, typer.Option("--out", "-o", metavar="PREFIX", help="Writes PREFIX.key (private, 0600) and PREFIX.pub.")
     ],
 ) -> None:
-    """Write a new Ed25519 key pair: keep PREFIX.key where only the signing steps (the Slurm prolog as
-    root, CI's secret) can read it, never in a training container; give PREFIX.pub to every reader of
-    the domain ([trust] verify_keys). docs/trust.md shows the setup per team."""
+    """Write a new Ed25519 key pair: keep PREFIX.key where only the domain's signer (CI's pre-warm secret,
+    or a publisher of the site's own) can read it, never on a node that runs jobs (not the Slurm prolog,
+    a batch job or a pod); give PREFIX.pub to every reader of the domain ([trust] verify_keys).
+    docs/trust.md shows the setup per team."""
     from ..trust import keygen as make
 
     kid = make(f"{out}.key", f"{out}.pub", domain)
