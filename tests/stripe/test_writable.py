@@ -347,3 +347,34 @@ def test_ckpt_umount_takes_a_writable_view_down(tmp_path: Path, mounts: Path) ->
     assert r.returncode == 0 and r.stdout.strip() == f"unmounted {mounts / 'out'}", r.stderr
     assert mount_info(mounts / "out") is None
     _agents_done(node)
+
+
+FIRST_SAVE = """
+import os, torch
+d = os.environ["BOOTSEER_CKPT_DIR"]
+assert not os.listdir(d), os.listdir(d)
+torch.save({"step": 1, "w": torch.zeros(64, 1024)}, os.path.join(d, "ckpt.pt"))
+torch.save({"x": torch.ones(%d)}, os.path.join(d, "extra.pt"))
+print(d)
+"""
+
+
+def test_first_start_save_is_pushed_as_the_first_tag(tmp_path: Path) -> None:
+    """Before: with no tag in the store yet the stage gave the job no `$BOOTSEER_CKPT_DIR` and no write-back,
+    so the first save never reached the store and a fresh node had nothing to resume from."""
+    store = file_store(tmp_path)
+    node = _node(tmp_path, "a")
+    script = tmp_path / "first.py"
+    script.write_text(FIRST_SAVE % (3 * CELL // 4))
+    cfg = _config(tmp_path, store, "mount")
+    r = run_cli("exec", "--config", str(cfg), "--", sys.executable, str(script), env=node)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _agents_done(node)
+    [ev] = _events(node, "checkpoint")
+    assert ev["outcome"] == "new", ev
+    m = load_manifest(store, "job")
+    assert sorted(f.path for f in m.files) == ["ckpt.pt", "extra.pt"]
+    [wb] = _events(node, "ckpt-writeback")
+    assert wb["outcome"] == "pushed" and wb["detail"] == f"job:{m.tag}", wb
+    assert (Path(r.stdout.split()[0]) / "ckpt.pt").exists()  # nothing the job wrote is deleted by the push
+    _resumes_on_a_fresh_node(tmp_path, store, "mount", 2)

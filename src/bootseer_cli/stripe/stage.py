@@ -51,9 +51,12 @@ def run_stage(ctx: StageContext) -> StageResult:
     try:
         m = load_manifest(ctx.store, ck.name, ck.tag)
     except NoCheckpoint as e:  # the first start of a job, before its first push: nothing to mount
-        # A job that never pushed has no tags: the expected first run, said (info), not warned about;
-        # a tag asked for that is not there, while others are, is still a warning.
-        (ctx.info if "no tags" in str(e) else ctx.warn)(f"checkpoint: {e}; starting without one")
+        # A job that never pushed has no tags: the expected first run, which still gets a writable
+        # directory whose contents are pushed as the first tag; a tag asked for by name that is not
+        # there is a warning, and the job starts without a checkpoint directory.
+        if ck.tag == "latest" and "no tags" in str(e):
+            return _first_start(ctx, ck.name)
+        ctx.warn(f"checkpoint: {e}; starting without one")
         return StageResult("none", summary=f"no {ck.name}:{ck.tag} yet", cache="miss", reason=str(e))
     Targets(ctx.store, list(ck.targets)).check(m)  # the manifest's targets are not trusted
     # Resolved once, and this one path is used to mount, look up and unmount (or to pull into); a
@@ -143,16 +146,43 @@ def _lower_mountpoint(ctx: StageContext) -> str:
     return prepare_mountpoint(lower)
 
 
+def _first_start(ctx: StageContext, name: str) -> StageResult:
+    """No tag of `name` yet: the job gets an empty writable directory where the checkpoint would be
+    mounted, and what it saves there is pushed behind it as the first tag (`latest` then names it).
+    A directory there already holding files (a configured mount point) is handed over as it is and
+    not pushed: bootseer pushes only what it knows the job wrote."""
+    from .overlay import write_dirs
+
+    mp = _mountpoint(ctx)
+    extra: dict[str, Any] = {"checkpoint": f"{name}:latest", "mode": "new", "mountpoint": mp}
+    ctx.exports["BOOTSEER_CKPT_DIR"] = mp
+    if any(Path(mp).iterdir()):
+        ctx.warn(f"checkpoint: no tags of {name} yet, and {mp} holds files; kept as it is, not pushed")
+        return StageResult("kept", summary=f"kept {mp}", reason="it holds files already", extra=extra)
+    _hand_over(ctx, None, "new", write_dirs(ctx.run.run, overlay=False).root, mp, name=name)
+    summary = f"{name}: none yet, writable dir, pushed behind the job"
+    return StageResult("new", summary=summary, cache="miss", reason=f"no tags of {name} yet", extra=extra)
+
+
 def _hand_over(
-    ctx: StageContext, m: Manifest, kind: str, root: Path, path: str, mountpoint: str = "", dev: str = ""
+    ctx: StageContext,
+    m: Manifest | None,
+    kind: str,
+    root: Path,
+    path: str,
+    mountpoint: str = "",
+    dev: str = "",
+    name: str = "",
 ) -> None:
-    """Write the write-back journal, and give the agent the task that pushes what the job writes."""
+    """Write the write-back journal, and give the agent the task that pushes what the job writes
+    (`m` None: a first start, no parent tag)."""
     from .push import default_tag
     from .rundirs import owner_stamp
     from .writeback import Journal, begin
 
     owner = owner_stamp(os.getpid())
-    begin(root, Journal(kind, m.name, m.tag, default_tag(), path, owner=owner, mountpoint=mountpoint))
+    parent = (m.name, m.tag) if m is not None else (name, "")
+    begin(root, Journal(kind, *parent, default_tag(), path, owner=owner, mountpoint=mountpoint))
     ctx.add_agent_task(WritebackTask(root=str(root), mountpoint=mountpoint, dev=dev))
 
 

@@ -59,7 +59,8 @@ View = tuple[list[tuple[str, Origin, int]], list[str], bool]  # files (sorted), 
 class Journal:
     """One pending write-back (the journal's fields)."""
 
-    kind: str  # "overlay": `path` is the upper directory; "pull": `path` is the pulled directory
+    kind: str  # "overlay": `path` is the upper directory; "pull": the pulled directory; "new": a first
+    # start's directory (no tag yet: empty when the job began, so whatever is in it is the job's)
     name: str
     parent_tag: str
     tag: str
@@ -244,6 +245,9 @@ def finish(
         files, dirs, changed = overlay_view(parent, Path(j.path), log)
         if changed and any(isinstance(o, FileEntry) for _, o, _ in files):
             lower = open_reader(parent, Targets(store, list(settings.targets)))
+    elif j.kind == "new":  # a first start: the job's directory was empty; nothing in it, nothing to push
+        files, dirs = local_view(Path(j.path), log)
+        changed = bool(files) and not is_current_tree(Path(j.path))
     else:
         changed = not is_current_tree(Path(j.path))
         files, dirs = local_view(Path(j.path), log) if changed else ([], [])
@@ -255,7 +259,7 @@ def finish(
     finally:
         if lower is not None:
             lower.close()
-    if j.kind == "pull":
+    if j.kind in ("pull", "new"):
         write_marker(Path(j.path), m)  # the directory now holds this tag: clean again, and current
     _done(root, j)
     return m
