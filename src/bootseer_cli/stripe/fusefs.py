@@ -58,6 +58,7 @@ class CheckpointFS(mfusepy.Operations):
             self._add_dir(parent or "/")
             self.dirs[parent or "/"].add(base)
         self.ns = int(manifest.created * 1e9)
+        self.dir_ns = self._dir_mtimes()
         self.uid, self.gid = os.getuid(), os.getgid()
         self.handles: dict[int, FileEntry] = {}
         self._ids = itertools.count(1)
@@ -71,6 +72,18 @@ class CheckpointFS(mfusepy.Operations):
             self._add_dir(parent)
             self.dirs[parent].add(base)
             path = parent
+
+    def _dir_mtimes(self) -> dict[str, int]:
+        """Each directory's mtime: the newest recorded mtime of the files under it (the mount's time when none)."""
+        out: dict[str, int] = {}
+        for f in self.m.files:
+            if f.mtime_ns is None:
+                continue
+            parts = ("/" + f.path).split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i]) or "/"
+                out[d] = max(out.get(d, 0), f.mtime_ns)
+        return out
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def init_with_config(self, conn: fuse_conn_info | None, config: fuse_config | None) -> None:
@@ -89,14 +102,19 @@ class CheckpointFS(mfusepy.Operations):
 
     # ---- metadata ------------------------------------------------------------------------------
     def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
-        base = {"st_uid": self.uid, "st_gid": self.gid, "st_atime": self.ns, "st_mtime": self.ns, "st_ctime": self.ns}
+        """Times are the recorded mtimes (a trainer picks its newest checkpoint by them), else the mount's."""
         if path in self.dirs:
-            return {**base, "st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, "st_size": 0}
+            ns = self.dir_ns.get(path, self.ns)
+            return {**self._times(ns), "st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, "st_size": 0}
         f = self.files.get(path)
         if f is None:
             raise mfusepy.FuseOSError(errno.ENOENT)
+        base = self._times(self.ns if f.mtime_ns is None else f.mtime_ns)
         blocks = (f.size + 511) // 512
         return {**base, "st_mode": stat.S_IFREG | 0o644, "st_nlink": 1, "st_size": f.size, "st_blocks": blocks}
+
+    def _times(self, ns: int) -> dict[str, int]:
+        return {"st_uid": self.uid, "st_gid": self.gid, "st_atime": ns, "st_mtime": ns, "st_ctime": ns}
 
     def readdir(self, path: str, fh: int) -> list[str]:
         children = self.dirs.get(path)

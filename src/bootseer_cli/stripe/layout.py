@@ -26,6 +26,7 @@ LATEST = "latest.json"
 MIN_CELL = 512
 MAX_CELL = 1 << 30
 MAX_STRIPES = 4096
+MAX_MTIME_NS = 1 << 62  # about the year 2116: a larger (or negative) recorded mtime is ignored
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -67,6 +68,7 @@ class FileEntry:
     offset: int  # in the logical stream
     size: int
     sha256: str
+    mtime_ns: int | None = None  # when it was saved (trainers pick their newest checkpoint by it); None: not recorded
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ class Manifest:
             "cell_size": self.cell_size,
             "total_size": self.total_size,
             "stripes": [{"target": s.target, "digest": s.digest, "size": s.size} for s in self.stripes],
-            "files": [{"path": f.path, "offset": f.offset, "size": f.size, "sha256": f.sha256} for f in self.files],
+            "files": [_file_doc(f) for f in self.files],
             "dirs": list(self.dirs),
             "cells": list(self.cells),
         }
@@ -175,7 +177,7 @@ class Manifest:
                 raise IntegrityError(f"duplicate path {path!r}")
             if _int(f["offset"], "file offset") != offset:
                 raise IntegrityError(f"file {path!r}: offset does not follow the previous file")
-            files.append(FileEntry(path, offset, size, _hex(f["sha256"], "file sha256")))
+            files.append(FileEntry(path, offset, size, _hex(f["sha256"], "file sha256"), _mtime(f.get("mtime_ns"))))
             seen.add(path)
             offset += size
         if _int(doc.get("total_size", offset), "total_size") != offset:
@@ -226,6 +228,22 @@ def stripe_size(total: int, cell: int, k: int, s: int) -> int:
     if count and (n - 1) % k == s:
         return (count - 1) * cell + (total - (n - 1) * cell)
     return count * cell
+
+
+def _file_doc(f: FileEntry) -> dict[str, Any]:
+    """A file's manifest entry; `mtime_ns` only when recorded, so an older manifest re-serialises (and
+    digests) exactly as before."""
+    doc: dict[str, Any] = {"path": f.path, "offset": f.offset, "size": f.size, "sha256": f.sha256}
+    if f.mtime_ns is not None:
+        doc["mtime_ns"] = f.mtime_ns
+    return doc
+
+
+def _mtime(v: object) -> int | None:
+    """A recorded mtime is optional and only informative: one that is not a sane integer is ignored."""
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_MTIME_NS:
+        return v
+    return None
 
 
 def _int(v: object, what: str) -> int:

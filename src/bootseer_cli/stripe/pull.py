@@ -214,6 +214,9 @@ def _write_files(m: Manifest, reader: Reader, root: Path, advance: Callable[[int
                 if kind == "open":
                     out = open(value, "wb")  # noqa: SIM115 - closed by the "close" item or below
                 elif kind == "close" and out is not None:
+                    if value is not None:  # the recorded mtime, on the descriptor written (no path followed)
+                        out.flush()
+                        os.utime(out.fileno(), ns=(value, value))
                     out.close()
                     out = None
                 elif out is not None:
@@ -241,7 +244,7 @@ def _write_files(m: Manifest, reader: Reader, root: Path, advance: Callable[[int
                     raise IntegrityError(f"checkpoint {m.name}:{m.tag}: {f.path} ended early")
                 q.put(("data", parts))
                 off += sum(len(p) for p in parts)
-            q.put(("close", None))
+            q.put(("close", f.mtime_ns))
     finally:
         q.put(None)
         thread.join()

@@ -121,6 +121,14 @@ class _Source:
             return self.lower.pread(origin, off, want)
         return os.pread(self._fd(i), want, off)
 
+    def mtime_ns(self, i: int) -> int | None:
+        """File `i`'s mtime, recorded in the manifest (trainers pick their newest checkpoint by it): a local
+        file's from the descriptor its bytes were read through, a parent's file keeps its recorded one."""
+        origin = self.paths[i]
+        if isinstance(origin, FileEntry):
+            return origin.mtime_ns
+        return os.fstat(self._fd(i)).st_mtime_ns
+
     def read(self, lo: int, n: int) -> bytes:
         out = []
         i = bisect.bisect_right(self.starts, lo) - 1
@@ -331,12 +339,14 @@ def push_files(
     job = _Striper(source, cell_size, stripes, targets or [store])
     try:
         file_digests, digests = _transfer(job, files, threads or min(32, max(4, stripes)), progress)
+        mtimes = [source.mtime_ns(i) for i in range(len(files))]
     except OSError as e:
         raise StoreError(f"push {name}:{tag}: {e}") from None
     finally:
         source.close()
     entries = [
-        FileEntry(rel, off, size, d) for (rel, _, size), off, d in zip(files, source.starts, file_digests, strict=True)
+        FileEntry(rel, off, size, d, t)
+        for (rel, _, size), off, d, t in zip(files, source.starts, file_digests, mtimes, strict=True)
     ]
     refs = [
         StripeRef("" if job.target_of(s) is store else public_uri(job.target_of(s).uri), digests[s], job.size_of(s))
