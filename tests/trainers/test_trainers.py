@@ -81,10 +81,6 @@ def test_first_training_step_is_detected_without_ready(scenario: Scenario) -> No
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 44 item 2: helper C in progress: a start with no tag yet gets no checkpoint directory to write back",
-)
 def test_first_start_save_is_pushed(scenario: Scenario) -> None:
     """The job's first start has no tag to mount: what its trainer saves is pushed all the same."""
     assert not scenario.pushed_by_hand, (
@@ -105,11 +101,6 @@ def test_restart_saves_into_the_mounted_directory_and_it_is_pushed(scenario: Sce
     assert mounted == pushed["detail"], "the fresh node's `latest` is not the restart's save"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 44 item 2 (checkpoint directory, helper C's area): the mount shows every file with the mount's "
-    "time as its mtime and the manifest records none, so Lightning's ckpt_path='last' picks at random",
-)
 def test_mounted_checkpoint_keeps_the_order_of_its_saves(scenario: Scenario) -> None:
     """A trainer may pick its checkpoint by modification time: Lightning's `ckpt_path="last"` takes the newest
     of the `last*.ckpt` files, and a node whose directory is not the saver's writes `last-v1.ckpt` beside the
