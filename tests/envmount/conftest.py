@@ -18,18 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import pkgindex
+from tests.support.mounts import mounted_under
 
 WHEELS = ["six==1.17.0", "idna==3.20"]
-
-
-def mounted_under(prefix: str) -> list[str]:
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            mp = line.split()[4].replace("\\040", " ")
-            if mp == prefix or mp.startswith(prefix + "/"):
-                out.append(mp)
-    return out
 
 
 def unmount_all(prefix: str) -> None:

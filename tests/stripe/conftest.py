@@ -17,18 +17,9 @@ import pytest
 
 from bootseer_cli.store import Store, blob_path
 from bootseer_cli.stripe.mount import mount_info
+from tests.support.mounts import mounted_under as _mounted_under
 
 CELL = 64 << 10
-
-
-def _mounted_under(prefix: str) -> list[str]:
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            mp = line.split()[4].replace("\\040", " ")
-            if mp == prefix or mp.startswith(prefix + "/"):
-                out.append(mp)
-    return out
 
 
 @pytest.fixture
