@@ -89,9 +89,13 @@ class ExecSettings:
 class TrustSettings:
     read_from: tuple[str, ...] = strings((), "Other domains whose signed refs this job uses (e.g. CI's prewarm).")
     signing_key: Path | None = location(
-        None, "Private key that signs what this node publishes (bootseer trust keygen)."
+        None,
+        "Private key (0600, `bootseer trust keygen`) that signs what this process publishes: set it only where the "
+        "domain's signer runs (CI's pre-warm, a site publisher), never on a node that runs jobs or the Slurm prolog.",
     )
-    verify_keys: tuple[str, ...] = strings((), "Public key files trusted, each for the domain it names.")
+    verify_keys: tuple[str, ...] = strings(
+        (), "Public key files (the .pub of `bootseer trust keygen`) trusted, each for the domain it names."
+    )
     verify: str | None = text(
         None, "'required': refuse unsigned refs; 'off': trust the store (unset: required when keys are set).",
         choices=("required", "off"),
@@ -163,7 +167,9 @@ class ImageSettings:
 class EnvSettings:
     setup: tuple[str, ...] = strings((), "The setup commands (pip install -r ...): what a snapshot captures.")
     files: tuple[str, ...] = strings((), "Files whose bytes are part of the env key, besides those the setup names.")
-    roots: tuple[str, ...] | None = strings(None, "Trees the setup writes into (unset: the interpreter's prefix).")
+    roots: tuple[str, ...] | None = strings(
+        None, "Trees the setup writes into (unset: the prefix of the interpreter bootseer runs in)."
+    )
     extra_roots: tuple[str, ...] = strings((), "More trees to capture (compile caches, torch extensions).")
     key_env: tuple[str, ...] = strings((), "Environment variables whose values are part of the env key.")
     wait_s: float = number(600.0, "How long a node waits for another node's build of the same env.", unit="s")
@@ -220,7 +226,14 @@ class CheckpointSettings:
     tag: str = text("latest", "Its tag.", pattern=r".+")
     mountpoint: str = field(
         default_factory=default_mountpoint,
-        metadata={"setting": Meta("path", "Where it is mounted (unset: a private per-user runtime directory).")},
+        metadata={
+            "setting": Meta(
+                "path",
+                "Where it is mounted (unset: each run its own private <runtime>/ckpt-<run id>, <runtime> being "
+                "$XDG_RUNTIME_DIR/bootseer when that is the user's and 0700, /run/bootseer/0 for root). "
+                "The launcher finds it in $BOOTSEER_CKPT_DIR.",
+            )
+        },
     )
     mode: str = text("mount", "Mount it through FUSE, or pull it to local disk.", choices=("mount", "pull"))
     targets: tuple[str, ...] = strings((), "Storage targets the stripes spread over (unset: the store).")
