@@ -34,7 +34,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "report": ("`bootseer report`: GPUs per node and the first-step detection.", "report.md"),
     "image": ("Hot blocks: record the blocks a start reads, replay them on the next start.", "hotblocks.md"),
     "env": ("Dependency snapshots: run the setup once per env key, restore it everywhere else.", "envsnap.md"),
-    "checkpoint": ("The striped checkpoint mounted (or pulled) before the launcher starts.", "stripe.md"),
+    "checkpoint": ("The striped checkpoint mounted (or pulled) before the launcher starts.", "checkpoints.md"),
     "p2p": ("Peer-to-peer delivery: the job's nodes share blobs, the store serves about one copy.", "p2p.md"),
     "compile": ("torch.compile caches carried across restarts and nodes.", "compile.md"),
 }
