@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from typer.core import TyperCommand, TyperGroup
 
 REGENERATE = "python -m bootseer_cli.reference"
+DEFAULT = object()  # in TEMPLATE_SET: the declared default, so a changed default changes the template too
 
 # One line on what each section is for, and the docs page that explains it (relative to docs/).
 SECTIONS: dict[str, tuple[str, str]] = {
@@ -39,14 +40,14 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "compile": ("torch.compile caches carried across restarts and nodes.", "compile.md"),
 }
 
-# What `bootseer init` writes: the keys it sets (the rest are commented out, with their default or an
-# example), the sections it writes commented out as a whole, and example values for unset keys.
+# What `bootseer init` writes: the keys it sets (each to its declared default, or to the value given here), the
+# sections it writes commented out as a whole, and example values for the keys it leaves commented out.
 TEMPLATE_SET: dict[str, dict[str, object]] = {
-    "store": {"cache_max_gb": 50.0},
-    "exec": {"skip": [], "quiet": False},
-    "env": {"setup": ["pip install -r requirements.txt"], "key_env": ["TORCH_CUDA_ARCH_LIST"], "wait_s": 600.0},
-    "checkpoint": {"tag": "latest", "mode": "mount"},
-    "p2p": {"enabled": False, "port": "6881-6891", "seed_s": 300.0, "origin_mbps": 0.0, "deadline_s": 30.0},
+    "store": {"cache_max_gb": DEFAULT},
+    "exec": {"skip": DEFAULT, "quiet": DEFAULT},
+    "env": {"setup": ["pip install -r requirements.txt"], "key_env": ["TORCH_CUDA_ARCH_LIST"], "wait_s": DEFAULT},
+    "checkpoint": {"tag": DEFAULT, "mode": DEFAULT},
+    "p2p": {"enabled": DEFAULT, "port": DEFAULT, "seed_s": DEFAULT, "origin_mbps": DEFAULT, "deadline_s": DEFAULT},
 }
 TEMPLATE_COMMENTED_SECTIONS = ("trust", "image")
 EXAMPLES: dict[tuple[str, str], object] = {
@@ -160,7 +161,7 @@ def template_toml() -> str:
             unit = f" [{meta.unit}]" if meta.unit and meta.unit not in meta.help else ""
             lines.append(f"# {meta.help}{unit}")
             if key in chosen and not commented:
-                lines.append(f"{key} = {_toml(chosen[key])}")
+                lines.append(f"{key} = {_toml(default if chosen[key] is DEFAULT else chosen[key])}")
                 continue
             value = EXAMPLES.get((section, key), meta.example or None)
             if value is None:
