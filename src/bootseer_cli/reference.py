@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -148,7 +149,7 @@ def template_toml() -> str:
         "# bootseer.toml: how bootseer speeds up this job's startup (every key is optional).",
         "# Precedence: defaults < this file < BOOTSEER_<SECTION>_<KEY> environment variables < command-line flags.",
         "# `bootseer config` prints the effective values and where each came from; `bootseer keys` the cache keys.",
-        f"# Every key, its unit and its environment variable: docs/reference/configuration.md ({REGENERATE}).",
+        "# Every key with its type, unit, default and environment variable: docs/reference/configuration.md.",
     ]
     for section, rows in _declared():
         about = SECTIONS.get(section, ("", ""))[0]
@@ -159,7 +160,7 @@ def template_toml() -> str:
         chosen = TEMPLATE_SET.get(section, {})
         for key, meta, default in rows:
             unit = f" [{meta.unit}]" if meta.unit and meta.unit not in meta.help else ""
-            lines.append(f"# {meta.help}{unit}")
+            lines.extend(f"# {part}" for part in textwrap.wrap(meta.help + unit, 108, break_on_hyphens=False))
             if key in chosen and not commented:
                 lines.append(f"{key} = {_toml(default if chosen[key] is DEFAULT else chosen[key])}")
                 continue

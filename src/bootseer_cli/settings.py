@@ -128,7 +128,9 @@ class ImageSettings:
     ref: str | None = text(
         None, "The image, pinned by digest (unset: asked of the engine, else a fingerprint).", env=("BOOTSEER_IMAGE",)
     )
-    roots: tuple[str, ...] | None = strings(None, "Trees whose reads are recorded (unset: the interpreter's).")
+    roots: tuple[str, ...] | None = strings(
+        None, "Trees whose reads are recorded (unset: the interpreter's prefixes, /lib*, /usr/lib*, CUDA)."
+    )
     record: str = text("auto", "When to record the hot blocks.", choices=("auto", "always", "never"))
     replay: str = text(
         "auto",
@@ -136,7 +138,9 @@ class ImageSettings:
         choices=("auto", "always", "never"),
     )
     ready: str | float = seconds_or(
-        "quiet", "When a start is over: a ready() call, quiet reads, or seconds.", choices=("call", "quiet")
+        "quiet",
+        "When a start is over: a ready() call, quiet (the launcher's memory stops growing), or seconds.",
+        choices=("call", "quiet"),
     )
     prefetch_threads: int = integer(64, "Streams at most for the replay.", minimum=1)
     prefetch_mbps: float = number(0.0, "Cap on the background replay (0: none).", unit="MB/s")
@@ -252,9 +256,17 @@ class P2PSettings:
         "6881-6891", "Port, or range of ports, to listen on.", pattern=r"\d{1,5}(-\d{1,5})?", example="6881-6891"
     )
     peers: tuple[str, ...] = strings((), "host:port of peers to try first.", env=("BOOTSEER_PEERS",))
-    seed_s: float = number(300.0, "How long the agent seeds after the launcher ended.", unit="s")
-    origin_mbps: float = number(0.0, "Cap on what the first node serves (0: none).", unit="MB/s")
-    deadline_s: float = number(30.0, "How long a swarm fetch may take before the store serves it.", unit="s")
+    seed_s: float = number(
+        300.0, "How long the agent seeds after the launcher started (it stops with the launcher).", unit="s"
+    )
+    origin_mbps: float = number(
+        0.0, "Cap on what one origin node reads from the store for the swarm (0: none).", unit="MB/s"
+    )
+    deadline_s: float = number(
+        30.0,
+        "No progress from the swarm for this long (no peer, dead or corrupt ones): read the rest from the store.",
+        unit="s",
+    )
     host: str | None = text(None, "Address to listen on and announce (unset: the one that routes to the store).")
     listen: str | None = text(None, "Address the listener binds (unset: the announced one).")
     key_file: Path | None = location(
