@@ -131,7 +131,11 @@ class ImageSettings:
     roots: tuple[str, ...] | None = strings(
         None, "Trees whose reads are recorded (unset: the interpreter's prefixes, /lib*, /usr/lib*, CUDA)."
     )
-    record: str = text("auto", "When to record the hot blocks.", choices=("auto", "always", "never"))
+    record: str = text(
+        "auto",
+        "When to record: 'auto' when there is no usable record, 'always' every start, 'never' (replay only).",
+        choices=("auto", "always", "never"),
+    )
     replay: str = text(
         "auto",
         "When to replay ('auto': not where the tree drops pages at open and its loader keeps no cache).",
