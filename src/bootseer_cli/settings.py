@@ -143,7 +143,8 @@ class ImageSettings:
     )
     ready: str | float = seconds_or(
         "quiet",
-        "When a start is over: a ready() call, quiet (the launcher's memory stops growing), or seconds.",
+        "When a start is over: 'call' (bootseer_cli.ready(), else the first optimizer step), 'quiet' (the launcher's "
+        "memory stops growing), or seconds.",
         choices=("call", "quiet"),
     )
     prefetch_threads: int = integer(64, "Streams at most for the replay.", minimum=1)
