@@ -30,7 +30,9 @@ def _warn(msg: str) -> None:
 
 
 def baseline(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """Record the state of the env roots before a setup (for `bootseer snapshot`)."""
+    """Record the state of the env roots before a setup (for `bootseer snapshot`). The tree's stamp is
+    removed, as the tree is about to change: `bootseer snapshot` stamps it again, and a start before that
+    restores the env or runs the setup. No package is removed."""
     from ..envsnap.actions import baseline_here
 
     def say(msg: str) -> None:
@@ -40,10 +42,20 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt 
 
     taken = baseline_here(Settings.from_config(load_config(config, store)), say, _warn)
     if as_json:
-        doc = {"entries": taken.entries, "roots": list(taken.roots), "carried": taken.carried or None}
+        doc = {
+            "entries": taken.entries,
+            "roots": list(taken.roots),
+            "carried": taken.carried or None,
+            "stamp_removed": taken.unstamped,
+        }
         typer.echo(json.dumps(doc, indent=2))
     else:
         typer.echo(f"baseline of {taken.entries} entries under {', '.join(taken.roots)} saved")
+        if taken.unstamped:
+            typer.echo(
+                "the tree's stamp was removed (the tree is about to change): `bootseer snapshot` stamps it "
+                "again; a start before that restores the env or runs the setup"
+            )
     if taken.carried:
         _warn(
             f"the tree carries {taken.carried}: `bootseer snapshot` will refuse to publish what the setup "
