@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,12 @@ def signer_trust(settings: Settings) -> Trust:
     trust = trust_for(settings)
     assert trust.signer is not None
     own = trust.signer.verifier(trust.domain)
+    listed = trust.verifiers.get(own.kid)
+    if trust.verifiers and (listed is None or listed.domain != trust.domain):
+        raise ConfigError(
+            f"trust sign: [trust] signing_key (key {own.kid}) is not in [trust] verify_keys for domain "
+            f"{trust.domain}: what it signed would not verify here (list its .pub there, or use the right key)"
+        )
     return dataclasses.replace(trust, verifiers={**trust.verifiers, own.kid: own}, verify="required")
 
 
@@ -177,7 +183,7 @@ def sign_domain(
     store = open_store(settings.store.uri, trust)
     report = Signing(trust.domain)
     targets = Targets(store, list(settings.checkpoint.targets))
-    found = [(rel, raw) for rel, raw in _read(store, documents(store)) if raw is not None]
+    found = [(rel, raw) for rel in documents(store) if (raw := store.get_bytes(rel)) is not None]
     with byte_bar(None, f"check blobs of domain {trust.domain}", enabled=progress) as advance:
         check = BlobCheck(store, targets, advance)
         for rel, raw in found:
@@ -186,11 +192,6 @@ def sign_domain(
             on(outcome)
     report.blobs_checked, report.bytes_checked = check.count, check.bytes
     return report
-
-
-def _read(store: Store, rels: list[str]) -> Iterator[tuple[str, bytes | None]]:
-    for rel in rels:
-        yield rel, store.get_bytes(rel)
 
 
 def _one(store: Store, trust: Trust, check: BlobCheck, rel: str, raw: bytes, dry_run: bool) -> Outcome:

@@ -112,6 +112,9 @@ def test_env_ls_marks_an_unverified_ref_and_shows_no_made_up_numbers(site: Site)
     listed = json.loads(site.run("env", "ls", "--json").stdout)
     old_key = str(old).split("/")[-1].removesuffix(".json")
     assert [row for row in listed if "unverified" in row] == [{"env_key": old_key, "unverified": "unsigned"}]
+    shown = site.run("env", "show", old_key[:12])  # not an empty ref: said to be unverified, in one line
+    said = f"bootseer: error: env {old_key[:16]}: unverified: unsigned (bootseer trust sign)\n"
+    assert shown.returncode != 0 and shown.stderr == said, shown.stderr
 
 
 def test_trust_sign_then_a_fresh_node_restores_and_a_tampered_ref_stays_unsigned(site: Site) -> None:
@@ -149,6 +152,13 @@ def test_trust_sign_refuses_bad_input_in_one_line(site: Site, tmp_path: Path) ->
     r = site.run("trust", "sign")  # signing is not on: no key to sign with
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "[trust] signing_key is not set" in r.stderr
     assert "Traceback" not in r.stderr and site.env_refs() == before
+    site.config("v1", signed=True)
+    keygen(str(tmp_path / "other.key"), str(tmp_path / "other.pub"), DOMAIN)  # a key readers do not trust
+    toml = site.dir / "bootseer.toml"
+    toml.write_text(toml.read_text().replace(f"{site.key}.key", f"{tmp_path}/other.key"))
+    r = site.run("trust", "sign")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "is not in [trust] verify_keys" in r.stderr, r.stderr
+    assert site.env_refs() == before
     site.config("v1", signed=True)
     not_a_store = tmp_path / "a-file"
     not_a_store.write_text("")

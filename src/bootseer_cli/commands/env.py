@@ -167,7 +167,7 @@ def env_show(
     settings = Settings.from_config(load_config(config, store))
     st = open_store_for(settings)
     full = catalog.match_key(st, key)
-    ref = catalog.read(st, full)
+    ref = catalog.shown(st, full)
     doc: dict[str, Any] = {"env_key": full, **ref}
     if isinstance(ref.get("chain"), list):
         from ..envsnap.chain import layer_sizes

@@ -64,16 +64,17 @@ def sign(
     store: StoreOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Sign the refs your domain published before signing was on, with [trust] signing_key, so that starts
-    which require a signature use them again (a start names how many it refused, and this command).
+    """Sign your domain's unsigned refs after checking their blobs, so that verifying starts use them again.
 
-    Only refs of the own domain ([store] domain) that carry no signature are signed: env snapshots, hot-block
-    records, compile-cache shards, torrents, checkpoint manifests and their latest hints. Each is signed only
-    after every blob it names has been read back and hashed to its address; a ref whose blob is missing or
-    altered is reported and stays unsigned, as does one with a signature that does not verify (a forgery, or
-    another key's). Signing vouches for what unsigned writers put there: run it on a store whose writers were
-    your own jobs. Each ref is replaced atomically, only if unchanged since it was checked. Exit status 1
-    when any ref was refused. Run it where the key is (CI's pre-warm, the domain's publisher), never in a job.
+    For a store filled before signing was on: a start that requires signatures refuses its refs and says
+    how many, naming this command. It signs with [trust] signing_key, and only refs of the own domain
+    ([store] domain) that carry no signature: env snapshots, hot-block records, compile-cache shards,
+    torrents, checkpoint manifests and their latest hints. Each is signed only after every blob it names
+    has been read back and hashed to its address; a ref whose blob is missing or altered is reported and
+    stays unsigned, as does one whose signature does not verify (a forgery, or another key's). Signing
+    vouches for what unsigned writers put there: run it over a store that only your own jobs wrote. Each
+    ref is replaced atomically, and only if unchanged since it was checked. Exit status 1 when a ref was
+    refused. Run it where the key is (CI's pre-warm, the domain's publisher), never in a job.
     """
     from ..resign import Outcome, sign_domain
 

@@ -57,6 +57,17 @@ def read(store: Store, env_key: str) -> dict[str, Any]:
     return store.read_ref(REF_KIND, env_key) or {}
 
 
+def shown(store: Store, env_key: str) -> dict[str, Any]:
+    """The ref of `env_key` for `env show`: a clear error when it does not verify (trust.py) or vanished,
+    rather than an empty ref (a listing of nothing reads like a snapshot of nothing)."""
+    whys: list[str] = []
+    ref = store.get_doc(store.ref_path(REF_KIND, env_key), tell=lambda _s, _r, _d, why: whys.append(why))
+    if ref is None:
+        why = f"unverified: {whys[0]} (bootseer trust sign)" if whys else "removed since it was listed"
+        raise BootseerError(f"env {env_key[:16]}: {why}")
+    return ref
+
+
 def remove(store: Store, env_key: str) -> bool:
     """Remove the ref of `env_key`, then its blob unless another ref names it. True if the blob went."""
     from ..upkeep import digests_in
