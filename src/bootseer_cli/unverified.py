@@ -75,7 +75,7 @@ def summary(uri: str, own: str, signs: bool) -> str:
     if others:
         fix += f" (for {others}: by its owner, with its key)" if own in per else " by its owner, with its key"
     if any("swarm" in c for c in per.values()):  # a peer's entry is not signed after the fact: rewritten
-        fix += " (swarm entries: signed when their seeds announce again)"
+        fix += " (not swarm entries: their seeds write them anew)"
     return (
         f"{count(total, 'unsigned ref')} in {uri} not used ({'; '.join(parts)}): [trust] verify requires a "
         f"signature, so each is a miss; sign them, after a check of their blobs: {fix}"
