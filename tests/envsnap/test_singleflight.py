@@ -6,6 +6,7 @@ so every node sees an empty env at one absolute path, as containers from one ima
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import pkgindex
-from tests.support.s3server import S3_ENV
+from tests.support.delayproxy import DelayProxy
+from tests.support.s3server import S3_ENV, S3Server
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +36,10 @@ def _config(tmp_path: Path, store_uri: str) -> tuple[Path, Path]:
     return env_at, marker
 
 
-def _start_nodes(tmp_path: Path, env_at: Path, name: str) -> list[tuple[Path, int, str]]:
-    """NODES nodes (`name`0, `name`1, …, each with a fresh cache and env) start at once; (node, exit, stderr)."""
+def _start_nodes(tmp_path: Path, env_at: Path, name: str, nodes: int = NODES) -> list[tuple[Path, int, str]]:
+    """`nodes` nodes (`name`0, `name`1, …, each with a fresh cache and env) start at once; (node, exit, stderr)."""
     procs = []
-    for i in range(NODES):
+    for i in range(nodes):
         node = tmp_path / f"{name}{i}"
         (node / "env").mkdir(parents=True)
         env = pkgindex.clean_env({**S3_ENV, "XDG_CACHE_HOME": str(node / "cache")})
@@ -115,3 +117,25 @@ def test_a_snapshot_that_cannot_be_restored_is_rebuilt_by_one_node(tmp_path: Pat
     _assert_one_built_the_rest_restored(ran, env_at)
     assert all(e.count("could not restore") == 1 for e in errs), errs
     assert sum("waited for the builder" in e for e in errs) == NODES - 1, errs
+
+
+def test_a_lease_write_the_store_refuses_for_a_moment_is_taken_again(tmp_path: Path, s3_server: S3Server) -> None:
+    """A store that fails one request under load (CI: rclone's S3 server, "INTERNAL_FAILURE … Failed to
+    flush response stream") made the node that was taking the build lease give up on it and run the
+    setup "locally": a setup whose snapshot nobody publishes, while the other nodes wait on a lease no
+    one holds. The first write of a lease claim fails here, on every attempt the S3 client makes (a
+    proxy answers 500 InternalError); the node takes the lease on its next try, builds and publishes,
+    and a second node restores."""
+    from bootseer_cli.storeguard import META_ATTEMPTS
+
+    with DelayProxy((s3_server.host, s3_server.port), delay_ms=0) as proxy:
+        uri = s3_server.uri(f"t-{os.urandom(6).hex()}").replace(s3_server.endpoint, proxy.endpoint)
+        env_at, marker = _config(tmp_path, uri)
+        proxy.fail[("PUT", ".claims/")] = META_ATTEMPTS  # the first claim's write, and the client's retries
+        ((_, rc, err),) = _start_nodes(tmp_path, env_at, "first", nodes=1)
+        assert proxy.failed, "no claim write was refused: the test did not exercise the fault"
+        assert rc == 0, err
+        assert "published" in err and "running the setup locally" not in err, err
+        ((_, rc, err),) = _start_nodes(tmp_path, env_at, "second", nodes=1)
+    assert rc == 0 and "restored" in err, err
+    assert len(marker.read_text().split()) == 1, "the setup ran twice"

@@ -22,6 +22,15 @@ import socket
 import threading
 import time
 
+_ERROR_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code><Message>injected</Message></Error>'
+)
+_INTERNAL_ERROR = (
+    b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+    + f"Content-Length: {len(_ERROR_BODY)}\r\n\r\n".encode()
+    + _ERROR_BODY
+)
+
 
 class _Conn:
     """A relayed connection: its two sockets, and how many of its two directions have ended."""
@@ -50,6 +59,10 @@ class DelayProxy:
         self.lines: list[str] = []  # the request line of each chunk that starts one (what was asked, for messages)
         self.bytes_down = 0  # response bytes relayed (approximate under concurrency: for benchmarks)
         self.slow: dict[str, float] = {}  # request-line substring -> seconds that request waits instead
+        # (method, request-line substring) -> how many such requests get an S3 "500 InternalError" (and
+        # the connection closed) instead of reaching the server: a store failing for a moment under load
+        self.fail: dict[tuple[str, str], int] = {}
+        self.failed: list[str] = []  # the request lines answered so
         self._conns: set[_Conn] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -95,6 +108,9 @@ class DelayProxy:
                         line = data.split(b"\r\n", 1)[0][:160].decode("latin-1")
                         self.lines.append(line)
                         delay = next((s for k, s in self.slow.items() if k in line), delay)
+                        if self._fails(line):
+                            src.sendall(_INTERNAL_ERROR)
+                            return
                     time.sleep(delay)
                 else:
                     self.bytes_down += len(data)  # one pump thread per connection: += races only across them
@@ -105,6 +121,16 @@ class DelayProxy:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
             self._done(conn)
+
+    def _fails(self, line: str) -> bool:
+        """Whether the request `line` is one to answer with an error (`fail`), counting it down."""
+        with self._lock:
+            for (method, part), left in self.fail.items():
+                if left > 0 and line.startswith(method + " ") and part in line:
+                    self.fail[(method, part)] = left - 1
+                    self.failed.append(line)
+                    return True
+        return False
 
     def _done(self, conn: _Conn) -> None:
         """One direction of `conn` has ended; once both have, close its two sockets. They were kept until
