@@ -13,8 +13,12 @@ the image is always full; mapping layers onto stacked images is a later step of 
 absolute path without the leading '/', so the mount's lower directory for root `/opt/venv` is
 `<mount>/opt/venv`. bootseer's own state (the node cache, a local store) and its per-tree files
 (`.bootseer-env.*`: the stamp, the carried paths, the journal) stay out, as they stay out of the tar
-snapshot. The file list goes to GNU tar (no recursion, no links followed), whose stream `mksquashfs
--tar` packs (squashfs-tools 4.5.1's own `-cpiostyle` list input hangs).
+snapshot. The tree is read by the capture's own writer (`envsnap.segments.write_blob`: each file
+opened without following a link, component by component from the roots' directory descriptors; a
+directory swapped for a link on the way is an error, never read through), into a snapshot-format
+`.tar.zst` in the node cache's scratch; its tar stream, decompressed, is what `mksquashfs -tar` packs
+(squashfs-tools 4.5.1's own `-cpiostyle` list input hangs). GNU tar, which built the image before,
+opened the listed paths by name: a root capture could be made to read through a link a job swapped in.
 
 The ref field is `fs_image: {digest, size, format}`; `format` is "squashfs-zstd". Before the ref is
 written, `publish()` uploads the image (`upload_images`) from the node cache's pending area, where
@@ -31,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import BootseerError
 
@@ -71,9 +75,8 @@ def image_of(ref: dict[str, Any]) -> tuple[str, int] | None:
 
 def missing_builder() -> str:
     """Why no image can be built here ("" when it can)."""
-    for tool, pkg in (("mksquashfs", "squashfs-tools"), ("tar", "tar")):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (apt-get install {pkg})"
+    if shutil.which("mksquashfs") is None:
+        return "mksquashfs is not installed (apt-get install squashfs-tools)"
     return ""
 
 
@@ -107,19 +110,30 @@ def build_image(roots: list[str], exclude: list[str], dest_dir: Path) -> Image:
         raise BootseerError(f"no env image: {why}")
     dest_dir.mkdir(parents=True, exist_ok=True)
     tmp = dest_dir / f".image-{uuid.uuid4().hex}{SUFFIX}"
-    listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in tree_paths(roots, exclude))
-    tar = ["tar", "-C", "/", "--no-recursion", "--null", "-T", "-", "-cf", "-"]
+    source = dest_dir / f".image-{uuid.uuid4().hex}.tar.zst"
     mk = ["mksquashfs", "-", str(tmp), "-tar", "-comp", "zstd", "-noappend", "-quiet", "-no-progress"]
     try:
-        with subprocess.Popen(tar, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as t:
-            m = subprocess.Popen(mk, stdin=t.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            assert t.stdout is not None and t.stdin is not None
-            t.stdout.close()  # mksquashfs holds the pipe: tar sees EPIPE if it dies
-            _, tar_err = t.communicate(listing, timeout=BUILD_TIMEOUT_S)
-            _, mk_err = m.communicate(timeout=BUILD_TIMEOUT_S)
-        if t.returncode != 0 or m.returncode != 0:
-            err = (mk_err or tar_err or b"").decode(errors="replace").strip().splitlines()
-            raise BootseerError(f"mksquashfs failed: {err[-1] if err else f'exit {m.returncode}/{t.returncode}'}")
+        _tree_archive(roots, exclude, source)
+        # The snapshot format keeps no owners (a restore makes the files the restoring user's); the
+        # image's files are the tree's owner's (its first root's), as an extraction by that user makes
+        # them, so that user's writable layer may write into them (fuse-overlayfs checks the lower's owner).
+        owner = os.lstat(roots[0]) if roots else None
+        if owner is not None:
+            mk += ["-force-uid", str(owner.st_uid), "-force-gid", str(owner.st_gid)]
+        with subprocess.Popen(mk, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as m:
+            assert m.stdin is not None and m.stderr is not None
+            try:
+                _feed_tar(source, m.stdin)
+            except BrokenPipeError:  # mksquashfs stopped reading: its exit status and stderr say why
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    m.stdin.close()
+            err = m.stderr.read()
+            m.wait(timeout=BUILD_TIMEOUT_S)
+        if m.returncode != 0:
+            lines = err.decode(errors="replace").strip().splitlines()
+            raise BootseerError(f"mksquashfs failed: {lines[-1] if lines else f'exit {m.returncode}'}")
         digest = sha256_file(tmp)
         final = dest_dir / f"{digest}{SUFFIX}"
         os.replace(tmp, final)
@@ -127,8 +141,30 @@ def build_image(roots: list[str], exclude: list[str], dest_dir: Path) -> Image:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BootseerError(f"no env image: {e}") from e
     finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        for scratch in (tmp, source):
+            with contextlib.suppress(OSError):
+                scratch.unlink()
+
+
+def _tree_archive(roots: list[str], exclude: list[str], dest: Path) -> None:
+    """Every path of `tree_paths` written by the capture's no-follow writer into `dest` (snapshot format)."""
+    from ..envsnap.manifest import scan
+    from ..envsnap.segments import write_blob
+
+    after = scan(roots, exclude)  # no-follow, from the roots' directory descriptors; `exclude` left out
+    own = tuple(os.path.join(r, OWN_PREFIX) for r in roots)
+    paths = sorted(p for p in after if not p.startswith(own))
+    write_blob(dest, after, paths, {"roots": roots, "deletions": [], "image": FORMAT}, False)
+
+
+def _feed_tar(source: Path, out: IO[bytes]) -> None:
+    """The tar stream of a snapshot-format blob (its zstd frames decompressed; the metadata trailer, a
+    skippable frame, is skipped) written to `out`."""
+    import zstandard
+
+    with open(source, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True) as r:
+        while chunk := r.read(1 << 20):
+            out.write(chunk)
 
 
 def pending_dir(cache: BlobCache) -> Path:
