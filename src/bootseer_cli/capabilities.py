@@ -32,11 +32,33 @@ class StageEntry(NamedTuple):
     `run` takes a `StageContext` and returns a `StageResult`. `wanted` takes the capability's settings
     section and says whether the stage has work (cheap and import-free: it lives on the settings class).
     `order` is the position in the run; the table's order is the display order (summary line, report).
+    `local_hits`: its hits read files already on the node (the hot-block replay reads the image's own
+    files), so the report counts no bytes saved from the store for them.
     """
 
     run: str
     wanted: str
     order: int
+    local_hits: bool = False
+
+
+class Advice(NamedTuple):
+    """What the report's verdict tells about the capability's stage (empty: the report's generic words).
+
+    - `miss`: when the stage missed its cache;
+    - `slow`: when it was slow on every node;
+    - `slow_p2p`: when it was slow and peers could take the load off the store (several nodes, a remote
+      store, no bytes from peers yet): replaces `slow`;
+    - `absent`: added to the launcher's finding when the stage did not run (what enabling it would save).
+    """
+
+    miss: str = ""
+    slow: str = ""
+    slow_p2p: str = ""
+    absent: str = ""
+
+
+NO_ADVICE = Advice()
 
 
 class AgentTask(NamedTuple):
@@ -63,7 +85,8 @@ class Capability:
       orders the passes (a pass that follows other refs' blobs, like the torrents, runs later);
     - `prefetch`: "module:function" `(settings, store, cache, keys) -> list[Item]`, for `bootseer prefetch`;
     - `doctor`: "module:function" `(settings) -> list[Check]`, for `bootseer doctor` (one that reads the
-      launcher, `bootseer doctor -- LAUNCHER …`, takes it as a `command` keyword: the compile check).
+      launcher, `bootseer doctor -- LAUNCHER …`, takes it as a `command` keyword: the compile check);
+    - `advice`: what the report's verdict says about its stage.
     """
 
     name: str
@@ -76,6 +99,7 @@ class Capability:
     gc_phase: int = 0
     prefetch: str = ""
     doctor: str = ""
+    advice: Advice = NO_ADVICE
 
     @property
     def section_name(self) -> str:
@@ -98,7 +122,9 @@ CAPABILITIES: list[Capability] = [
         "image",
         "image (hot blocks)",
         f"{_S}:ImageSettings",
-        stage=StageEntry("bootseer_cli.hotblocks.stage:run_stage", f"{_S}:ImageSettings.wanted", order=1),
+        stage=StageEntry(
+            "bootseer_cli.hotblocks.stage:run_stage", f"{_S}:ImageSettings.wanted", order=1, local_hits=True
+        ),
         agent_tasks=(
             _task("hot-record", "hotblocks.agent_tasks", "record_task", "RecordTask"),
             _task("hot-prefetch", "hotblocks.agent_tasks", "prefetch_task", "PrefetchTask"),
@@ -107,6 +133,11 @@ CAPABILITIES: list[Capability] = [
         gc_keep="bootseer_cli.hotblocks.upkeep:gc_keep",
         prefetch="bootseer_cli.hotblocks.upkeep:prefetch",
         doctor="bootseer_cli.hotblocks.upkeep:doctor",
+        advice=Advice(
+            miss="no hot-block record for this image yet (one is recorded on a first start, ending at the first "
+            "optimizer step or at bootseer_cli.ready())",
+            slow="the hot-block replay is slow: raise [image] prefetch_threads, or look at the image's lazy loading",
+        ),
     ),
     Capability(
         "env",
@@ -121,6 +152,14 @@ CAPABILITIES: list[Capability] = [
         gc_keep="bootseer_cli.envsnap.upkeep:gc_keep",
         prefetch="bootseer_cli.envsnap.upkeep:prefetch",
         doctor="bootseer_cli.envmount.upkeep:doctor",
+        advice=Advice(
+            miss="the environment snapshot missed: run `bootseer prewarm` in CI (or `bootseer snapshot` after a "
+            "manual setup) so every start restores it",
+            slow="the snapshot restore is slow: it is bound by the store's read speed and the node's disk (its "
+            "bytes and seconds are in the stage's row)",
+            slow_p2p="the snapshot restore is slow: enable [p2p] so nodes fetch it from each other instead of the "
+            "store",
+        ),
     ),
     Capability(
         "checkpoint",
@@ -134,6 +173,12 @@ CAPABILITIES: list[Capability] = [
         gc_keep="bootseer_cli.stripe.upkeep:gc_keep",
         prefetch="bootseer_cli.stripe.upkeep:prefetch",
         doctor="bootseer_cli.stripe.upkeep:doctor",
+        advice=Advice(
+            miss="the checkpoint was not in the striped layout or the node cache: push it with `bootseer ckpt push`",
+            slow="the checkpoint read is slow: spread it over more stripes/targets ([checkpoint] stripes, targets)",
+            slow_p2p="the checkpoint read is slow: spread it over more stripes/targets ([checkpoint] stripes, "
+            "targets) or enable [p2p]",
+        ),
     ),
     Capability(
         "compile",
@@ -143,6 +188,7 @@ CAPABILITIES: list[Capability] = [
         agent_tasks=(_task("compile-publish", "compilecache.tasks", "publish_task", "PublishTask"),),
         gc_keep="bootseer_cli.compilecache.upkeep:gc_keep",
         doctor="bootseer_cli.compilecache.upkeep:doctor",
+        advice=Advice(absent="if it uses torch.compile, [compile] enabled = true restores its caches"),
     ),
     Capability(
         "p2p",
@@ -176,3 +222,8 @@ def agent_tasks() -> dict[str, AgentTask]:
 
 def labels() -> dict[str, str]:
     return {c.name: c.label for c in CAPABILITIES}
+
+
+def advice(name: str) -> Advice:
+    """The report's advice for the stage `name` (none for a stage the table does not know)."""
+    return next((c.advice for c in CAPABILITIES if c.name == name), NO_ADVICE)
