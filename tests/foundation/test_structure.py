@@ -119,3 +119,13 @@ def test_no_module_over_600_lines() -> None:
 def test_few_any_annotations() -> None:
     count = sum(len(re.findall(r":\s*Any\b", p.read_text())) for p in _modules().values())
     assert count < MAX_ANY, f"{count} `: Any` annotations (type what is known)"
+
+
+def test_the_verbs_reach_a_capability_through_its_front_door() -> None:
+    """`bootseer ckpt` and `bootseer hot` know one module of their capability's package, its `actions`:
+    the package's parts can move without the command layer changing (as envsnap's verbs do mostly)."""
+    mods = _modules()
+    for command, package in (("ckpt", "stripe"), ("hot", "hotblocks")):
+        name = f"{PKG}.commands.{command}"
+        reached = {m for m in _imports(name, mods[name], set(mods)) if m.startswith(f"{PKG}.{package}.")}
+        assert reached == {f"{PKG}.{package}.actions"}, name
