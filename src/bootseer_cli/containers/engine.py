@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -400,5 +399,7 @@ def run_container(
         try:
             container.remove(force=True)
         except (docker.errors.DockerException, OSError):  # the engine went away or refuses: say so, go on
-            print(f"bootseer: warning: could not remove container {name}", file=sys.stderr)
+            from ..redact import warn
+
+            warn(f"could not remove container {name}")
     return RunResult(exit_code=code, output="".join(chunks))
