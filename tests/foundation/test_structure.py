@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -140,3 +141,20 @@ _HAND_WARNINGS = {"redact.py", "prewarm.py", "cache.py", "store.py"}
 def test_one_warn_for_every_warning() -> None:
     by_hand = {n for n, p in _modules().items() if "bootseer: warning:" in p.read_text()}
     assert {n for n in by_hand if _modules()[n].name not in _HAND_WARNINGS} == set()
+
+
+def test_no_function_that_nothing_calls() -> None:
+    """A module-level function whose name appears nowhere in the package but at its `def` is dead, or called
+    by tests only (what tests call must be what bootseer runs). Decorated ones are registered, not named:
+    the typer verbs. Names inside strings count: the capability table's "module:function" targets."""
+    texts = {name: path.read_text() for name, path in _modules().items()}
+    words = Counter(w for text in texts.values() for w in re.findall(r"\w+", text))
+    unnamed = [
+        f"{name}.{node.name}"
+        for name, text in texts.items()
+        for node in ast.parse(text).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and not node.decorator_list
+        and words[node.name] == 1
+    ]
+    assert unnamed == []
