@@ -73,6 +73,18 @@ class Config:
     def values(self, section: str) -> dict[str, object]:
         return {k: s.value for k, s in self.settings[section].items()}
 
+    def describe(self) -> str:
+        """Which config file applies (or why none) and the store it names, without its credentials: what
+        `exec -v` says first."""
+        from .paths import default_store_uri
+        from .redact import redact
+
+        uri = redact(self.get("store", "uri") or "")
+        store = f"store {uri}" if uri else f"the local store {default_store_uri()}"
+        if self.path is None:
+            return f"no config file (no --config, no $BOOTSEER_CONFIG, no bootseer.toml of yours from here up); {store}"
+        return f"config {self.path.resolve()}; {store}"
+
 
 def schema() -> dict[str, dict[str, Meta]]:
     """section -> key -> declaration, derived from the settings classes (core and capability rows)."""

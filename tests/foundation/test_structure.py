@@ -11,6 +11,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src"
 PKG = "bootseer_cli"
 MAX_LINES = 600
+MAX_FUNCTION_LINES = 60
 MAX_ANY = 30
 
 
@@ -115,6 +116,26 @@ def test_the_walk_finds_a_circle_through_a_function(tmp_path: Path) -> None:
 def test_no_module_over_600_lines() -> None:
     long = {n: len(p.read_text().splitlines()) for n, p in _modules().items()}
     assert {n: k for n, k in long.items() if k > MAX_LINES} == {}
+
+
+def test_no_function_over_60_lines() -> None:
+    """From its `def` to its last line, docstring included: a function that needs more is two steps."""
+    long = {
+        f"{name}:{node.lineno} {node.name}": node.end_lineno - node.lineno + 1
+        for name, path in _modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None
+    }
+    assert max(long.values()) > 40  # premise: the walk sees the functions
+    assert {f: n for f, n in long.items() if n > MAX_FUNCTION_LINES} == {}
+
+
+def test_the_config_is_read_through_its_own_api() -> None:
+    """Outside config.py (and settings.py, which builds the typed sections from it) nothing looks a key up
+    by name: what a value means (the store shown, a default) is config's or the settings' to say."""
+    mods = _modules()
+    lookups = {n for n, p in mods.items() if re.search(r"\bcfg\.get\(", p.read_text())}
+    assert lookups - {f"{PKG}.config", f"{PKG}.settings"} == set()
 
 
 def test_few_any_annotations() -> None:
