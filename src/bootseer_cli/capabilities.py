@@ -83,6 +83,7 @@ class Capability:
     - `gc_keep`: "module:function" `(store, policy, scan) -> None` that adds the digests the
       capability's refs name to the keep set (and what its policy lets go to the doomed list); `gc_phase`
       orders the passes (a pass that follows other refs' blobs, like the torrents, runs later);
+      `gc_kinds`: (kind, what `bootseer gc` calls them) for the kinds its pass keeps or dooms;
     - `prefetch`: "module:function" `(settings, store, cache, keys) -> list[Item]`, for `bootseer prefetch`;
     - `doctor`: "module:function" `(settings) -> list[Check]`, for `bootseer doctor` (one that reads the
       launcher, `bootseer doctor -- LAUNCHER …`, takes it as a `command` keyword: the compile check);
@@ -97,6 +98,7 @@ class Capability:
     agent_tasks: tuple[AgentTask, ...] = ()
     gc_keep: str = ""
     gc_phase: int = 0
+    gc_kinds: tuple[tuple[str, str], ...] = ()
     prefetch: str = ""
     doctor: str = ""
     advice: Advice = NO_ADVICE
@@ -131,6 +133,7 @@ CAPABILITIES: list[Capability] = [
             _task("hot-judge", "hotblocks.agent_tasks", "judge_task", "JudgeTask"),
         ),
         gc_keep="bootseer_cli.hotblocks.upkeep:gc_keep",
+        gc_kinds=(("hot", "hot-block records"),),
         prefetch="bootseer_cli.hotblocks.upkeep:prefetch",
         doctor="bootseer_cli.hotblocks.upkeep:doctor",
         advice=Advice(
@@ -150,6 +153,7 @@ CAPABILITIES: list[Capability] = [
             _task("env-umount", "envmount.stage", "umount_task", "MountTask"),
         ),
         gc_keep="bootseer_cli.envsnap.upkeep:gc_keep",
+        gc_kinds=(("env", "env snapshots"),),
         prefetch="bootseer_cli.envsnap.upkeep:prefetch",
         doctor="bootseer_cli.envmount.upkeep:doctor",
         advice=Advice(
@@ -171,6 +175,7 @@ CAPABILITIES: list[Capability] = [
             _task("ckpt-writeback", "stripe.agent_tasks", "writeback_task", "WritebackTask"),
         ),
         gc_keep="bootseer_cli.stripe.upkeep:gc_keep",
+        gc_kinds=(("ckpt", "checkpoint tags"), ("stripe", "checkpoint stripes on other targets")),
         prefetch="bootseer_cli.stripe.upkeep:prefetch",
         doctor="bootseer_cli.stripe.upkeep:doctor",
         advice=Advice(
@@ -187,6 +192,7 @@ CAPABILITIES: list[Capability] = [
         stage=StageEntry("bootseer_cli.compilecache.stage:run_stage", f"{_S}:CompileSettings.wanted", order=3),
         agent_tasks=(_task("compile-publish", "compilecache.tasks", "publish_task", "PublishTask"),),
         gc_keep="bootseer_cli.compilecache.upkeep:gc_keep",
+        gc_kinds=(("compile", "compile-cache keys"),),
         doctor="bootseer_cli.compilecache.upkeep:doctor",
         advice=Advice(absent="if it uses torch.compile, [compile] enabled = true restores its caches"),
     ),
@@ -196,6 +202,7 @@ CAPABILITIES: list[Capability] = [
         f"{_S}:P2PSettings",
         agent_tasks=(_task("seed", "p2p.seed", "run_seed", "SeedTask"),),
         gc_keep="bootseer_cli.p2p.upkeep:gc_keep",
+        gc_kinds=(("torrent", "torrent refs"),),
         gc_phase=1,  # a torrent ref follows its blob: kept while another ref keeps the blob
         doctor="bootseer_cli.p2p.upkeep:doctor",
     ),
@@ -218,6 +225,11 @@ def run_order() -> list[Capability]:
 def agent_tasks() -> dict[str, AgentTask]:
     """Task kind -> its declaration, over every capability."""
     return {t.kind: t for c in CAPABILITIES for t in c.agent_tasks}
+
+
+def gc_kinds() -> dict[str, str]:
+    """What `bootseer gc` calls each kind the capabilities' passes keep or doom."""
+    return {kind: words for c in CAPABILITIES for kind, words in c.gc_kinds}
 
 
 def labels() -> dict[str, str]:

@@ -96,3 +96,10 @@ def test_gc_keeps_what_its_refs_name(tmp_path: Path, monkeypatch: pytest.MonkeyP
     old = gc.Policy(keep_days=0, grace_s=0)
     assert {("toy", "k1"), ("blob", digest)} <= {(d.kind, d.name) for d in gc.plan(store, old).doomed}
     json.dumps([d.as_json() for d in gc.plan(store, old).doomed])
+
+
+def test_gc_names_what_it_would_remove_in_the_rows_words(project: Path) -> None:
+    Store((project / "store").as_uri()).write_ref("toy", "k1", {"created": 1e9})
+    r = toy(["gc", "--keep-days", "0", "--dry-run"], project)
+    assert r.returncode == 0, r.stderr
+    assert "toy greetings: 1," in r.stdout, r.stdout
