@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 MASK = "***"
@@ -132,6 +133,7 @@ def redact_text(text: str) -> str:
 
 
 _WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()  # the agent's threads and a stage's pool warn too
 
 
 def warn(msg: str, *, once: bool = False) -> None:
@@ -141,7 +143,8 @@ def warn(msg: str, *, once: bool = False) -> None:
     several times)."""
     text = redact_text(msg)
     if once:
-        if text in _WARNED:
-            return
-        _WARNED.add(text)
+        with _WARNED_LOCK:
+            if text in _WARNED:
+                return
+            _WARNED.add(text)
     print(f"bootseer: warning: {text}", file=sys.stderr, flush=True)

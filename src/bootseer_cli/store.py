@@ -46,6 +46,7 @@ from .freshness import SEQ_FIELD, Seen, next_seq
 from .leaseclaims import LEASE_SKEW_S
 from .storefs import SHARED, StoreFS
 from .trust import SIG_FIELD, Trust, announce_unverified, unsigned
+from .unverified import Refused, refused
 
 CHUNK = 4 << 20
 
@@ -270,9 +271,10 @@ class Store(StoreFS):
         signed = self.trust.sign(self.domain, rel, body)
         self.put_bytes(rel, json.dumps(signed, indent=1, sort_keys=True).encode())
 
-    def get_doc(self, rel: str, *, across: bool = True) -> dict[str, Any] | None:
+    def get_doc(self, rel: str, *, across: bool = True, tell: Refused | None = None) -> dict[str, Any] | None:
         """The JSON document at `rel`, from this domain or (`across`) the next domain it reads from, used
-        only if it verifies (trust.py). A forged or unsigned one is a miss, with a warning."""
+        only if it verifies (trust.py). A forged or unsigned one is a miss, with a warning (unverified.py),
+        or told to `tell` instead (a listing that shows it)."""
         for domain in self.trust.domains if across else (self.domain,):
             view = self if domain == self.domain else self._reader(domain)
             data = view.get_bytes(rel)
@@ -291,7 +293,7 @@ class Store(StoreFS):
             if not why and self.seen is not None and self.trust.verifiers and SIG_FIELD in doc:
                 why = self.seen.stale(self.uri, domain, rel, doc)
             if why:
-                _warn_once(f"{domain}/{rel} in {self.uri} is not used: {why}")
+                (tell or refused)(self, rel, domain, why)
                 continue
             announce_unverified(self.trust, domain, rel)
             doc.pop(SIG_FIELD, None)
