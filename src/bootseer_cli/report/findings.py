@@ -100,7 +100,8 @@ def _stage_finding(r: JobReport, s: StageStats) -> Finding:
         words = advice(s.stage).miss or f"{s.misses} cache misses"
     else:
         said = advice(s.stage)
-        words = (p2p_fits(r, s) and said.slow_p2p) or said.slow or "look at what this stage does on every node"
+        slow = said.slow_p2p if said.slow_p2p and p2p_fits(r, s) else said.slow
+        words = slow or "look at what this stage does on every node"
     return Finding("stage", s.p50_s, f"{s.stage} takes {fmt_seconds(s.p50_s)} p50 on every node: {words}", s.stage)
 
 
