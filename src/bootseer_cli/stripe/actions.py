@@ -137,8 +137,8 @@ def mount_here(
     check_mountable(mp, hide_files=hide)
     allow_other = settings.checkpoint.allow_other
     if foreground:
-        spec = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri_with_credentials(), "targets": targets}
-        spec.update(options=options, allow_other=allow_other)
+        spec: dict[str, object] = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri_with_credentials()}
+        spec.update(targets=targets, options=options, allow_other=allow_other)
         return serve(spec)
     pid = mount_detached(m, mp, st.uri_with_credentials(), targets=targets, options=options, allow_other=allow_other)
     return Mounted(m, mp, pid)
