@@ -32,11 +32,33 @@ class StageEntry(NamedTuple):
     `run` takes a `StageContext` and returns a `StageResult`. `wanted` takes the capability's settings
     section and says whether the stage has work (cheap and import-free: it lives on the settings class).
     `order` is the position in the run; the table's order is the display order (summary line, report).
+    `local_hits`: its hits read files already on the node (the hot-block replay reads the image's own
+    files), so the report counts no bytes saved from the store for them.
     """
 
     run: str
     wanted: str
     order: int
+    local_hits: bool = False
+
+
+class Advice(NamedTuple):
+    """What the report's verdict tells about the capability's stage (empty: the report's generic words).
+
+    - `miss`: when the stage missed its cache;
+    - `slow`: when it was slow on every node;
+    - `slow_p2p`: when it was slow and peers could take the load off the store (several nodes, a remote
+      store, no bytes from peers yet): replaces `slow`;
+    - `absent`: added to the launcher's finding when the stage did not run (what enabling it would save).
+    """
+
+    miss: str = ""
+    slow: str = ""
+    slow_p2p: str = ""
+    absent: str = ""
+
+
+NO_ADVICE = Advice()
 
 
 class AgentTask(NamedTuple):
@@ -61,9 +83,11 @@ class Capability:
     - `gc_keep`: "module:function" `(store, policy, scan) -> None` that adds the digests the
       capability's refs name to the keep set (and what its policy lets go to the doomed list); `gc_phase`
       orders the passes (a pass that follows other refs' blobs, like the torrents, runs later);
+      `gc_kinds`: (kind, what `bootseer gc` calls them) for the kinds its pass keeps or dooms;
     - `prefetch`: "module:function" `(settings, store, cache, keys) -> list[Item]`, for `bootseer prefetch`;
     - `doctor`: "module:function" `(settings) -> list[Check]`, for `bootseer doctor` (one that reads the
-      launcher, `bootseer doctor -- LAUNCHER …`, takes it as a `command` keyword: the compile check).
+      launcher, `bootseer doctor -- LAUNCHER …`, takes it as a `command` keyword: the compile check);
+    - `advice`: what the report's verdict says about its stage.
     """
 
     name: str
@@ -74,8 +98,10 @@ class Capability:
     agent_tasks: tuple[AgentTask, ...] = ()
     gc_keep: str = ""
     gc_phase: int = 0
+    gc_kinds: tuple[tuple[str, str], ...] = ()
     prefetch: str = ""
     doctor: str = ""
+    advice: Advice = NO_ADVICE
 
     @property
     def section_name(self) -> str:
@@ -98,15 +124,23 @@ CAPABILITIES: list[Capability] = [
         "image",
         "image (hot blocks)",
         f"{_S}:ImageSettings",
-        stage=StageEntry("bootseer_cli.hotblocks.stage:run_stage", f"{_S}:ImageSettings.wanted", order=1),
+        stage=StageEntry(
+            "bootseer_cli.hotblocks.stage:run_stage", f"{_S}:ImageSettings.wanted", order=1, local_hits=True
+        ),
         agent_tasks=(
             _task("hot-record", "hotblocks.agent_tasks", "record_task", "RecordTask"),
             _task("hot-prefetch", "hotblocks.agent_tasks", "prefetch_task", "PrefetchTask"),
             _task("hot-judge", "hotblocks.agent_tasks", "judge_task", "JudgeTask"),
         ),
         gc_keep="bootseer_cli.hotblocks.upkeep:gc_keep",
+        gc_kinds=(("hot", "hot-block records"),),
         prefetch="bootseer_cli.hotblocks.upkeep:prefetch",
         doctor="bootseer_cli.hotblocks.upkeep:doctor",
+        advice=Advice(
+            miss="no hot-block record for this image yet (one is recorded on a first start, ending at the first "
+            "optimizer step or at bootseer_cli.ready())",
+            slow="the hot-block replay is slow: raise [image] prefetch_threads, or look at the image's lazy loading",
+        ),
     ),
     Capability(
         "env",
@@ -119,8 +153,17 @@ CAPABILITIES: list[Capability] = [
             _task("env-umount", "envmount.stage", "umount_task", "MountTask"),
         ),
         gc_keep="bootseer_cli.envsnap.upkeep:gc_keep",
+        gc_kinds=(("env", "env snapshots"),),
         prefetch="bootseer_cli.envsnap.upkeep:prefetch",
         doctor="bootseer_cli.envmount.upkeep:doctor",
+        advice=Advice(
+            miss="the environment snapshot missed: run `bootseer prewarm` in CI (or `bootseer snapshot` after a "
+            "manual setup) so every start restores it",
+            slow="the snapshot restore is slow: it is bound by the store's read speed and the node's disk (its "
+            "bytes and seconds are in the stage's row)",
+            slow_p2p="the snapshot restore is slow: enable [p2p] so nodes fetch it from each other instead of the "
+            "store",
+        ),
     ),
     Capability(
         "checkpoint",
@@ -132,8 +175,15 @@ CAPABILITIES: list[Capability] = [
             _task("ckpt-writeback", "stripe.agent_tasks", "writeback_task", "WritebackTask"),
         ),
         gc_keep="bootseer_cli.stripe.upkeep:gc_keep",
+        gc_kinds=(("ckpt", "checkpoint tags"), ("stripe", "checkpoint stripes on other targets")),
         prefetch="bootseer_cli.stripe.upkeep:prefetch",
         doctor="bootseer_cli.stripe.upkeep:doctor",
+        advice=Advice(
+            miss="the checkpoint was not in the striped layout or the node cache: push it with `bootseer ckpt push`",
+            slow="the checkpoint read is slow: spread it over more stripes/targets ([checkpoint] stripes, targets)",
+            slow_p2p="the checkpoint read is slow: spread it over more stripes/targets ([checkpoint] stripes, "
+            "targets) or enable [p2p]",
+        ),
     ),
     Capability(
         "compile",
@@ -142,7 +192,9 @@ CAPABILITIES: list[Capability] = [
         stage=StageEntry("bootseer_cli.compilecache.stage:run_stage", f"{_S}:CompileSettings.wanted", order=3),
         agent_tasks=(_task("compile-publish", "compilecache.tasks", "publish_task", "PublishTask"),),
         gc_keep="bootseer_cli.compilecache.upkeep:gc_keep",
+        gc_kinds=(("compile", "compile-cache keys"),),
         doctor="bootseer_cli.compilecache.upkeep:doctor",
+        advice=Advice(absent="if it uses torch.compile, [compile] enabled = true restores its caches"),
     ),
     Capability(
         "p2p",
@@ -150,6 +202,7 @@ CAPABILITIES: list[Capability] = [
         f"{_S}:P2PSettings",
         agent_tasks=(_task("seed", "p2p.seed", "run_seed", "SeedTask"),),
         gc_keep="bootseer_cli.p2p.upkeep:gc_keep",
+        gc_kinds=(("torrent", "torrent refs"),),
         gc_phase=1,  # a torrent ref follows its blob: kept while another ref keeps the blob
         doctor="bootseer_cli.p2p.upkeep:doctor",
     ),
@@ -174,5 +227,15 @@ def agent_tasks() -> dict[str, AgentTask]:
     return {t.kind: t for c in CAPABILITIES for t in c.agent_tasks}
 
 
+def gc_kinds() -> dict[str, str]:
+    """What `bootseer gc` calls each kind the capabilities' passes keep or doom."""
+    return {kind: words for c in CAPABILITIES for kind, words in c.gc_kinds}
+
+
 def labels() -> dict[str, str]:
     return {c.name: c.label for c in CAPABILITIES}
+
+
+def advice(name: str) -> Advice:
+    """The report's advice for the stage `name` (none for a stage the table does not know)."""
+    return next((c.advice for c in CAPABILITIES if c.name == name), NO_ADVICE)

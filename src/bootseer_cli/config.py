@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .redact import warn
 from .settingspec import Meta, check, defaults_of, parse, settings_of
 
 if sys.version_info >= (3, 11):
@@ -71,6 +72,18 @@ class Config:
 
     def values(self, section: str) -> dict[str, object]:
         return {k: s.value for k, s in self.settings[section].items()}
+
+    def describe(self) -> str:
+        """Which config file applies (or why none) and the store it names, without its credentials: what
+        `exec -v` says first."""
+        from .paths import default_store_uri
+        from .redact import redact
+
+        uri = redact(self.get("store", "uri") or "")
+        store = f"store {uri}" if uri else f"the local store {default_store_uri()}"
+        if self.path is None:
+            return f"no config file (no --config, no $BOOTSEER_CONFIG, no bootseer.toml of yours from here up); {store}"
+        return f"config {self.path.resolve()}; {store}"
 
 
 def schema() -> dict[str, dict[str, Meta]]:
@@ -147,7 +160,7 @@ def _walk_up(start: Path) -> Path | None:
             return None
         if owner != me:
             if p.is_file():
-                _warn(
+                warn(
                     f"ignored {p}: its directory {folder} belongs to {_who(owner)}, not you ({_who(me)}); "
                     f"a config is code: pass it with --config {p} if you trust it"
                 )
@@ -197,10 +210,6 @@ def _who(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _warn(msg: str) -> None:
-    print(f"bootseer: warning: {msg}", file=sys.stderr, flush=True)
-
-
 def _read_file(
     path: Path, spec: dict[str, dict[str, Meta]], settings: dict[str, dict[str, Setting]], found: bool = False
 ) -> None:
@@ -246,7 +255,7 @@ def _read_environ(
         if target is None:
             if name not in KNOWN_FACTS and not name.startswith("BOOTSEER_TEST_"):
                 hint = _did_you_mean(name, list(names))
-                _warn(f"{name} is not a bootseer setting, ignored{hint}")
+                warn(f"{name} is not a bootseer setting, ignored{hint}")
             continue
         section, key = target
         value = parse(section, key, spec[section][key], text, f"env {name}")
@@ -286,7 +295,7 @@ def load(
     for section, key in _MIGRATED_TO_GB:
         s = settings[section][key]
         if s.source != "default" and s.value != defaults[section][key]:
-            _warn(
+            warn(
                 f"[{section}] {key} now counts decimal GB (10^9 bytes), as every size bootseer prints; "
                 f"{s.value:g} was {s.value * 2**30 / 1e9:.1f} GB before ({s.source})"
             )

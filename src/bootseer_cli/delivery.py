@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import BootseerError, IntegrityError, fork_deaf_to_interrupts
+from .redact import warn
 
 if TYPE_CHECKING:
     from .cache import BlobCache
@@ -82,17 +83,9 @@ def fetch_blob(
             note = f"swarm not used: {e}"
         except _SWARM_FAILURES as e:  # the swarm is an optimisation: it never stops a fetch
             note = f"swarm failed ({e or type(e).__name__}); fetched from the store"
-            _warn(f"blob {digest[:12]}: {note}")
+            warn(f"blob {digest[:12]}: {note}")
     path, n = cache.fetch(store, digest, progress=progress)
     return Fetched(path, "store", bytes_from_store=n, note=note)
-
-
-def _warn(msg: str) -> None:
-    import sys
-
-    from .redact import redact_text
-
-    print(f"bootseer: warning: {redact_text(msg)}", file=sys.stderr, flush=True)
 
 
 def after_publish(p2p: P2PSettings, store: Store, digest: str, path: Path) -> dict[str, Any]:
@@ -110,7 +103,7 @@ def after_publish(p2p: P2PSettings, store: Store, digest: str, path: Path) -> di
 
         return {"torrent": publish_torrent(store, digest, path)}
     except _SWARM_FAILURES as e:
-        _warn(f"no torrent for blob {digest[:12]} (it will be fetched from the store): {e}")
+        warn(f"no torrent for blob {digest[:12]} (it will be fetched from the store): {e}")
         return {}
 
 
@@ -300,7 +293,7 @@ class Download(_Threaded):
         if why:  # straight into the roots: through a file with no name, gone once the restore ends
             self.dest, self._w = unnamed_file(self.size)
             if why != NOT_KEPT:
-                _warn(f"{why}: restoring blob {digest[:12]} from the store straight into the roots (not cached)")
+                warn(f"{why}: restoring blob {digest[:12]} from the store straight into the roots (not cached)")
             super().__init__(os.dup(self._w), digest)
             self.start()
             return

@@ -17,7 +17,6 @@ import contextlib
 import errno
 import os
 import stat
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,8 +175,6 @@ def warn_once(directory: Path, why: str, fallback: Path | None) -> None:
     _warned = True
     where = f"this start's files go to {fallback} until the job ends" if fallback else "events stay in memory"
     where += "; its store, if any, is still read"
-    print(
-        f"bootseer: warning: the node cache {directory} is {why}: starting without it ({where})",
-        file=sys.stderr,
-        flush=True,
-    )
+    from .redact import warn
+
+    warn(f"the node cache {directory} is {why}: starting without it ({where})")

@@ -88,14 +88,8 @@ def runtime_dir() -> Path:
 
 def default_mountpoint() -> str:
     """`[checkpoint] mountpoint` when the config does not set one: the base of the per-run mount
-    points (`run_mountpoint`); the checkpoint stage never mounts at this path itself."""
+    points (`<runtime>/ckpt-<run id>`, stripe/stage.py); the checkpoint stage never mounts at this path itself."""
     return str(runtime_dir() / "ckpt")
-
-
-def run_mountpoint(run: str) -> Path:
-    """The mount point of one run (`<runtime>/ckpt-<run id>`): two jobs of one user on one node
-    never share one, so neither can unmount or replace the other's checkpoint."""
-    return runtime_dir() / f"ckpt-{run}"
 
 
 class UnsafePath(OSError):

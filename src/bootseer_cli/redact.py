@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import threading
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 MASK = "***"
@@ -128,3 +130,21 @@ def redact_text(text: str) -> str:
         if secret in text:
             text = text.replace(secret, MASK)
     return text
+
+
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()  # the agent's threads and a stage's pool warn too
+
+
+def warn(msg: str, *, once: bool = False) -> None:
+    """bootseer's one way to warn: `bootseer: warning: MSG` on stderr, loud even under --quiet (a fallback is
+    something a user must see), after `redact_text` (a warning often carries an exception's text, which may
+    hold a URI with its credentials). `once`: said once per process (a stage may meet the same refusal
+    several times)."""
+    text = redact_text(msg)
+    if once:
+        with _WARNED_LOCK:
+            if text in _WARNED:
+                return
+            _WARNED.add(text)
+    print(f"bootseer: warning: {text}", file=sys.stderr, flush=True)

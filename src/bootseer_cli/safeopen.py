@@ -71,11 +71,6 @@ def read_capped(
         os.close(fd)
 
 
-def sha256_regular(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of regular file `path` (a device or FIFO is refused, not read)."""
-    return sha256_and_head(path, 0)[0]
-
-
 def sha256_and_head(path: str | os.PathLike[str], head: int) -> tuple[str, bytes]:
     """Hex sha256 of regular file `path` and its first `head + 1` bytes (one read of the file: a
     requirement file is hashed for a key and parsed for what it includes)."""

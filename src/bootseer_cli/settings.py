@@ -354,7 +354,8 @@ class Settings:
         return cls(**typed, extra=extra, config_path=cfg.path)  # type: ignore[arg-type]
 
 
-_TYPED = ("store", "exec", "image", "env", "checkpoint", "p2p", "report", "compile", "trust")
+# The sections with a field of their own above (the rest, a capability added by its row alone, go to `extra`).
+_TYPED = tuple(f.name for f in dataclasses.fields(Settings) if f.name not in ("extra", "config_path"))
 
 
 class ConfigLike(Origin, Protocol):

@@ -116,9 +116,9 @@ class StageContext:
         """Warnings are loud even under --quiet: a fallback is something a user must see.
 
         Any URI in the text loses its credentials (messages often carry an exception's text)."""
-        from .redact import redact_text
+        from .redact import warn
 
-        print(f"bootseer: warning: {redact_text(msg)}", file=sys.stderr, flush=True)
+        warn(msg)
 
     def info(self, msg: str) -> None:
         if not self.quiet:

@@ -15,10 +15,11 @@ once per process (`Store.get_doc`'s warning, unchanged).
 from __future__ import annotations
 
 import atexit
-import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from .redact import warn
 
 if TYPE_CHECKING:
     from .store import Store
@@ -30,7 +31,6 @@ _lock = threading.Lock()
 _counts: dict[tuple[str, str], dict[str, set[str]]] = {}  # (store uri, domain) -> kind -> refused documents
 _said: set[str] = set()  # store URIs whose line this process printed
 _seen_as: dict[str, tuple[str, bool]] = {}  # store uri -> (the reader's own domain, whether it holds the key)
-_warned: set[str] = set()
 _hooked: list[bool] = []
 
 
@@ -45,7 +45,7 @@ def refused(store: Store, rel: str, domain: str, why: str) -> None:
     `say`), said at once (once per process and message) otherwise."""
     uri = store.uri
     if why != UNSIGNED:
-        _warn_once(f"{domain}/{rel} in {uri} is not used: {why}")
+        warn(f"{domain}/{rel} in {uri} is not used: {why}", once=True)
         return
     with _lock:
         if uri in _said:
@@ -94,18 +94,4 @@ def say() -> None:
             for key in [k for k in _counts if k[0] == uri]:
                 del _counts[key]
         if line:
-            _print(line)
-
-
-def _warn_once(msg: str) -> None:
-    with _lock:
-        if msg in _warned:
-            return
-        _warned.add(msg)
-    _print(msg)
-
-
-def _print(msg: str) -> None:
-    from .redact import redact_text
-
-    print(f"bootseer: warning: {redact_text(msg)}", file=sys.stderr, flush=True)
+            warn(line)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -120,9 +120,9 @@ def number(v: object) -> float:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
 
 
-def aged_refs(store: Store, kind: str, policy: Policy, scan: Scan) -> None:
-    """Refs of `kind` that name blobs (env, hot, a new capability's): unused for keep_days -> doomed (an env
-    ref under a live build lease excepted); otherwise every digest they name stays live.
+def aged_refs(store: Store, kind: str, policy: Policy, scan: Scan, leased: Collection[str] = ()) -> None:
+    """Refs of `kind` that name blobs (env, hot, a new capability's): unused for keep_days -> doomed (the
+    keys in `leased`, whose build lease is live, excepted); otherwise every digest they name stays live.
 
     "Used" is the newest of the ref's `created`, its `used` (refreshed by the stages at most once a day,
     `gc.touch_used`) and the ref file's own modification time."""
@@ -137,7 +137,7 @@ def aged_refs(store: Store, kind: str, policy: Policy, scan: Scan) -> None:
         if doc is None:
             continue
         last = max(number(doc.get("used")), number(doc.get("created")), f.mtime)
-        if last >= policy.cutoff or (kind == "env" and key in scan.leased_env):
+        if last >= policy.cutoff or key in leased:
             if last < policy.cutoff:
                 scan.held.append(f"{kind} {key[:12]}: a live build lease")
             why = within(policy) if last >= policy.cutoff else "a live build lease"

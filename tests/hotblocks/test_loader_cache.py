@@ -278,19 +278,19 @@ def test_a_stale_record_is_known_stale_from_its_ref_without_importing_pyarrow(
 def test_what_a_ref_names_is_used_only_under_the_configured_roots(tree: Path, tmp_path: Path) -> None:
     """The ref comes from the store: its samples (read by the judgement) and its deps (stat-ed by the
     stale check) count only under this node's roots, as `record.confine` does for the record itself."""
-    from bootseer_cli.hotblocks.record import check_ref
+    from bootseer_cli.hotblocks.record import ref_deps
     from bootseer_cli.hotblocks.stage import _ref_samples
 
     inside, outside = str(tree / "f1.bin"), str(tmp_path / "elsewhere.bin")
+    mtime = (tree / "f1.bin").stat().st_mtime_ns
     doc = {
         "samples": [[inside, 0, 4096], [outside, 0, 4096], [str(tree / ".." / "tree" / "f2.bin"), 0, 1]],
-        "deps": [[inside, 3 << 20, (tree / "f1.bin").stat().st_mtime_ns, 100], [outside, 1, 1, 10**9]],
+        "deps": [[inside, 3 << 20, mtime, 100], [outside, 1, 1, 10**9]],
     }
     assert _ref_samples(doc, [str(tree)]) == [(inside, 0, 4096)]
-    st = check_ref(doc, [str(tree)])
-    assert st is not None and st.fresh_files == 1 and not st.stale_files  # the outside file is not counted
-    assert check_ref({"deps": [[inside, "x", 0, 1]]}, [str(tree)]) is None  # malformed: load and check instead
-    assert check_ref({}, [str(tree)]) is None  # a ref from before deps
+    assert ref_deps(doc, [str(tree)]) == [(inside, 3 << 20, mtime, 100)]  # the outside file is not stat-ed
+    assert ref_deps({"deps": [[inside, "x", 0, 1]]}, [str(tree)]) is None  # malformed: load and check instead
+    assert ref_deps({}, [str(tree)]) is None  # a ref from before deps
 
 
 @pytest.mark.integration

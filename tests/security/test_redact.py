@@ -89,3 +89,18 @@ def test_a_secret_with_an_unencoded_slash_is_masked(uri: str) -> None:
 
 def test_an_at_sign_in_a_path_is_not_user_info() -> None:
     assert redact("s3://bucket/dir@v1/x") == "s3://bucket/dir@v1/x"
+
+
+def test_the_one_warning_is_redacted_and_said_once_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    from bootseer_cli.redact import warn
+
+    warn("fetch from s3://AKIDWARN:SECRETWARN99@bkt/p failed")
+    warn("the ref is unsigned", once=True)
+    warn("the ref is unsigned", once=True)
+    warn("the ref is unsigned")  # not asked to be quiet the second time
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "bootseer: warning: fetch from s3://***@bkt/p failed",
+        "bootseer: warning: the ref is unsigned",
+        "bootseer: warning: the ref is unsigned",
+    ]

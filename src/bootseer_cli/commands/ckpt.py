@@ -6,18 +6,13 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from ..units import count, fmt_bytes, fmt_rate, fmt_seconds
 from .complete import checkpoint_refs
 from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
-
-if TYPE_CHECKING:
-    from ..settings import Settings
-    from ..store import Store
-    from ..stripe.layout import Manifest
 
 app = typer.Typer(
     name="ckpt",
@@ -40,18 +35,6 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
-def _open(ref: str, config: Path | None, store: str | None) -> tuple[Settings, Store, Manifest]:
-    """(settings, store, manifest) for a NAME[:TAG|latest] reference: what pull, mount and rm start from."""
-    from ..store import open_store_for
-    from ..stripe.catalog import load_manifest
-    from ..stripe.layout import parse_ref
-
-    name, tag = parse_ref(ref)
-    settings = load_settings(config, store)
-    st = open_store_for(settings)
-    return settings, st, load_manifest(st, name, tag)
-
-
 @app.command()
 def push(
     directory: Annotated[Path, typer.Argument(help="The checkpoint directory.")],
@@ -67,22 +50,12 @@ def push(
     as_json: JsonOpt = False,
 ) -> None:
     """Store DIRECTORY as NAME:TAG in the striped layout (uploads in parallel; manifest last)."""
-    from ..ckpt import push_checkpoint
-    from ..store import open_store_for
-    from ..stripe.catalog import describe
+    from ..stripe.actions import describe, push_here
 
     settings = load_settings(config, store)
     t0 = time.time()
-    m = push_checkpoint(
-        open_store_for(settings),
-        settings.checkpoint,
-        directory,
-        name,
-        tag,
-        stripes=stripes,
-        cell_size=parse_size(cell_size) if cell_size else None,
-        targets=target or None,
-    )
+    size = parse_size(cell_size) if cell_size else None
+    m = push_here(settings, directory, name, tag, stripes=stripes, cell_size=size, targets=target or None)
     if as_json:
         typer.echo(json.dumps(describe(m), indent=2))
     else:
@@ -100,13 +73,9 @@ def ls(
     as_json: JsonOpt = False,
 ) -> None:
     """List checkpoints and their tags (newest last)."""
-    from ..store import open_store_for
-    from ..stripe.catalog import list_names, list_tags
-    from ..stripe.layout import check_name
+    from ..stripe.actions import list_here
 
-    st = open_store_for(load_settings(config, store))
-    names = [check_name(name)] if name else list_names(st)
-    rows = [e for n in names for e in list_tags(st, n)]
+    rows = list_here(load_settings(config, store), name)
     if as_json:
         typer.echo(json.dumps([e.__dict__ for e in rows], indent=2))
         return
@@ -135,12 +104,11 @@ def rm(
 ) -> None:
     """Remove NAME:TAG (its manifest, then the stripes no other checkpoint uses)."""
     from ..errors import ConfigError
-    from ..stripe.catalog import remove
+    from ..stripe.actions import remove_here
 
     if ":" not in ref:
         raise ConfigError(f"rm {ref}: give NAME:TAG (or NAME:latest)")
-    settings, st, m = _open(ref, config, store)
-    n = remove(st, m.name, m.tag, list(settings.checkpoint.targets))
+    m, n = remove_here(load_settings(config, store), ref)
     if as_json:
         _emit({"removed": f"{m.name}:{m.tag}", "name": m.name, "tag": m.tag, "stripe_objects_deleted": n})
         return
@@ -176,26 +144,11 @@ def pull(
     as_json: JsonOpt = False,
 ) -> None:
     """Copy a checkpoint to local disk, in parallel from all stripes, verified."""
-    from ..cache import cache_for
-    from ..progress import byte_bar
-    from ..stripe.catalog import Targets
-    from ..stripe.pull import pull as do_pull
-    from ..stripe.reader import ReaderOptions
+    from ..stripe.actions import pull_here
 
-    settings, st, m = _open(ref, config, store)
     t0 = time.time()
-    with byte_bar(m.total_size, f"pull {m.name}:{m.tag}") as advance:
-        r = do_pull(
-            m,
-            Targets(st, list(settings.checkpoint.targets)),
-            dest,
-            replace=force,
-            opts=ReaderOptions(**_options(memory, threads)),
-            p2p=settings.p2p,
-            cache=cache_for(settings.store),
-            whole_stripes=settings.p2p.enabled,
-            advance=advance,
-        )
+    pulled = pull_here(load_settings(config, store), ref, dest, replace=force, options=_options(memory, threads))
+    m, r = pulled.manifest, pulled.result
     took = time.time() - t0
     if as_json:
         doc = {"name": m.name, "tag": m.tag, "dest": str(r.dest), "bytes": r.bytes, "skipped": r.skipped}
@@ -226,22 +179,14 @@ def mount(
     as_json: JsonOpt = False,
 ) -> None:
     """Mount a checkpoint read-only (FUSE); detached unless --foreground. Undo with `ckpt umount`."""
-    from ..stripe.catalog import Targets
-    from ..stripe.mount import check_mountable, mount_detached, resolve_mountpoint, serve
+    from ..stripe.actions import mount_here
 
-    settings, st, m = _open(ref, config, store)
-    targets = list(settings.checkpoint.targets)
-    Targets(st, targets).check(m)  # the manifest's targets are not trusted: refused here, not in the server
-    mp = resolve_mountpoint(mountpoint.expanduser())
-    check_mountable(mp, hide_files=hide)
-    allow_other = settings.checkpoint.allow_other
-    if foreground:
-        spec = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri_with_credentials(), "targets": targets}
-        spec.update(options=_options(memory, threads), allow_other=allow_other)
-        raise typer.Exit(serve(spec))
-    pid = mount_detached(
-        m, mp, st.uri_with_credentials(), targets=targets, options=_options(memory, threads), allow_other=allow_other
-    )
+    settings = load_settings(config, store)
+    opts = _options(memory, threads)
+    done = mount_here(settings, ref, mountpoint, hide=hide, options=opts, foreground=foreground)
+    if isinstance(done, int):  # served in the foreground until unmounted
+        raise typer.Exit(done)
+    m, mp, pid = done.manifest, done.mountpoint, done.pid
     if as_json:
         _emit({"mounted": f"{m.name}:{m.tag}", "name": m.name, "tag": m.tag, "mountpoint": mp, "pid": pid})
         return
@@ -251,15 +196,9 @@ def mount(
 @app.command()
 def umount(mountpoint: Annotated[Path, typer.Argument(help="The mount point.")], as_json: JsonOpt = False) -> None:
     """Unmount a checkpoint mount (also a stale one whose server died, or a job's writable view)."""
-    from ..errors import BootseerError
-    from ..stripe.mount import resolve_mountpoint
-    from ..stripe.mount import umount as do_umount
-    from ..stripe.overlay import umount_overlay
+    from ..stripe.actions import umount_here
 
-    mp = resolve_mountpoint(mountpoint.expanduser())
-    # a writable view first: what the job wrote stays in its upper directory, pushed by the next start
-    if not umount_overlay(mp) and not do_umount(mp):
-        raise BootseerError(f"{mp} is not mounted")
+    mp = umount_here(mountpoint)
     if as_json:
         _emit({"unmounted": mp})
         return

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ..redact import warn
 from ..settings import Settings
 from ..units import count, fmt_age, fmt_bytes, fmt_time
 from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
@@ -21,12 +22,6 @@ if TYPE_CHECKING:
     from ..store import Store
 
 SHOWN_FIELDS = ("env_key", "blob", "size", "files", "bytes", "deletions", "created", "creator", "roots", "format")
-
-
-def _warn(msg: str) -> None:
-    from ..redact import redact_text
-
-    typer.echo(f"bootseer: warning: {redact_text(msg)}", err=True)
 
 
 def baseline(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
@@ -40,7 +35,7 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt 
 
         typer.echo(f"bootseer: {redact_text(msg)}", err=True)
 
-    taken = baseline_here(Settings.from_config(load_config(config, store)), say, _warn)
+    taken = baseline_here(Settings.from_config(load_config(config, store)), say, warn)
     if as_json:
         doc = {
             "entries": taken.entries,
@@ -57,7 +52,7 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt 
                 "again; a start before that restores the env or runs the setup"
             )
     if taken.carried:
-        _warn(
+        warn(
             f"the tree carries {taken.carried}: `bootseer snapshot` will refuse to publish what the setup "
             "adds to it (use a fresh venv of the image, or `bootseer exec`)"
         )
@@ -78,7 +73,7 @@ def snapshot_(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt
     """Capture what changed under the env roots since `bootseer baseline` and publish it."""
     from ..envsnap.actions import snapshot_here
 
-    _published(snapshot_here(Settings.from_config(load_config(config, store)), _warn), as_json)
+    _published(snapshot_here(Settings.from_config(load_config(config, store)), warn), as_json)
 
 
 def restore(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:

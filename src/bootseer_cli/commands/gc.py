@@ -17,13 +17,8 @@ from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
 if TYPE_CHECKING:
     from ..gc import Plan
 
+# gc's own kinds; the capabilities' come from their rows (`Capability.gc_kinds`)
 _KINDS = {
-    "env": "env snapshots",
-    "hot": "hot-block records",
-    "compile": "compile-cache keys",
-    "torrent": "torrent refs",
-    "ckpt": "checkpoint tags",
-    "stripe": "checkpoint stripes on other targets",
     "events": "event files",
     "blob": "unreferenced blobs",
     "run": "run directories (this node)",
@@ -70,8 +65,11 @@ def gc(
     for k in plan.kept_refs:
         used = f", last used {fmt_age(k.last_used, policy.now)} ago" if 0 < k.last_used <= policy.now else ""
         typer.echo(f"keep {k.kind:7} {k.name:{width}} {k.why}{used}")
+    from ..capabilities import gc_kinds
+
+    words = {**_KINDS, **gc_kinds()}
     for kind, (n, size) in plan.by_kind().items():
-        typer.echo(f"{_KINDS.get(kind, kind)}: {n}, {fmt_bytes(size)}")
+        typer.echo(f"{words.get(kind, kind)}: {n}, {fmt_bytes(size)}")
     for why in plan.held:
         typer.echo(f"kept: {why}")
     freed = "would free" if dry_run else "freed"

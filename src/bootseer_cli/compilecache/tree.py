@@ -192,12 +192,6 @@ def index_parts(roots: Mapping[str, Path], rel: str) -> tuple[str, list[str]] | 
     return name, parts
 
 
-def local_path(roots: Mapping[str, Path], rel: str) -> Path | None:
-    """Where an index path lives on this node (for messages); None for a path that is not safe to write."""
-    found = index_parts(roots, rel)
-    return None if found is None else roots[found[0]].joinpath(*found[1])
-
-
 @dataclass
 class Baseline:
     """What the directories held when the stage ended, and the digests the index gave for them."""

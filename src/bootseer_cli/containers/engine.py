@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -335,6 +334,41 @@ def _stream_logs(container: Container, chunks: list[str], echo: Callable[[str], 
         echo(pending)
 
 
+def _create(client: DockerClient, image: str, command: list[str], name: str, **options: object) -> Container:
+    """A container of `image` labelled as prewarm's (so an interrupted run's is found and removed later)."""
+    import docker.errors
+
+    labels = {LABEL: owner_label(), LABEL_CREATED: f"{time.time():.0f}"}
+    try:
+        return client.containers.create(image, command, name=name, labels=labels, detach=True, **options)
+    except docker.errors.APIError as e:
+        raise BootseerError(f"cannot create a container of {image}: {_api_reason(e)}") from None
+
+
+def _start_and_wait(
+    container: Container,
+    chunks: list[str],
+    *,
+    files: bytes | None,
+    seed: Path | None,
+    echo: Callable[[str], None] | None,
+    after: Callable[[Container], None] | None,
+) -> int:
+    """Unpack the archives, start, stream the output into `chunks`, wait; `after` reads what a container
+    that exited 0 made. Returns its exit code."""
+    if files:
+        container.put_archive("/", files)
+    if seed is not None:
+        with open(seed, "rb") as f:
+            container.put_archive("/", f)
+    container.start()
+    _stream_logs(container, chunks, echo)
+    code = int(container.wait().get("StatusCode", 1))
+    if code == 0 and after is not None:
+        after(container)
+    return code
+
+
 def run_container(
     client: DockerClient,
     image: str,
@@ -362,35 +396,20 @@ def run_container(
     import docker.errors
 
     name = f"bootseer-prewarm-{name_hint}-{os.getpid()}-{os.urandom(3).hex()}"
-    labels = {LABEL: owner_label(), LABEL_CREATED: f"{time.time():.0f}"}
-    try:
-        container = client.containers.create(
-            image,
-            command,
-            name=name,
-            labels=labels,
-            environment=environment or {},
-            volumes=binds or {},
-            network_mode=network_mode,
-            working_dir=working_dir,
-            entrypoint=entrypoint if entrypoint is not None else [],
-            detach=True,
-        )
-    except docker.errors.APIError as e:
-        raise BootseerError(f"cannot create a container of {image}: {_api_reason(e)}") from None
+    container = _create(
+        client,
+        image,
+        command,
+        name,
+        environment=environment or {},
+        volumes=binds or {},
+        network_mode=network_mode,
+        working_dir=working_dir,
+        entrypoint=entrypoint if entrypoint is not None else [],
+    )
     chunks: list[str] = []
     try:
-        if files:
-            container.put_archive("/", files)
-        if seed is not None:
-            with open(seed, "rb") as f:
-                container.put_archive("/", f)
-        container.start()
-        _stream_logs(container, chunks, echo)
-        status = container.wait()
-        code = int(status.get("StatusCode", 1))
-        if code == 0 and after is not None:
-            after(container)
+        code = _start_and_wait(container, chunks, files=files, seed=seed, echo=echo, after=after)
     except docker.errors.APIError as e:
         reason = _api_reason(e)
         if "executable file not found" in reason or "no such file or directory" in reason:
@@ -400,5 +419,7 @@ def run_container(
         try:
             container.remove(force=True)
         except (docker.errors.DockerException, OSError):  # the engine went away or refuses: say so, go on
-            print(f"bootseer: warning: could not remove container {name}", file=sys.stderr)
+            from ..redact import warn
+
+            warn(f"could not remove container {name}")
     return RunResult(exit_code=code, output="".join(chunks))

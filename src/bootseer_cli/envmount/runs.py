@@ -19,7 +19,6 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import BootseerError
 
@@ -155,8 +154,3 @@ def sweep(keep: str, log: Callable[[str], None] | None = None) -> int:
         with contextlib.suppress(OSError):
             cleaned += rm.teardown(log)
     return cleaned
-
-
-def state_doc(root: Path) -> dict[str, Any]:
-    """The run's state as written (for tests and the agent's log)."""
-    return json.loads((root / STATE).read_text())

@@ -361,16 +361,10 @@ def capture(
 
     exclude = excluded_paths(store)
     t0 = time.monotonic()
-    tmp_dir = cache.root / "tmp"
-    tmp_dir.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_dir / f"snap-{os.urandom(6).hex()}.tar.zst"  # not uuid/socket: ~10 ms of imports before the scan
-    # the look outside the roots (a warning only, up to 1.5 s of walking) runs beside the scan and the
-    # blob's writing, in a child at the lowest priority (`OutsideLook`); the large changed files are
-    # written while the scan goes on (`segments.BigWriter`)
-    try:
-        look = OutsideLook(since, roots, exclude)
-    except OSError:  # no fork (a process limit): the warning is skipped, the capture goes on
-        look = OutsideLook(None, roots, exclude)
+    tmp = _tmp_blob(cache)
+    # the look outside the roots (a warning only) runs beside the scan and the blob's writing; the large
+    # changed files are written while the scan goes on (`segments.BigWriter`)
+    look = _look_outside(since, roots, exclude)
     big = BigWriter(tmp.with_name(f"{tmp.name}.partbig"), baseline, roots, defer_same_size=bool(parents))
     try:
         after = scan(roots, exclude, on_entry=big.offer)
@@ -378,13 +372,8 @@ def capture(
         unchanged = _leave_out_identical(baseline, after, d, parents)
         _refuse_unportable(after, d.changed, roots)
         t1 = time.monotonic()
-        meta = {
-            "roots": roots,
-            "deletions": d.deleted,
-            "env_key": env_key,
-            "created": time.time(),
-            "creator": os.uname().nodename,  # what socket.gethostname() returns
-        }
+        meta = {"roots": roots, "deletions": d.deleted, "env_key": env_key, "created": time.time()}
+        meta["creator"] = os.uname().nodename  # what socket.gethostname() returns
         written, entries = write_blob(tmp, after, d.changed, meta, progress, big)
         t2 = time.monotonic()
         outside = look.result()
@@ -406,6 +395,22 @@ def capture(
         seconds={"scan": t1 - t0, "write": t2 - t1, "outside_wait": time.monotonic() - t2},
         unchanged=unchanged,
     )
+
+
+def _tmp_blob(cache: BlobCache) -> Path:
+    """Where the snapshot is written, in the node cache's tmp (renamed into the cache once published)."""
+    tmp_dir = cache.root / "tmp"
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    return tmp_dir / f"snap-{os.urandom(6).hex()}.tar.zst"  # not uuid/socket: ~10 ms of imports before the scan
+
+
+def _look_outside(since: float | None, roots: list[str], exclude: list[str]) -> OutsideLook:
+    """The look outside the roots (a warning only, up to 1.5 s of walking), started in a child at the
+    lowest priority; without a fork (a process limit) the warning is skipped and the capture goes on."""
+    try:
+        return OutsideLook(since, roots, exclude)
+    except OSError:
+        return OutsideLook(None, roots, exclude)
 
 
 def _leave_out_identical(

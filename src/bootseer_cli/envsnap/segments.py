@@ -363,18 +363,9 @@ def _write_segments(
     app = _Appender(w, parts, advance)
     try:
         if early is not None and early_started:
-            # its input ends before any other writer is forked: a fork would inherit the pipe's write
-            # end, and the large-file writer would see no end of its input until that writer exited
-            if not early.sent <= big_set:  # the scan's rule and this one differ: a bug, not the tree
-                raise BootseerError("capture: the large-file writer was sent a file the blob does not hold")
-            early.finish_input([(p, after[p].size) for p in big if p not in early.sent])
-            for pid, fd, part in early.hand_over():  # reaped by the appender, like the others
-                app.watch(pid, fd, part, eager=True)
-        queue_r, queue_w = os.pipe()
+            _finish_early(early, big, big_set, after, app)
+        queue_r = _piece_queue(len(pieces))
         try:
-            os.write(queue_w, bytes(range(len(pieces))))  # at most 255 bytes: within the pipe's buffer
-            os.close(queue_w)
-            queue_w = -1
             gc.freeze()  # the manifest stays shared copy-on-write: no child's collection walks (copies) it
             try:
                 jobs: list[tuple[Path | None, int]] = [(None, 1)] * min(workers, len(pieces))
@@ -396,13 +387,36 @@ def _write_segments(
                 gc.unfreeze()
         finally:
             os.close(queue_r)
-            if queue_w >= 0:
-                os.close(queue_w)
         app.run()
     finally:
         app.stop()
         for part in [*parts, late]:
             part.unlink(missing_ok=True)
+
+
+def _finish_early(early: BigWriter, big: list[str], big_set: set[str], after: Manifest, app: _Appender) -> None:
+    """End the input of the large-file writer the scan started, before any other writer is forked (a fork
+    would inherit the pipe's write end, and that writer would see no end of its input until the fork
+    exited); the appender reaps it and reads its report, like the others'."""
+    if not early.sent <= big_set:  # the scan's rule and this one differ: a bug, not the tree
+        raise BootseerError("capture: the large-file writer was sent a file the blob does not hold")
+    early.finish_input([(p, after[p].size) for p in big if p not in early.sent])
+    for pid, fd, part in early.hand_over():
+        app.watch(pid, fd, part, eager=True)
+
+
+def _piece_queue(n: int) -> int:
+    """A pipe holding the numbers of `n` pieces (at most 255 bytes: within its buffer), its write end
+    closed: the read end, from which each forked writer takes its next piece."""
+    r, w = os.pipe()
+    try:
+        os.write(w, bytes(range(n)))
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    return r
 
 
 class _Appender:

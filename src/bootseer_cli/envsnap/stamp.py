@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError
@@ -36,14 +35,6 @@ from .manifest import CARRIED_NAME, DIR, FILE, STAMP_NAME, SYMLINK, Manifest, un
 from .treefiles import CARRIED_MAX, STAMP_MAX, read_own, unlink_own, write_own
 
 MAX_SENTINELS = 512
-
-
-def stamp_path(roots: list[str]) -> Path:
-    return Path(roots[0]) / STAMP_NAME
-
-
-def carried_path(roots: list[str]) -> Path:
-    return Path(roots[0]) / CARRIED_NAME
 
 
 def _sentinels(entries: Sequence[ArchiveEntry]) -> list[str]:

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:
     """Env refs unused for keep_days go; every blob a kept ref names stays, and a layer's ref names
     its whole chain (`chain`, `parent`: chain.py), so every link of a live chain stays with it even when
-    the parent's own ref goes. A layer blob no ref names any more is an orphan, which gc removes."""
-    aged_refs(store, "env", policy, scan)
+    the parent's own ref goes. A layer blob no ref names any more is an orphan, which gc removes. A ref
+    whose build lease is live stays, however old."""
+    aged_refs(store, "env", policy, scan, leased=scan.leased_env)
 
 
 def prefetch(settings: Settings, store: Store, cache: BlobCache, keys: Keys) -> list[Item]:

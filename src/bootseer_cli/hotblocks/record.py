@@ -438,18 +438,6 @@ def _parts_of(flat: list[int] | None, size: int, n: int) -> list[tuple[int, int]
     return extents if sum(length for _, length in extents) == n else None
 
 
-def check_ref(doc: dict[str, Any], roots: list[str]) -> Staleness | None:
-    """`check` from the ref's `deps` alone (no Parquet, no pyarrow), for the files under `roots` (the
-    configured ones, as `confine`); None when the ref has no usable `deps` (published before they were)."""
-    mine = ref_deps(doc, roots)
-    if mine is None:
-        return None
-    st, fresh = Staleness(), set()  # type: set[str]
-    for (path, size, mtime_ns, n), s in zip(mine, stat_many([m[0] for m in mine]), strict=True):
-        _count(st, fresh, path, s, size, mtime_ns, n)
-    return st
-
-
 def ref_deps(doc: dict[str, Any], roots: list[str]) -> list[tuple[str, int, int, int]] | None:
     """The ref's `deps` (path, size, mtime_ns, recorded bytes) under `roots` (as `confine`), or None when
     the ref has none or they are malformed (a ref published before them: load and check instead)."""

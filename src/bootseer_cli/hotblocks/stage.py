@@ -154,6 +154,16 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
         warming.join(max(0.0, deadline - time.monotonic()))
         res.stats_left = warming.is_alive()
     res.staleness = staleness
+    summary = _replay_summary(ctx, rec, doc, res, into_loader)
+    _judge_later(ctx, rec.image_key, str(doc.get("blob", "")), replayed=True, started=started)
+    return _replayed_result(res, doc, summary)
+
+
+def _replay_summary(ctx: StageContext, rec: Record, doc: dict[str, Any], res: ReplayResult, into_loader: bool) -> str:
+    """The summary line's words for a replay, after handing what the deadline cut short to the agent."""
+    from .replay import sources_of
+
+    staleness = res.staleness
     parts = [f"replayed {fmt_bytes(res.bytes_read)}"]
     # Into a loader's own cache the sources' stats are requests the program would make one by one
     # (`_warm_metadata`), on a thread that dies with exec: where the deadline cut the replay or them
@@ -165,8 +175,7 @@ def _replay(ctx: StageContext, rec: Record, doc: dict[str, Any]) -> StageResult 
         parts.append(f"{len(staleness.stale_files)} stale file(s) skipped")
     if str(doc.get("coverage", "full")) != "full":  # the opens its recording lost (opens.py)
         parts.append(f"record coverage {doc['coverage']}")
-    _judge_later(ctx, rec.image_key, str(doc.get("blob", "")), replayed=True, started=started)
-    return _replayed_result(res, doc, ", ".join(parts))
+    return ", ".join(parts)
 
 
 def _start_check(ctx: StageContext, ref: dict[str, Any], roots: list[str]) -> Check | None:

@@ -34,13 +34,11 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..capabilities import stages
 from ..units import fmt_seconds
 from .findings import verdict
 from .job import AttemptSummary, JobReport, node_rows, stage_stats
 from .starts import NodeStart, cache_class, gpu_count, node_starts, percentile, select
-
-# Stages whose hits read local files (the hot-block replay of the image): no bytes saved from the store.
-LOCAL_REPLAY_STAGES = frozenset({"image"})
 
 
 def analyze_job(
@@ -218,14 +216,15 @@ def _start_rows(job: str, every: list[NodeStart], gpus_flag: int | None, gpus_co
 def _cache_tally(group: list[NodeStart]) -> tuple[int, int, int]:
     """(hits, misses, bytes saved) over the events of one start: saved = bytes a hit did not read from the
     store. A hot-block replay's bytes are not counted: it reads the image's own files from local disk,
-    which nothing would have fetched from the store (`LOCAL_REPLAY_STAGES`)."""
+    which nothing would have fetched from the store (the table's `StageEntry.local_hits`)."""
+    local = {c.name for c in stages() if c.stage and c.stage.local_hits}
     hits = misses = saved = 0
     for s in group:
         for e in s.events:
             cls = cache_class(e)
             hits += cls == "hit"
             misses += cls == "miss"
-            if cls == "hit" and e.get("stage") not in LOCAL_REPLAY_STAGES:
+            if cls == "hit" and e.get("stage") not in local:
                 saved += max(0, int(e.get("bytes") or 0) - int(e.get("bytes_from_store") or 0))
     return hits, misses, saved
 

@@ -5,30 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..capabilities import advice, stages
 from ..units import fmt_seconds
 from .job import STAGE_LABELS, JobReport, NodeRow, StageStats
 from .starts import FAILED_OUTCOMES, FIRST_STEP_STAGE, LAUNCHER_STAGES, TOTAL_STAGE, count
-
-_ADVICE_MISS = {
-    "image": "no hot-block record for this image yet (one is recorded on a first start, ending at the first "
-    "optimizer step or at bootseer_cli.ready())",
-    "env": "the environment snapshot missed: run `bootseer prewarm` in CI (or `bootseer snapshot` after a "
-    "manual setup) so every start restores it",
-    "checkpoint": "the checkpoint was not in the striped layout or the node cache: push it with `bootseer ckpt push`",
-}
-_ADVICE_SLOW = {
-    "image": "the hot-block replay is slow: raise [image] prefetch_threads, or look at the image's lazy loading",
-    "env": "the snapshot restore is slow: it is bound by the store's read speed and the node's disk (its bytes "
-    "and seconds are in the stage's row)",
-    "checkpoint": "the checkpoint read is slow: spread it over more stripes/targets ([checkpoint] stripes, targets)",
-}
-# Where peers can take the load off the store: several nodes reading the same bytes from a remote store.
-_ADVICE_SLOW_P2P = {
-    "env": "the snapshot restore is slow: enable [p2p] so nodes fetch it from each other instead of the store",
-    "checkpoint": "the checkpoint read is slow: spread it over more stripes/targets ([checkpoint] stripes, targets) "
-    "or enable [p2p]",
-}
-
 
 FindingKind = Literal["launcher", "stage", "straggler", "stragglers", "overhead"]
 
@@ -93,9 +73,9 @@ def _launcher_finding(r: JobReport, s: StageStats) -> Finding:
     what = "imports, rendezvous, first step"
     if s.stage == FIRST_STEP_STAGE:
         what = "imports, compile, data loading, rendezvous, the step itself"
-    hint = "profile the training script's start"
-    if not any(st.stage == "compile" for st in r.stages):
-        hint += "; if it uses torch.compile, [compile] enabled = true restores its caches"
+    ran = {st.stage for st in r.stages}
+    absent = [c.advice.absent for c in stages() if c.advice.absent and c.name not in ran]
+    hint = "; ".join(["profile the training script's start", *absent])
     return Finding(
         "launcher",
         s.p50_s,
@@ -115,13 +95,14 @@ def _stage_finding(r: JobReport, s: StageStats) -> Finding:
     """A stage slow on every node (its median), with the advice for why: failures, misses, or plain speed."""
     if s.failed:
         why = f" ({s.reasons[0]})" if s.reasons else ""
-        advice = f"it failed or fell back on {s.failed} of {count(s.nodes, 'node')}{why}: fix that first"
+        words = f"it failed or fell back on {s.failed} of {count(s.nodes, 'node')}{why}: fix that first"
     elif s.misses:
-        advice = _ADVICE_MISS.get(s.stage, f"{s.misses} cache misses")
+        words = advice(s.stage).miss or f"{s.misses} cache misses"
     else:
-        slow = _ADVICE_SLOW_P2P if p2p_fits(r, s) else _ADVICE_SLOW
-        advice = slow.get(s.stage, "look at what this stage does on every node")
-    return Finding("stage", s.p50_s, f"{s.stage} takes {fmt_seconds(s.p50_s)} p50 on every node: {advice}", s.stage)
+        said = advice(s.stage)
+        slow = said.slow_p2p if said.slow_p2p and p2p_fits(r, s) else said.slow
+        words = slow or "look at what this stage does on every node"
+    return Finding("stage", s.p50_s, f"{s.stage} takes {fmt_seconds(s.p50_s)} p50 on every node: {words}", s.stage)
 
 
 def _straggler_finding(r: JobReport, s: StageStats) -> Finding | None:
@@ -129,8 +110,8 @@ def _straggler_finding(r: JobReport, s: StageStats) -> Finding | None:
     if s.straggler_cost_s <= 0 or r.nodes <= 1:
         return None
     if s.straggler_cache == "miss" and s.hits:
-        why = f"{s.stage} missed the cache there while {s.hits} hit elsewhere: " + _ADVICE_MISS.get(
-            s.stage, "see why its cache key differs (`bootseer keys` on that node)"
+        why = f"{s.stage} missed the cache there while {s.hits} hit elsewhere: " + (
+            advice(s.stage).miss or "see why its cache key differs (`bootseer keys` on that node)"
         )
     elif s.straggler_cache == "failed":
         why = f"{s.stage} failed there and fell back to the slow path: see that node's warnings"

@@ -8,14 +8,13 @@ be read (a torn upload, a foreign file) is skipped with a warning rather than fa
 from __future__ import annotations
 
 import re
-import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError, ConfigError, StoreError
 from ..events import COLUMNS
-from ..redact import redact_text
+from ..redact import warn
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -90,7 +89,7 @@ def _read_one_by_one(store: Store, files: list[EventFile], schema: pa.Schema) ->
         try:
             return _read_file(store, rel, schema)
         except (StoreError, OSError, pa.ArrowException, KeyError, ValueError) as e:
-            print(f"bootseer: warning: skipping unreadable event file {rel}: {redact_text(str(e))}", file=sys.stderr)
+            warn(f"skipping unreadable event file {rel}: {e}")
             return None
 
     with ThreadPoolExecutor(max_workers=8) as pool:

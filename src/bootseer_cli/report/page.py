@@ -10,7 +10,7 @@ from .analysis import TrendReport
 from .findings import already_fast
 from .job import JobReport
 from .starts import FIRST_STEP_STAGE, LAUNCHER_STAGES, READY_STAGE, TOTAL_STAGE
-from .svg import COLORS, MAX_NODE_ROWS, color, esc, ready_histogram_svg, timeline_svg, trend_svg
+from .svg import MAX_NODE_ROWS, background_stages, color, esc, ready_histogram_svg, timeline_svg, trend_svg
 from .text import counts_gpus, first_start_words, stage_cells, start_cells, straggler_node
 
 STAGE_HEADER = ["stage", "nodes", "p50", "p90", "max", "hits", "misses", "failed", "from store", "from peers"]
@@ -119,7 +119,7 @@ def _job_cards(r: JobReport) -> str:
 
 def _stage_table_html(r: JobReport) -> str:
     """The stage table of the page: the rows of `stage_cells`, escaped, with the stage's colour swatch."""
-    others = sorted({seg.stage for row in r.rows for seg in row.segments} - set(COLORS))
+    others = background_stages({seg.stage for row in r.rows for seg in row.segments})
     rows = []
     for s, cells in zip(r.stages, map(stage_cells, r.stages), strict=True):
         sw = f'<span class="sw" style="background:{color(s.stage, others)}"></span>'

@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ..capabilities import stage_names
 from ..units import fmt_seconds, fmt_time
 from .analysis import TrendReport
 from .job import JobReport, NodeRow
@@ -25,10 +26,10 @@ from .text import straggler_node
 MAX_NODE_ROWS = 64
 GROUP_ROWS = 32
 SLOWEST_ROWS = 10
+# The capability table's stages take these in the table's order (image, env, checkpoint, compile, …): a
+# stage added to the table is drawn as a bar of its own colour with nothing here changed.
+STAGE_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#8cd17d", "#86bcb6")
 COLORS = {
-    "image": "#4e79a7",
-    "env": "#f28e2b",
-    "checkpoint": "#59a14f",
     READY_STAGE: "#76b7b2",
     FIRST_STEP_STAGE: "#499894",
     TOTAL_STAGE: "#dcdce4",
@@ -37,9 +38,23 @@ OTHER_COLORS = ("#b07aa1", "#9c755f", "#ff9da7", "#edc948", "#bab0ac")
 STRAGGLER = "#d62728"
 
 
+def exec_stages(shown: set[str]) -> list[str]:
+    """The capability table's stages among `shown`, in the table's order: drawn as bars of their own."""
+    return [s for s in stage_names() if s in shown]
+
+
+def background_stages(shown: set[str]) -> list[str]:
+    """The rest of `shown` but exec's total and the launcher's: the agent's work behind the launcher (and
+    any stage the table does not know, events being untrusted), drawn as a thin line under the bars."""
+    return sorted(shown - set(stage_names()) - set(COLORS))
+
+
 def color(stage: str, others: list[str]) -> str:
     if stage in COLORS:
         return COLORS[stage]
+    table = stage_names()
+    if stage in table:
+        return STAGE_COLORS[table.index(stage) % len(STAGE_COLORS)]
     return OTHER_COLORS[others.index(stage) % len(OTHER_COLORS)] if stage in others else OTHER_COLORS[0]
 
 
@@ -148,8 +163,8 @@ def timeline_svg(r: JobReport, width: int = 1200) -> str:
     """The timeline as a standalone SVG document."""
     label_w, right, top, bottom_pad = 230, 40, 46, 64
     aggregated = len(r.rows) > MAX_NODE_ROWS
-    others = sorted({seg.stage for row in r.rows for seg in row.segments} - set(COLORS))
-    exec_stages = [s for s in ("image", "env", "checkpoint") if any(st.stage == s for st in r.stages)]
+    others = background_stages({seg.stage for row in r.rows for seg in row.segments})
+    bars = exec_stages({st.stage for st in r.stages})
     tmax = max([row.ready for row in r.rows] + [seg.end for row in r.rows for seg in row.segments] + [0.001])
     axis_max, ticks = axis_ticks(tmax)
     plot_w = width - label_w - right
@@ -171,9 +186,9 @@ def timeline_svg(r: JobReport, width: int = 1200) -> str:
         gx = x(t)
         svg.add(f'<line x1="{gx:.1f}" y1="{top - 6}" x2="{gx:.1f}" y2="{height - bottom_pad + 4}" stroke="#ececf0"/>')
         svg.text(gx, top - 10, label, ' text-anchor="middle" fill="#666" font-size="11" class="tick"')
-    y = _timeline_rows(svg, layout, x, top, width, exec_stages, others)
+    y = _timeline_rows(svg, layout, x, top, width, bars, others)
     _job_start_line(svg, r, x(r.startup_s), top, y, width)
-    _legend(svg, r, y + 40, exec_stages, others, aggregated)
+    _legend(svg, r, y + 40, bars, others, aggregated)
     svg.add("</svg>")
     return "\n".join(svg.parts)
 
@@ -409,7 +424,7 @@ def trend_svg(t: TrendReport, width: int = 1200, height: int = 260) -> str:
         svg.add(f'<polyline points="{path}" fill="none" stroke="{COLORS[READY_STAGE]}" stroke-width="2"/>')
     for px, py, r in pts:
         svg.add(
-            f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3.5" fill="{COLORS["image"]}"><title>{esc(r.job)} start '
+            f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3.5" fill="{STAGE_COLORS[0]}"><title>{esc(r.job)} start '
             f"{r.attempt}: {fmt_seconds(r.startup_s)}, {count(r.nodes, 'node')}, "
             f"{esc(fmt_time(r.started))}</title></circle>"
         )

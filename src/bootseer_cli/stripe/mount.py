@@ -366,6 +366,13 @@ def mount_detached(
         if proc.poll() is not None:
             break
         time.sleep(0.02)
+    tail = _give_up(proc, mp, spec_path, log_path)
+    raise BootseerError(f"mount of {manifest.name}:{manifest.tag} at {mp} failed: {tail or 'no mount appeared'}")
+
+
+def _give_up(proc: subprocess.Popen[bytes], mp: str, spec_path: str, log_path: Path) -> str:
+    """Stop a server whose mount did not appear in time (and what it may have mounted since), remove its
+    spec; returns the last line it logged: why, for the error."""
     if proc.poll() is None:
         proc.kill()
         proc.wait()
@@ -373,11 +380,10 @@ def mount_detached(
             umount(mp)
     with contextlib.suppress(OSError):
         os.unlink(spec_path)
-    tail = ""
     with contextlib.suppress(OSError):
         lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        tail = lines[-1] if lines else ""
-    raise BootseerError(f"mount of {manifest.name}:{manifest.tag} at {mp} failed: {tail or 'no mount appeared'}")
+        return lines[-1] if lines else ""
+    return ""
 
 
 def _main(spec_path: str) -> int:

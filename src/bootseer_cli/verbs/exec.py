@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from ..config import Config
 
 # The options of `exec` (the typer command in commands/run.py declares the same ones, with their help).
 VALUED: dict[str, str] = {"--config": "config", "-c": "config", "--store": "store", "--skip": "skip"}
@@ -135,19 +131,6 @@ def _options(opts: dict[str, str | bool]) -> ExecOptions:
     )
 
 
-def config_line(cfg: Config) -> str:
-    """What `exec -v` says first: which config file it used (or why none) and the store it talks to."""
-    from ..paths import default_store_uri
-    from ..redact import redact
-
-    uri = redact(cfg.get("store", "uri") or "")
-    store = f"store {uri}" if uri else f"the local store {default_store_uri()}"
-    if cfg.path is None:
-        where = "no config file (no --config, no $BOOTSEER_CONFIG, no bootseer.toml of yours from here up)"
-        return f"bootseer: {where}; {store}"
-    return f"bootseer: config {cfg.path.resolve()}; {store}"
-
-
 def run_exec(options: ExecOptions, command: list[str]) -> None:
     """Load the config with the options applied, run the stages, exec `command`. Returns only on error
     (raised as a `BootseerError`)."""
@@ -157,5 +140,5 @@ def run_exec(options: ExecOptions, command: list[str]) -> None:
 
     cfg = load(options.config, {("store", "uri"): options.store, ("exec", "quiet"): True if options.quiet else None})
     if options.verbose:
-        print(config_line(cfg), file=sys.stderr, flush=True)
+        print(f"bootseer: {cfg.describe()}", file=sys.stderr, flush=True)  # the config file and store
     execute(Settings.from_config(cfg), command, set(options.skip))

@@ -39,12 +39,11 @@ def restore_verb(cfg: Config, out: Callable[[str], None], err: Callable[[str], N
 
 def _restore(cfg: Config, out: Callable[[str], None], err: Callable[[str], None], as_json: bool) -> int:
     from ..envsnap.actions import restore_here
+    from ..redact import warn
     from ..settings import Settings
     from ..units import count, fmt_bytes
 
-    done = restore_here(
-        Settings.from_config(cfg), lambda m: err(f"bootseer: {m}"), lambda m: err(f"bootseer: warning: {m}")
-    )
+    done = restore_here(Settings.from_config(cfg), lambda m: err(f"bootseer: {m}"), warn)
     key, r = done.env_key, done.restored
     if as_json:
         import json

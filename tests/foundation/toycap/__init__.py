@@ -2,7 +2,7 @@
 
 `register()` appends the row; nothing else in bootseer is told about it. The test beside this package
 (`test_toy_capability.py`) shows that the row alone puts the toy into exec's summary line, `--skip`,
-`bootseer config`, the report's stage table and gc's keep set.
+`bootseer config`, the report's stage table and picture, and gc's keep set and words.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ ROW = Capability(
     f"{HERE}:ToySettings",
     stage=StageEntry(f"{HERE}:run_stage", f"{HERE}:ToySettings.wanted", order=4),
     gc_keep=f"{HERE}:gc_keep",
+    gc_kinds=(("toy", "toy greetings"),),
 )
 
 
