@@ -33,7 +33,7 @@ from .events import RunInfo, upload
 
 if TYPE_CHECKING:
     from .settings import Settings
-    from .store import Store
+    from .store.core import Store
 
 STOP_GRACE_S = 30.0
 
@@ -95,7 +95,7 @@ class Agent:
         settings = self.settings_or_none()
         with self._lock:
             if self._store is None:
-                from .store import open_store, open_store_for
+                from .store.core import open_store, open_store_for
 
                 try:
                     self._store = open_store_for(settings) if settings else open_store(self.store_uri)

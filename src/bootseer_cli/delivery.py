@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 from .errors import BootseerError, IntegrityError
 
 if TYPE_CHECKING:
-    from .cache import BlobCache
     from .p2p.seed import SeedTask
     from .settings import P2PSettings
-    from .store import Store
+    from .store.cache import BlobCache
+    from .store.core import Store
 
 # What stops the swarm leg without being a bug: a store error while joining, libtorrent's own errors
 # (RuntimeError), a socket or file error, a torrent that cannot be made (ValueError: an empty blob),
@@ -287,11 +287,11 @@ class Download(_Threaded):
     A failed download pads the file to its full size, so waiting workers go on, fail and are undone."""
 
     def __init__(self, store: Store, cache: BlobCache, digest: str) -> None:
-        from .store import blob_path
+        from .store.core import blob_path
 
         self.store = store
         self.dest = cache.path(digest)
-        # ranged reads: the size and the metadata at the end; each waited for at most STALL_S (storeguard)
+        # ranged reads: the size and the metadata at the end; each waited for at most STALL_S (store.guard)
         src = store.open_ranged(blob_path(digest), f"blob {digest[:12]}")
         self.size = src.size()
         self.tail: tuple[Callable[[int, int], bytes], int] = (lambda n, off: bytes(src.read_at(n, off)), self.size)
@@ -321,7 +321,7 @@ class Download(_Threaded):
     def _run(self) -> None:
         import hashlib
 
-        from .store import blob_path
+        from .store.core import blob_path
 
         h = hashlib.sha256()
         n = 0
@@ -452,7 +452,7 @@ def open_blob(
     """The blob to restore from, opened once, with no copy made: the node cache's file (`cached`), the
     local store's file in place, or else a fetch (swarm, remote store) into the cache, hashed on the way."""
     from .errors import BlobMissing
-    from .store import blob_path
+    from .store.core import blob_path
 
     hit = cache.peek(digest) if cached else None
     if hit is not None:

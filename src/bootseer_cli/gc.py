@@ -35,7 +35,7 @@ from .procs import pid_alive
 from .upkeep import DAY_S, KEEP_EVERYTHING, Doomed, Kept, Policy, Scan, is_digest, number
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .store.core import Store
 
 # The longest a lease document may hold gc back since it was last written: leases are renewed every
 # third of their TTL (60 s for an env build, 30 s for a download), so a live one is always younger.
@@ -182,7 +182,7 @@ def plan(store: Store, policy: Policy, runs_root: Path | None = None) -> Plan:
     doomed = list(scan.doomed)
     for target, digest, size in sorted(set(stripes)):
         if target and (target, digest) not in scan.live_stripes:
-            from .store import blob_path
+            from .store.core import blob_path
 
             doomed.append(Doomed("stripe", digest, size, (blob_path(digest),), target=target))
     kept: dict[str, tuple[int, int]] = {}

@@ -101,7 +101,7 @@ def test_a_snapshot_that_cannot_be_restored_is_rebuilt_by_one_node(tmp_path: Pat
     takes the lease and builds, and the others wait for its snapshot. Before, a waiting node's first
     poll read the same broken ref, tried it again, and then ran the setup itself: three setups, not one,
     and each node warned twice."""
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
     env_at, marker = _config(tmp_path, store_uri)
     _assert_one_built_the_rest_restored(_start_nodes(tmp_path, env_at, "first"), env_at)

@@ -16,7 +16,7 @@ from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
 
 if TYPE_CHECKING:
     from ..settings import Settings
-    from ..store import Store
+    from ..store.core import Store
     from ..stripe.layout import Manifest
 
 app = typer.Typer(
@@ -42,7 +42,7 @@ def parse_size(text: str) -> int:
 
 def _open(ref: str, config: Path | None, store: str | None) -> tuple[Settings, Store, Manifest]:
     """(settings, store, manifest) for a NAME[:TAG|latest] reference: what pull, mount and rm start from."""
-    from ..store import open_store_for
+    from ..store.core import open_store_for
     from ..stripe.catalog import load_manifest
     from ..stripe.layout import parse_ref
 
@@ -68,7 +68,7 @@ def push(
 ) -> None:
     """Store DIRECTORY as NAME:TAG in the striped layout (uploads in parallel; manifest last)."""
     from ..ckpt import push_checkpoint
-    from ..store import open_store_for
+    from ..store.core import open_store_for
     from ..stripe.catalog import describe
 
     settings = load_settings(config, store)
@@ -100,7 +100,7 @@ def ls(
     as_json: JsonOpt = False,
 ) -> None:
     """List checkpoints and their tags (newest last)."""
-    from ..store import open_store_for
+    from ..store.core import open_store_for
     from ..stripe.catalog import list_names, list_tags
     from ..stripe.layout import check_name
 
@@ -175,8 +175,8 @@ def pull(
     as_json: JsonOpt = False,
 ) -> None:
     """Copy a checkpoint to local disk, in parallel from all stripes, verified."""
-    from ..cache import cache_for
     from ..progress import byte_bar
+    from ..store.cache import cache_for
     from ..stripe.catalog import Targets
     from ..stripe.pull import pull as do_pull
     from ..stripe.reader import ReaderOptions

@@ -18,7 +18,7 @@ from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
 
 if TYPE_CHECKING:
     from ..envsnap.actions import Published
-    from ..store import Store
+    from ..store.core import Store
 
 SHOWN_FIELDS = ("env_key", "blob", "size", "files", "bytes", "deletions", "created", "creator", "roots", "format")
 
@@ -85,7 +85,7 @@ env_app = typer.Typer(help="List, show and remove environment snapshots.", no_ar
 def env_ls(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List the snapshots in the store: key, size, files, age, creator."""
     from ..envsnap.catalog import list_snapshots
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     rows = list_snapshots(open_store_for(Settings.from_config(load_config(config, store))))
     if as_json:
@@ -156,7 +156,7 @@ def env_show(
 ) -> None:
     """Show one snapshot's ref (and with --files its entries, deletions and per-file digests)."""
     from ..envsnap import catalog
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     settings = Settings.from_config(load_config(config, store))
     st = open_store_for(settings)
@@ -187,7 +187,7 @@ def env_rm(
 ) -> None:
     """Remove snapshots: the ref, and the blob when no other ref names it."""
     from ..envsnap import catalog
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     st = open_store_for(Settings.from_config(load_config(config, store)))
     removed: list[str] = []

@@ -46,7 +46,7 @@ def gc(
     """Remove from the store what the keep policies let go, then the blobs nothing names any more."""
     from .. import gc as gclib
     from ..paths import runs_dir
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     policy = gclib.Policy(keep_days=keep_days, keep_tags=keep_tags)
     settings = load_settings(config, store)

@@ -13,7 +13,7 @@ from ..upkeep import Check, Doomed, Kept, Policy, Scan, is_digest, number, withi
 
 if TYPE_CHECKING:
     from ..settings import Settings
-    from ..store import FileInfo, Store
+    from ..store.core import FileInfo, Store
 
 
 def doctor(settings: Settings, command: Sequence[str] = ()) -> list[Check]:

@@ -33,7 +33,7 @@ from ..errors import BootseerError
 if TYPE_CHECKING:
     from docker.models.containers import Container
 
-    from ..store import Store
+    from ..store.core import Store
 
 STAGE = "/bootseer/staging"  # the container's own store (file://), inside its filesystem only
 STAGE_DOMAIN = "prewarm"

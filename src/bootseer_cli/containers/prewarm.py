@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from ..keys import Keys
     from ..settings import Settings
-    from ..store import Store
+    from ..store.core import Store
 
 WORKDIR = "/bootseer/work"  # where the config and the setup's files are copied in the container
 # Host variables handed to the containers: bootseer's own settings, never the store's (its URI and
@@ -171,7 +171,7 @@ def prewarm(
     host_network: bool = False,
 ) -> Published:
     """The whole CI pre-warm of one image; raises BootseerError with the failing step's exit code."""
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     environ = dict(os.environ) if environ is None else environ
     say = echo or (lambda line: print(line, file=sys.stderr, flush=True))

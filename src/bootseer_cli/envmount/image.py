@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BootseerError
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
 
 FIELD = "fs_image"
 FORMAT = "squashfs-zstd"

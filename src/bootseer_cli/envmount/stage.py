@@ -30,7 +30,7 @@ from ..errors import BootseerError, StageFatal
 if TYPE_CHECKING:
     from ..agent import Agent
     from ..stage import StageContext, StageResult
-    from ..store import Store
+    from ..store.core import Store
     from .runs import RunMounts
 
 

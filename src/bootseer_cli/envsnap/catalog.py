@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BootseerError
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store.core import Store
 
 REF_KIND = "env"  # refs/env/<env_key>.json
 FORMAT = 1  # the ref's "format": a restore refuses a ref of any other

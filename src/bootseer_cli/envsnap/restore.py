@@ -22,9 +22,9 @@ from .manifest import under
 from .stamp import StampDraft, remove_stamp, switch_deletions, write_drafted_stamp
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
     from ..settings import P2PSettings
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
 
 
 @dataclass

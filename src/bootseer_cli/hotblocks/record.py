@@ -22,9 +22,9 @@ from ..errors import IntegrityError
 from .pagecache import PAGE_SIZE, FileInfo, parallel_map, resident_runs, walk_files
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
     from ..settings import P2PSettings
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
 
 FORMAT = 1
 META_KEY = b"bootseer.hot"

@@ -40,7 +40,7 @@ from ..safeopen import read_capped
 
 if TYPE_CHECKING:
     from ..settings import P2PSettings
-    from ..store import Store
+    from ..store.core import Store
 
 LABEL = b"bootseer p2p swarm secret v1\0"
 SALT_FIELD = b"x-bootseer-swarm"

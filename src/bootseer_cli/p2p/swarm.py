@@ -33,8 +33,8 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     import libtorrent as lt
 
-    from ..store import Store
-    from ..storeguard import Ranged
+    from ..store.core import Store
+    from ..store.guard import Ranged
 
 MiB = 1 << 20
 
@@ -320,11 +320,11 @@ class StoreFeeder(threading.Thread):
         """Piece `i` from the store. Runs of pieces in order are read ahead in one ranged request of up
         to READ_AHEAD bytes (a request per piece left the link idle between requests); a piece out of
         order is one ranged read."""
-        from ..store import blob_path
+        from ..store.core import blob_path
 
         if i in self._ahead:
             return self._ahead.pop(i)
-        if self._random is None:  # each call into the store has storeguard's deadline: a store may stall
+        if self._random is None:  # each call into the store has store.guard's deadline: a store may stall
             self._random = self.store.open_ranged(blob_path(self.digest), f"blob {self.digest[:12]}")
         plen, n = ti.piece_length(), ti.num_pieces()
         run = [i]

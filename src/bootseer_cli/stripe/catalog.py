@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlparse, urlunparse
 
 from ..errors import IntegrityError, StoreError
-from ..store import Store, blob_path
+from ..store.core import Store, blob_path
 from .layout import LATEST, MANIFEST, Manifest, check_name, ckpt_prefix, latest_rel, manifest_rel
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..digests import CHUNK, sha256_file
 from ..errors import BootseerError, ConfigError, IntegrityError, StoreError
-from ..store import Store, blob_path
+from ..store.core import Store, blob_path
 from .catalog import public_uri, write_latest
 from .layout import (
     MAX_CELL,

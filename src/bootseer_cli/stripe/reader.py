@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import IntegrityError, StoreError
-from ..store import blob_path
-from ..storeguard import STALL_S, Breaker, Ranged
+from ..store.core import blob_path
+from ..store.guard import STALL_S, Breaker, Ranged
 from .layout import FileEntry, Manifest
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store.core import Store
     from .catalog import Targets
 
 

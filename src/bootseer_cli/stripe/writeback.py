@@ -42,7 +42,7 @@ from .push import Origin
 
 if TYPE_CHECKING:
     from ..settings import CheckpointSettings
-    from ..store import Store
+    from ..store.core import Store
     from .push import Progress
 
 JOURNAL_VERSION = 1
@@ -274,7 +274,7 @@ def _push(
     lower: Any,
     progress: Progress | None,
 ) -> Manifest:
-    from ..store import Store as _Store
+    from ..store.core import Store as _Store
     from .push import push_files
 
     return push_files(

@@ -12,7 +12,7 @@ listings, deletes, small writes such as a run's events: `StoreFS.meta`). Blob tr
 long timeout and are not guarded: their readers own their retries (the stripe reader rides out a
 link cut of seconds).
 
-- **Short timeouts** (`META_*`, applied in `storefs`). On S3 the small requests go through a second
+- **Short timeouts** (`META_*`, applied in `fs`). On S3 the small requests go through a second
   client whose requests give up after `META_REQUEST_S` without a byte and `META_CONNECT_S` to connect,
   in `META_ATTEMPTS` attempts, so the first contact with a silent store ends in ~20 s. A URI that sets
   `request_timeout` or `connect_timeout` itself gets those for both clients.
