@@ -403,7 +403,7 @@ def unnamed_file(size: int) -> tuple[Path, int]:
     filesystem with room for `size` bytes: nothing of it outlives this process, however it ends."""
     import tempfile
 
-    from .envsnap.plan import NoSpace
+    from .errors import NoSpace
     from .nodedirs import FULL_BELOW_BYTES
     from .units import fmt_bytes
 

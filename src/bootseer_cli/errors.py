@@ -45,6 +45,11 @@ class BlobMissing(StoreError):
     something replaces it, so a stage that can make a new one (a hot-block record) does."""
 
 
+class NoSpace(BootseerError):
+    """The filesystem under a root (or every temporary directory) has too little free space for the
+    snapshot (nothing was written). Here rather than in envsnap, since delivery raises it too."""
+
+
 class StageFatal(BootseerError):
     """A stage failure that must stop the start (the user's own setup command failed)."""
 

@@ -66,7 +66,7 @@ class StoreSettings:
     )  # fmt: skip
 
     def trust_domain(self) -> str:
-        from .trust import default_domain
+        from .domains import default_domain
 
         return self.domain or default_domain()
 
