@@ -163,7 +163,7 @@ def _agent_alive(run_dir: Path) -> bool:
 
 def _runs(runs_root: Path, policy: Policy) -> list[Doomed]:
     """This node's run directories older than keep_days whose agent has ended."""
-    out = []
+    out: list[Doomed] = []
     if not runs_root.is_dir():
         return out
     for d in sorted(runs_root.iterdir()):

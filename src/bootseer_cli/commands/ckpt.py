@@ -235,7 +235,8 @@ def mount(
     check_mountable(mp, hide_files=hide)
     allow_other = settings.checkpoint.allow_other
     if foreground:
-        spec = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri_with_credentials(), "targets": targets}
+        spec: dict[str, object] = {"manifest": m.to_doc(), "mountpoint": mp, "store_uri": st.uri_with_credentials()}
+        spec["targets"] = targets
         spec.update(options=_options(memory, threads), allow_other=allow_other)
         raise typer.Exit(serve(spec))
     pid = mount_detached(

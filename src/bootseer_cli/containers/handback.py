@@ -181,7 +181,8 @@ def blobs_of(doc: dict[str, Any], what: str) -> list[str]:
     it (the hashes of requirement files an env ref keeps as its inputs) name no blob."""
     from ..digests import is_digest
 
-    chain = doc.get("chain") if isinstance(doc.get("chain"), list) else []
+    chain = doc.get("chain")
+    chain = chain if isinstance(chain, list) else []
     out = [d.get("blob") if isinstance(d, dict) else None for d in chain] + [doc.get("blob")]
     if not all(is_digest(d) for d in out):
         raise BootseerError(f"{what} names a blob that is not a sha256 digest")

@@ -430,7 +430,7 @@ class ArchiveWriter:
         start = self._sink.offset
         raw = len(header) + size + (-size % BLOCK)
         cctx = self._big_compressor(raw)
-        with cctx.stream_writer(self._sink, size=raw, closefd=False) as w:
+        with cctx.stream_writer(self._sink, size=raw, closefd=False) as w:  # type: ignore[arg-type]  # it writes only
             w.write(header)
             # one buffer read into again and again: a fresh 8 MiB bytes per read cost 2,048 page
             # faults each (zstd has consumed the input when `write` returns, so reuse is safe)

@@ -380,18 +380,18 @@ def _write_segments(
                 jobs: list[tuple[Path | None, int]] = [(None, 1)] * min(workers, len(pieces))
                 if big and not early_started:  # whose zstd uses every core (a 434 MB libtorch_cpu.so)
                     jobs.append((late, os.cpu_count() or 1))
-                for part, threads in jobs:
+                for job_part, threads in jobs:
                     r, wfd = os.pipe()
                     pid = os.fork()
                     if pid == 0:  # pragma: no cover - runs in the child
                         gc.disable()
                         os.close(r)
-                        if part is None:
+                        if job_part is None:
                             _segment_child(parts, pieces, queue_r, after, links, wfd, w.roots)
                         else:
-                            _large_child(part, big, after, links, threads, wfd, w.roots)
+                            _large_child(job_part, big, after, links, threads, wfd, w.roots)
                     os.close(wfd)
-                    app.watch(pid, r, part)
+                    app.watch(pid, r, job_part)
             finally:
                 gc.unfreeze()
         finally:

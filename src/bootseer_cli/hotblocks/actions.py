@@ -70,7 +70,7 @@ def record_command(
             proc.pid,
             run.run_dir / "ready",
             alive=lambda: proc.poll() is None,
-            sleep=lambda s: bool(time.sleep(s)),
+            sleep=_sleep,
             started=started,
         )
         mapped = sampler.finish() if sampler is not None else None  # before the queue's opens (agent_tasks)
@@ -241,3 +241,9 @@ def _read_status(settings: Settings, which: str, image_key: str, record: str) ->
 
     store = open_store_for(settings)
     return read_empty(store, image_key) if which == "empty" else read_verdict(store, image_key, record)
+
+
+def _sleep(seconds: float) -> bool:
+    """`wait_ready`'s sleep: False, never stopped early."""
+    time.sleep(seconds)
+    return False

@@ -392,7 +392,7 @@ def _check_torrent(torrent: bytes, digest: str) -> None:
     import libtorrent as lt
 
     try:
-        ti = lt.torrent_info(lt.bdecode(torrent))
+        ti = lt.torrent_info(lt.bdecode(torrent))  # type: ignore[arg-type]  # the bindings take the dictionary
     except (RuntimeError, TypeError) as e:  # libtorrent: a bad bencoding / not a torrent dictionary
         raise NoSwarm(f"the blob's torrent is unreadable: {e}") from None
     if ti.num_files() != 1 or ti.name() != digest:

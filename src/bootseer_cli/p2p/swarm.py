@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from ..store.core import Store
     from ..store.guard import Ranged
+    from .remote import RemoteHandle, TorrentMeta
 
 MiB = 1 << 20
 
@@ -143,7 +144,7 @@ class Swarm:
 
         self.lt = lt
         lo, hi = parse_ports(ports)
-        self.session = lt.session(session_settings(listen_host, lo, hi))
+        self.session = lt.session(session_settings(listen_host, lo, hi))  # type: ignore[call-overload]  # a dict does
         self.announce_host = announce_host or listen_host
         self.lock = threading.Lock()
         self.hash_failures: dict[str, int] = {}  # per info-hash (hex)
@@ -294,7 +295,7 @@ class StoreFeeder(threading.Thread):
 
     def __init__(
         self,
-        handle: lt.torrent_handle,
+        handle: lt.torrent_handle | RemoteHandle,
         store: Store,
         digest: str,
         shuffle: bool,
@@ -315,8 +316,9 @@ class StoreFeeder(threading.Thread):
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.done = False
+        self._random: Ranged | None = None  # the blob in the store, opened on the first read
 
-    def _read(self, ti: lt.torrent_info, i: int, ahead: bool = True) -> bytes:
+    def _read(self, ti: lt.torrent_info | TorrentMeta, i: int, ahead: bool = True) -> bytes:
         """Piece `i` from the store. Runs of pieces in order are read ahead in one ranged request of up
         to READ_AHEAD bytes (a request per piece left the link idle between requests); a piece out of
         order is one ranged read."""
@@ -351,11 +353,11 @@ class StoreFeeder(threading.Thread):
             pos += size
         return self._ahead.pop(i)
 
-    def _add(self, ti: lt.torrent_info, i: int, flags: int) -> None:
+    def _add(self, ti: lt.torrent_info | TorrentMeta, i: int, flags: int) -> None:
         # Under a rate cap, piece by piece: the cap paces the requests (read-ahead would make it bursty).
         self.handle.add_piece(i, self._read(ti, i, ahead=not flags and self.mbps <= 0), flags)
 
-    def _settle(self, ti: lt.torrent_info, pending: dict[int, float]) -> None:
+    def _settle(self, ti: lt.torrent_info | TorrentMeta, pending: dict[int, float]) -> None:
         """Drop the pieces libtorrent now has; hand again, overwriting, any that did not stick (e.g. its
         blocks were mixed with a corrupt peer's and the piece failed its check). One status query per
         round: every call into libtorrent waits for its network thread, which is busy serving peers."""
@@ -370,11 +372,12 @@ class StoreFeeder(threading.Thread):
             self.stop.wait(0.02)
 
     def run(self) -> None:
-        self._random: Ranged | None = None  # the blob in the store, opened on the first read
+        self._random = None
         self._ahead: dict[int, bytes] = {}
         self._next_in_order: dict[int, int] = {}
         try:
             ti = self.handle.torrent_file()
+            assert ti is not None  # added with its torrent_info (or the helper's TorrentMeta)
             n = ti.num_pieces()
             if self.segments is None:
                 order = list(range(n))

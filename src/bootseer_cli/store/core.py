@@ -447,7 +447,10 @@ class Store(StoreFS):
         (an expired lease may be in the middle of being taken over, so it is not ours to touch)."""
         current = self.read_lease(lease.key)
         return (
-            bool(current) and current.get("owner") == lease.owner and float(current.get("expires") or 0) > time.time()
+            current is not None
+            and bool(current)
+            and current.get("owner") == lease.owner
+            and float(current.get("expires") or 0) > time.time()
         )
 
     def renew_lease(self, lease: Lease, ttl_s: float) -> bool:

@@ -9,6 +9,7 @@ every reader of a blob verifies its digest and refs are written last, a partial 
 
 from __future__ import annotations
 
+import builtins  # `list` is a method of StoreFS: annotations below it name the type so
 import contextlib
 import errno
 from collections.abc import Iterator
@@ -130,7 +131,7 @@ class StoreFS:
         that never answers costs a start ~20 s once, not the transfers' long timeout per request."""
         if self._meta is None:
             self._meta = Guarded(self._meta_fs if self._meta_fs is not None else self.fs, self.breaker)
-        return self._meta  # type: ignore[return-value]
+        return self._meta
 
     def uri_with_credentials(self) -> str:
         """The full URI, secret included: only for a child's environment or a 0600 file, never argv or text."""
@@ -312,7 +313,7 @@ class StoreFS:
         """Relative paths of the files under `prefix` (empty when it does not exist)."""
         return sorted(self._rel(i.path) for i in self._file_infos(prefix, recursive))
 
-    def list_info(self, prefix: str) -> list[StoredFile]:
+    def list_info(self, prefix: str) -> builtins.list[StoredFile]:
         """The files under `prefix`, recursively, with size and modification time (temporaries left out)."""
         return sorted(
             (
@@ -322,13 +323,13 @@ class StoreFS:
             key=lambda f: f.rel,
         )
 
-    def parquet_dataset(self, rels: list[str], schema: pa.Schema | None = None) -> pads.Dataset:
+    def parquet_dataset(self, rels: builtins.list[str], schema: pa.Schema | None = None) -> pads.Dataset:
         """One pyarrow dataset over the Parquet files `rels` (pyarrow reads them on its own threads)."""
         import pyarrow.dataset as ds
 
         return ds.dataset([self.path(r) for r in rels], format="parquet", filesystem=self.fs, schema=schema)
 
-    def top_level(self) -> list[str]:
+    def top_level(self) -> builtins.list[str]:
         """The directories at the top of the store, outside any domain (the domains and `blobs`)."""
         import pyarrow.fs as pafs
 
@@ -339,7 +340,7 @@ class StoreFS:
             raise StoreError(f"store {self.uri}: cannot list its top level: {e}") from None
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 
-    def list_dirs(self, prefix: str) -> list[str]:
+    def list_dirs(self, prefix: str) -> builtins.list[str]:
         import pyarrow.fs as pafs
 
         sel = pafs.FileSelector(self.path(prefix), allow_not_found=True)

@@ -183,9 +183,9 @@ def remove(store: Store, name: str, tag: str, configured_targets: list[str] | No
                     still.add((s.target, s.digest))
     targets = Targets(store, configured_targets)
     deleted = 0
-    for s in {(s.target, s.digest) for s in m.stripes} - still:
+    for target, digest in {(s.target, s.digest) for s in m.stripes} - still:
         try:
-            targets.get(s[0]).delete(blob_path(s[1]))
+            targets.get(target).delete(blob_path(digest))
             deleted += 1
         except (StoreError, OSError):
             pass  # an unreachable target keeps an orphan stripe; the manifest is already gone
