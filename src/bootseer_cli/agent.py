@@ -193,7 +193,7 @@ def _start_task(agent: Agent, doc: dict[str, Any]) -> tuple[threading.Thread, bo
     return t, bool(getattr(spec, "finish", False))
 
 
-def _run_task(agent: Agent, decl: AgentTask, spec: Any) -> None:
+def _run_task(agent: Agent, decl: AgentTask, spec: object) -> None:
     """One task in its thread: whatever it raises is logged, so the other tasks and the agent go on."""
     try:
         resolve(decl.handler)(spec, agent)
@@ -233,7 +233,7 @@ def main(run_dir: Path) -> int:
     agent.log(f"agent for launcher pid {agent.launcher_pid}, run {agent.run.run}")
     _write_pid(run_dir)
 
-    def _on_term(signum: int, _frame: Any) -> None:
+    def _on_term(signum: int, _frame: object) -> None:
         agent.stopping.set()
 
     signal.signal(signal.SIGTERM, _on_term)

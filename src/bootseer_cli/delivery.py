@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import BootseerError, IntegrityError
 
 if TYPE_CHECKING:
+    import hashlib
+
     from .p2p.seed import SeedTask
     from .settings import P2PSettings
     from .store.cache import BlobCache
@@ -151,7 +153,7 @@ class DigestMismatch(IntegrityError):
     """The blob read during a streamed restore does not match its digest (the tree was undone)."""
 
 
-def _hash_fd(h: Any, fd: int) -> None:
+def _hash_fd(h: hashlib._Hash, fd: int) -> None:
     """Feed the whole file at `fd` to `h`: through a read-only mapping (no copy of the blob into a
     buffer: ~45 ms of CPU for a 200 MB blob), or by reads where the file cannot be mapped."""
     import mmap

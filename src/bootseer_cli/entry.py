@@ -68,7 +68,8 @@ def _main() -> None:
 
         parsed = run_guarded(lambda: parse_exec(argv[1:]))  # an unknown option: exit 2 here
         if parsed is not None:
-            run_guarded(lambda: run_exec(*parsed))
+            options, command = parsed
+            run_guarded(lambda: run_exec(options, command))
             return
     if argv[:2] == ["agent", "--run-dir"] and len(argv) == 3:
         # the agent `exec` starts (launch.py): a recording start waits for it to read the opens (hotblocks)

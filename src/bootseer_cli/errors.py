@@ -9,7 +9,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 
 class BootseerError(Exception):
@@ -87,7 +89,7 @@ def _say_deferred(signum: int, frame: object) -> None:
     os.write(2, DEFERRED_LINE.encode() + b"\n")
 
 
-def run_guarded(fn: Callable[[], Any]) -> Any:
+def run_guarded(fn: Callable[[], _T]) -> _T:
     """Run a CLI body: a BootseerError becomes one line on stderr and its exit code, never a traceback;
     Ctrl-C exits 130 within a second, even while a store client blocks in C (`_watch_interrupts`)."""
     _watch_interrupts()

@@ -36,6 +36,7 @@ from .upkeep import DAY_S, KEEP_EVERYTHING, Doomed, Kept, Policy, Scan, is_diges
 
 if TYPE_CHECKING:
     from .store.core import Store
+    from .stripe.catalog import Targets
 
 # The longest a lease document may hold gc back since it was last written: leases are renewed every
 # third of their TTL (60 s for an env build, 30 s for a download), so a live one is always younger.
@@ -192,7 +193,7 @@ def plan(store: Store, policy: Policy, runs_root: Path | None = None) -> Plan:
     return Plan(doomed, scan.held, kept, scan.kept_refs)
 
 
-def _delete(store: Store, d: Doomed, targets: Any) -> None:
+def _delete(store: Store, d: Doomed, targets: Targets) -> None:
     if d.local:
         shutil.rmtree(d.local, ignore_errors=True)
         return

@@ -1,8 +1,8 @@
 """The shape of the code (issues 24 and 47): no import circle, even through imports inside functions or
 under `TYPE_CHECKING` (a circle that only the type checker sees is still two modules that need each
 other); the modules on floors, each importing only from its own floor or below, with at most one known
-arrow back up; no module over 600 lines; few `: Any` annotations. Read from the source with `ast`, so
-nothing is imported."""
+arrow back up; no module over 600 lines; at most ten `: Any` and `-> Any` annotations. Read from the
+source with `ast`, so nothing is imported."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src"
 PKG = "bootseer_cli"
 MAX_LINES = 600
-MAX_ANY = 30
+MAX_ANY = 10  # `: Any` and `-> Any` together (issue 47): what is dynamic (a resolved target, a proxy)
 
 # The floors, lowest first, by top-level module or package (`store` is the whole store/ package). A
 # module imports from its own floor or below; a new module needs a floor here (DESIGN.md section 9).
@@ -166,6 +166,14 @@ def test_no_module_over_600_lines() -> None:
     assert {n: k for n, k in long.items() if k > MAX_LINES} == {}
 
 
+def _any_annotations(text: str) -> int:
+    return len(re.findall(r"(?::|->)\s*Any\b", text))
+
+
 def test_few_any_annotations() -> None:
-    count = sum(len(re.findall(r":\s*Any\b", p.read_text())) for p in _modules().values())
-    assert count < MAX_ANY, f"{count} `: Any` annotations (type what is known)"
+    count = sum(_any_annotations(p.read_text()) for p in _modules().values())
+    assert count <= MAX_ANY, f"{count} `: Any` and `-> Any` annotations (type what is known, or `object`)"
+
+
+def test_the_count_sees_both_kinds() -> None:
+    assert _any_annotations("def f(x: Any, y: dict[str, Any]) -> Any:\n    z:Any = x\n") == 3

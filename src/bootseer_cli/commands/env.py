@@ -116,13 +116,13 @@ _SIZE_LABELS = {"size": "compressed", "bytes": "unpacked"}
 _TIMES = ("created", "used")
 
 
-def _show_value(k: str, v: Any) -> str:
+def _show_value(k: str, v: object) -> str:
     """One field of a ref as `env show` prints it (the JSON form keeps the raw values)."""
-    number = isinstance(v, int | float) and not isinstance(v, bool)
-    if k in _SIZE_LABELS and number:
-        return f"{fmt_bytes(float(v))} {_SIZE_LABELS[k]}"
-    if k in _TIMES and number:
-        return f"{fmt_time(float(v))} ({fmt_age(float(v))} ago)"
+    number = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    if k in _SIZE_LABELS and number is not None:
+        return f"{fmt_bytes(number)} {_SIZE_LABELS[k]}"
+    if k in _TIMES and number is not None:
+        return f"{fmt_time(number)} ({fmt_age(number)} ago)"
     if isinstance(v, list | tuple):
         return ", ".join(str(x) for x in v) if v else "(none)"
     if isinstance(v, dict):

@@ -40,6 +40,7 @@ from .handback import STAGE_DOMAIN, Handback, stage_uri
 
 if TYPE_CHECKING:
     from docker import DockerClient
+    from docker.models.containers import Container
 
     from ..keys import Keys
     from ..settings import Settings
@@ -338,9 +339,16 @@ class _Runner:
                 res.exit_code or 1,
             ) from None
 
-    def _run(self, step: str, command: list[str], echo: bool = True, **io: Any) -> RunResult:
+    def _run(
+        self,
+        step: str,
+        command: list[str],
+        echo: bool = True,
+        seed: Path | None = None,
+        after: Callable[[Container], None] | None = None,
+    ) -> RunResult:
         try:
-            return self._start(step, command, echo, **io)
+            return self._start(step, command, echo, seed, after)
         except BootseerError as e:
             if e.exit_code == 127 and command[0] == "bootseer":
                 raise BootseerError(
@@ -350,7 +358,14 @@ class _Runner:
                 ) from None
             raise
 
-    def _start(self, step: str, command: list[str], echo: bool, **io: Any) -> RunResult:
+    def _start(
+        self,
+        step: str,
+        command: list[str],
+        echo: bool,
+        seed: Path | None,
+        after: Callable[[Container], None] | None,
+    ) -> RunResult:
         return run_container(
             self.client,
             self.image.pinned,
@@ -361,5 +376,6 @@ class _Runner:
             working_dir=WORKDIR,
             name_hint=step,
             echo=(lambda line: self.say(f"  {line}")) if echo else None,
-            **io,
+            seed=seed,
+            after=after,
         )

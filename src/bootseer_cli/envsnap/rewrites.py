@@ -39,6 +39,7 @@ from .manifest import FILE, Entry, Manifest, open_regular
 if TYPE_CHECKING:
     from ..store.cache import BlobCache
     from ..store.core import Store
+    from .reader import Reader
 
 PYC_STAMP = slice(8, 12)  # a timestamp-based pyc's source mtime (PEP 552: flags 0)
 PYC_MAX = 8 << 20
@@ -241,7 +242,7 @@ def _pyc_source(pyc: str) -> str | None:
 class _Reads:
     """A `reader.Reader` over a decompressor's stream (whose `read` may return less than asked)."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Reader) -> None:
         self.s = stream
 
     def read(self, n: int) -> bytes:

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
@@ -268,7 +269,7 @@ class Swarm:
             del session  # the session's destructor closes its sockets and files
 
 
-def _port_taken(lt: Any, alert: Any) -> bool:
+def _port_taken(lt: ModuleType, alert: object) -> bool:
     """A TCP listener that failed because another socket holds its port (a `listen_failed_alert`)."""
     return (
         isinstance(alert, lt.listen_failed_alert)

@@ -45,7 +45,10 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 T = TypeVar("T")
 
@@ -108,7 +111,7 @@ class Guarded:
     """A pyarrow filesystem whose every method call passes `breaker` first and trips it on failure.
     Attributes that are not methods (`type_name`, `region`) are read through unchanged."""
 
-    def __init__(self, fs: Any, breaker: Breaker) -> None:
+    def __init__(self, fs: pafs.FileSystem, breaker: Breaker) -> None:
         self._fs = fs
         self._breaker = breaker
 
@@ -121,7 +124,7 @@ class Guarded:
     def _call(self, method: Callable[..., Any]) -> Callable[..., Any]:
         breaker = self._breaker
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: object, **kwargs: object) -> Any:
             breaker.check()
             try:
                 return method(*args, **kwargs)
