@@ -348,7 +348,7 @@ class _Runner:
         after: Callable[[Container], None] | None = None,
     ) -> RunResult:
         try:
-            return self._start(step, command, echo, seed, after)
+            return self._start(step, command, echo, seed=seed, after=after)
         except BootseerError as e:
             if e.exit_code == 127 and command[0] == "bootseer":
                 raise BootseerError(
@@ -363,6 +363,7 @@ class _Runner:
         step: str,
         command: list[str],
         echo: bool,
+        *,
         seed: Path | None,
         after: Callable[[Container], None] | None,
     ) -> RunResult:
