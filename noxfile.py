@@ -1,11 +1,12 @@
-"""Sessions: `nox -s tests` (the whole suite), `nox -s lint`, `nox -s tests_lowest` (the CLI at the lowest
-typer pyproject.toml allows), `nox -s bench` (benchmarks, on demand)."""
+"""Sessions: `nox -s tests` (the whole suite), `nox -s lint`, `nox -s docs` (the docs site, built strictly, and the
+generated references checked), `nox -s tests_lowest` (the CLI at the lowest typer pyproject.toml allows),
+`nox -s bench` (benchmarks, on demand)."""
 
 from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests_lowest", "tests"]  # tests_lowest: ~40 s from scratch; the suite last
+nox.options.sessions = ["lint", "docs", "tests_lowest", "tests"]  # tests_lowest: ~40 s from scratch; the suite last
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -52,6 +53,20 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", "src", "tests", "noxfile.py")
     session.install("-e", ".", "mypy>=1.13,<2")
     session.run("mypy")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The docs site (MkDocs with Material, mkdocs.yml) built with --strict into a temporary folder: a broken
+    link, a page missing from the nav or a bad anchor fails it. Then the generated references
+    (docs/reference/, templates/bootseer.toml) are checked against the code they are made from."""
+    import tempfile
+
+    session.install("-e", ".")
+    session.install("mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10")
+    session.run("python", "-m", "bootseer_cli.reference", "--check")
+    with tempfile.TemporaryDirectory(prefix="bootseer-site-") as site:
+        session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session

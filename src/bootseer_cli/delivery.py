@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import BootseerError, IntegrityError
+from .errors import BootseerError, IntegrityError, fork_deaf_to_interrupts
 
 if TYPE_CHECKING:
     import hashlib
@@ -202,7 +202,7 @@ class Verifier:
 
         h = hashlib.sha256()  # made here, so the child takes no lock another thread of this one may hold
         r, w = os.pipe()
-        pid = os.fork()
+        pid = fork_deaf_to_interrupts()
         if pid == 0:  # pragma: no cover - runs in the child
             code = 0
             try:

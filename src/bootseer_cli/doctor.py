@@ -112,6 +112,17 @@ def check_docker() -> Check:
 
 
 def _no_docker(sock: str, e: Exception) -> Check:
+    """Why no engine answered: a socket this user may not open is not a missing engine (a plain user
+    outside the docker group was told to start a dockerd that was running)."""
+    path = sock.removeprefix("unix://") if sock.startswith("unix://") else ""
+    if path and os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+        return Check(
+            "docker",
+            "warn",
+            f"the Docker engine's socket {path} refuses this user (permission denied)",
+            "add the user to the socket's group (usually `docker`), or run prewarm as root "
+            "(only `bootseer prewarm` needs the engine)",
+        )
     return Check(
         "docker",
         "warn",

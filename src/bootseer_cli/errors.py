@@ -85,6 +85,25 @@ def interrupts_deferred() -> Iterator[None]:
             signal.signal(signal.SIGINT, old)
 
 
+def fork_deaf_to_interrupts() -> int:
+    """`os.fork()`, the child ignoring SIGINT: for a worker whose parent alone answers Ctrl-C.
+
+    Ctrl-C reaches the whole process group. A forked worker (a restore's writers, a digest) that acted
+    on it would end as a failure before its parent heard of the interrupt: the parent then reported an
+    error and put the tree back without a word (CI, `test_interrupt`). The parent is interrupted and
+    stops its workers itself. SIGINT is blocked across the fork, so none lands in the child before it
+    ignores it (setting SIG_IGN discards one already pending; one for the parent is delivered once it
+    is unblocked)."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return pid
+
+
 def _say_deferred(signum: int, frame: object) -> None:
     os.write(2, DEFERRED_LINE.encode() + b"\n")
 

@@ -50,6 +50,9 @@ def execute(settings: Settings, command: list[str], skip: set[str] | None = None
     run = RunInfo.new(command)
     ctx = StageContext(settings=settings, run=run, command=command, quiet=quiet)
     results = run_stages(ctx, skip)
+    from .unverified import say
+
+    say()  # the refs the stages refused for want of a signature: one line, before the summary
     if not quiet:
         print(summary_line(results, time.time() - t0), file=sys.stderr, flush=True)
     env = _launcher_environ(ctx)

@@ -89,9 +89,13 @@ class ExecSettings:
 class TrustSettings:
     read_from: tuple[str, ...] = strings((), "Other domains whose signed refs this job uses (e.g. CI's prewarm).")
     signing_key: Path | None = location(
-        None, "Private key that signs what this node publishes (bootseer trust keygen)."
+        None,
+        "Private key (0600, `bootseer trust keygen`) that signs what this process publishes: set it only where the "
+        "domain's signer runs (CI's pre-warm, a site publisher), never on a node that runs jobs or the Slurm prolog.",
     )
-    verify_keys: tuple[str, ...] = strings((), "Public key files trusted, each for the domain it names.")
+    verify_keys: tuple[str, ...] = strings(
+        (), "Public key files (the .pub of `bootseer trust keygen`) trusted, each for the domain it names."
+    )
     verify: str | None = text(
         None, "'required': refuse unsigned refs; 'off': trust the store (unset: required when keys are set).",
         choices=("required", "off"),
@@ -124,15 +128,24 @@ class ImageSettings:
     ref: str | None = text(
         None, "The image, pinned by digest (unset: asked of the engine, else a fingerprint).", env=("BOOTSEER_IMAGE",)
     )
-    roots: tuple[str, ...] | None = strings(None, "Trees whose reads are recorded (unset: the interpreter's).")
-    record: str = text("auto", "When to record the hot blocks.", choices=("auto", "always", "never"))
+    roots: tuple[str, ...] | None = strings(
+        None, "Trees whose reads are recorded (unset: the interpreter's prefixes, /lib*, /usr/lib*, CUDA)."
+    )
+    record: str = text(
+        "auto",
+        "When to record: 'auto' when there is no usable record, 'always' every start, 'never' (replay only).",
+        choices=("auto", "always", "never"),
+    )
     replay: str = text(
         "auto",
         "When to replay ('auto': not where the tree drops pages at open and its loader keeps no cache).",
         choices=("auto", "always", "never"),
     )
     ready: str | float = seconds_or(
-        "quiet", "When a start is over: a ready() call, quiet reads, or seconds.", choices=("call", "quiet")
+        "quiet",
+        "When a start is over: 'call' (bootseer_cli.ready(), else the first optimizer step), 'quiet' (the launcher's "
+        "memory stops growing), or seconds.",
+        choices=("call", "quiet"),
     )
     prefetch_threads: int = integer(64, "Streams at most for the replay.", minimum=1)
     prefetch_mbps: float = number(0.0, "Cap on the background replay (0: none).", unit="MB/s")
@@ -163,7 +176,9 @@ class ImageSettings:
 class EnvSettings:
     setup: tuple[str, ...] = strings((), "The setup commands (pip install -r ...): what a snapshot captures.")
     files: tuple[str, ...] = strings((), "Files whose bytes are part of the env key, besides those the setup names.")
-    roots: tuple[str, ...] | None = strings(None, "Trees the setup writes into (unset: the interpreter's prefix).")
+    roots: tuple[str, ...] | None = strings(
+        None, "Trees the setup writes into (unset: the prefix of the interpreter bootseer runs in)."
+    )
     extra_roots: tuple[str, ...] = strings((), "More trees to capture (compile caches, torch extensions).")
     key_env: tuple[str, ...] = strings((), "Environment variables whose values are part of the env key.")
     wait_s: float = number(600.0, "How long a node waits for another node's build of the same env.", unit="s")
@@ -220,7 +235,14 @@ class CheckpointSettings:
     tag: str = text("latest", "Its tag.", pattern=r".+")
     mountpoint: str = field(
         default_factory=default_mountpoint,
-        metadata={"setting": Meta("path", "Where it is mounted (unset: a private per-user runtime directory).")},
+        metadata={
+            "setting": Meta(
+                "path",
+                "Where it is mounted (unset: each run its own private <runtime>/ckpt-<run id>, <runtime> being "
+                "$XDG_RUNTIME_DIR/bootseer when that is the user's and 0700, /run/bootseer/0 for root). "
+                "The launcher finds it in $BOOTSEER_CKPT_DIR.",
+            )
+        },
     )
     mode: str = text("mount", "Mount it through FUSE, or pull it to local disk.", choices=("mount", "pull"))
     targets: tuple[str, ...] = strings((), "Storage targets the stripes spread over (unset: the store).")
@@ -239,9 +261,17 @@ class P2PSettings:
         "6881-6891", "Port, or range of ports, to listen on.", pattern=r"\d{1,5}(-\d{1,5})?", example="6881-6891"
     )
     peers: tuple[str, ...] = strings((), "host:port of peers to try first.", env=("BOOTSEER_PEERS",))
-    seed_s: float = number(300.0, "How long the agent seeds after the launcher ended.", unit="s")
-    origin_mbps: float = number(0.0, "Cap on what the first node serves (0: none).", unit="MB/s")
-    deadline_s: float = number(30.0, "How long a swarm fetch may take before the store serves it.", unit="s")
+    seed_s: float = number(
+        300.0, "How long the agent seeds after the launcher started (it stops with the launcher).", unit="s"
+    )
+    origin_mbps: float = number(
+        0.0, "Cap on what one origin node reads from the store for the swarm (0: none).", unit="MB/s"
+    )
+    deadline_s: float = number(
+        30.0,
+        "No progress from the swarm for this long (no peer, dead or corrupt ones): read the rest from the store.",
+        unit="s",
+    )
     host: str | None = text(None, "Address to listen on and announce (unset: the one that routes to the store).")
     listen: str | None = text(None, "Address the listener binds (unset: the announced one).")
     key_file: Path | None = location(

@@ -97,6 +97,7 @@ def test_baseline_removes_nothing(tmp_path: Path, pkg_index: pkgindex.PackageInd
     r = bare_cli(["baseline"], nocfg, plain, (tmp_path / "store").as_uri(), tmp_path / "c0")
     assert r.returncode == 0, r.stderr
     assert tree_state(plain) == before and "remov" not in r.stderr
+    assert "stamp" not in r.stdout, r.stdout  # no stamp there: nothing to say (issue 46 finding 8)
 
     # a venv carrying A's env, plus the user's own package on top (the reported case)
     venv, site, store = carrying_a(tmp_path, pkg_index)
@@ -105,6 +106,8 @@ def test_baseline_removes_nothing(tmp_path: Path, pkg_index: pkgindex.PackageInd
     r = bare_cli(["baseline"], nocfg, venv, store, tmp_path / "c1")
     assert r.returncode == 0, r.stderr
     assert "removed" not in r.stderr and "removing" not in r.stderr, r.stderr
+    # the stamp goes (the tree is about to change), and the verb says so rather than "only recording"
+    assert "the tree's stamp was removed" in r.stdout, r.stdout
     assert tree_state(venv) == before, "baseline removed files"
     assert (site / "six.py").exists() and (site / "idna").is_dir()
 

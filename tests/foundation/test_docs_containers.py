@@ -1,5 +1,5 @@
-"""docs/containers.md says what the shipped templates do (issue 17): hooks from the wheel, FUSE in Kubernetes;
-docs/trust.md how to set up a trust domain with them (issue 25)."""
+"""The cluster pages (docs/clusters/) say what the shipped templates do (issue 17): hooks from the wheel, FUSE in
+Kubernetes; docs/trust.md how to set up a trust domain with them (issue 25)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,15 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+CLUSTERS = ROOT / "docs" / "clusters"
+
+
+def _clusters() -> str:
+    return "\n".join(p.read_text() for p in sorted(CLUSTERS.glob("*.md")))
 
 
 def test_hooks_come_from_the_wheel() -> None:
-    doc = (ROOT / "docs" / "containers.md").read_text()
+    doc = _clusters()
     assert "copy `hooks/`" not in doc and "hooks/slurm-prolog.sh" not in doc
     for hook in ("entrypoint.sh", "k8s-init.sh", "slurm-prolog.sh"):
         assert f"--template {hook}" in doc, hook
@@ -18,7 +23,7 @@ def test_hooks_come_from_the_wheel() -> None:
 
 
 def test_fuse_in_kubernetes_matches_the_template() -> None:
-    doc = re.sub(r"\s+", " ", (ROOT / "docs" / "containers.md").read_text())
+    doc = re.sub(r"\s+", " ", (CLUSTERS / "kubernetes.md").read_text())
     job = (ROOT / "src" / "bootseer_cli" / "templates" / "k8s-job.yaml").read_text()
     assert "privileged: true" not in job.replace("Never privileged: true", "")  # issue 25: no privileged pod
     assert "never sets `privileged`" in doc and "BOOTSEER_CHECKPOINT_MODE=pull" in doc
@@ -40,4 +45,4 @@ def test_trust_doc_covers_the_setup() -> None:
         assert (ROOT / "templates" / "hooks" / template).exists() or (ROOT / "templates" / template).exists()
     readme = (ROOT / "README.md").read_text()
     assert "[docs/trust.md](docs/trust.md)" in readme
-    assert "[docs/trust.md](trust.md)" not in doc and "(trust.md)" in (ROOT / "docs" / "containers.md").read_text()
+    assert "[docs/trust.md](trust.md)" not in doc and "(../trust.md)" in (CLUSTERS / "kubernetes.md").read_text()

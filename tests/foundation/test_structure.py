@@ -26,11 +26,14 @@ FLOORS: tuple[tuple[str, frozenset[str]], ...] = tuple(
             " settingspec templates capabilities domains",
         ),
         ("settings, trust and what they derive", "settings trust config keys launcher"),
-        ("the store", "store freshness"),
+        ("the store", "store freshness unverified"),
         ("services every capability uses", "events delivery p2p upkeep identity containers stage agent gc"),
         ("the capabilities", "envsnap envmount hotblocks stripe compilecache report firststep ckpt"),
-        ("the pipeline and its checks", "launch doctor"),
-        ("the front: verbs, commands, entry points, the public API", "verbs commands cli entry __main__ __init__"),
+        ("the pipeline, its checks and store-wide actions", "launch doctor resign"),
+        (
+            "the front: verbs, commands, entry points, the public API, the references generated from them",
+            "verbs commands cli entry __main__ __init__ reference",
+        ),
     )
 )
 # The arrows that run back up, and why (at most one): gc deletes a checkpoint's stripes on the targets

@@ -3,7 +3,7 @@
 It kept every relayed connection's sockets until it was stopped, and rclone's mount drops a connection
 whenever it abandons a ranged GET: within a few `import torch` runs the benchmark process was out of
 fds, accept() failed, the proxy stopped accepting, and every later request hung (the rclone "hangs" of
-docs/hotblocks.md run 7).
+docs/notes/hotblocks.md run 7).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ rclone fetched is what its cache holds afterwards (the blocks of its sparse cach
 the end of each recorded extent is a request to rclone for bytes nobody reads: `import torch`'s record
 (80 MB) made rclone fetch 117 MB, 3 MB of it readahead. The rest (gaps under 1 MiB that rclone's
 download stream reads through, responses left in flight when a stream is left) is rclone's own doing:
-docs/hotblocks.md run 12.
+docs/notes/hotblocks.md run 12.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class DelayProxy:
         """One direction of `conn` has ended; once both have, close its two sockets. They were kept until
         `stop()` before, and rclone's mount (which drops a connection whenever it abandons a ranged GET)
         ran the process out of fds within a few `import torch` runs: accept() failed, the proxy stopped
-        accepting, and every later request hung (the rclone "hangs" of docs/hotblocks.md run 7)."""
+        accepting, and every later request hung (the rclone "hangs" of docs/notes/hotblocks.md run 7)."""
         with self._lock:
             conn.ended += 1
             if conn.ended < 2:

@@ -114,8 +114,9 @@ def ls(
         typer.echo("no checkpoints" + (f" named {name}" if name else ""))
         return
     for e in rows:
-        if e.error:
-            typer.echo(f"{e.name}:{e.tag}  (unreadable: {e.error})")
+        if e.error:  # "unverified: <why>" (trust.py), else why the manifest cannot be read
+            why = e.error if e.error.startswith("unverified") else f"unreadable: {e.error}"
+            typer.echo(f"{e.name}:{e.tag}  ({why})")
             continue
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.created))
         typer.echo(f"{e.name}:{e.tag}  {fmt_bytes(e.size):>10}  {e.files} files  {e.stripes} stripes  {when} UTC")

@@ -30,7 +30,9 @@ def _warn(msg: str) -> None:
 
 
 def baseline(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """Record the state of the env roots before a setup (for `bootseer snapshot`)."""
+    """Record the state of the env roots before a setup (for `bootseer snapshot`). The tree's stamp is
+    removed, as the tree is about to change: `bootseer snapshot` stamps it again, and a start before that
+    restores the env or runs the setup. No package is removed."""
     from ..envsnap.actions import baseline_here
 
     def say(msg: str) -> None:
@@ -40,10 +42,20 @@ def baseline(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt 
 
     taken = baseline_here(Settings.from_config(load_config(config, store)), say, _warn)
     if as_json:
-        doc = {"entries": taken.entries, "roots": list(taken.roots), "carried": taken.carried or None}
+        doc = {
+            "entries": taken.entries,
+            "roots": list(taken.roots),
+            "carried": taken.carried or None,
+            "stamp_removed": taken.unstamped,
+        }
         typer.echo(json.dumps(doc, indent=2))
     else:
         typer.echo(f"baseline of {taken.entries} entries under {', '.join(taken.roots)} saved")
+        if taken.unstamped:
+            typer.echo(
+                "the tree's stamp was removed (the tree is about to change): `bootseer snapshot` stamps it "
+                "again; a start before that restores the env or runs the setup"
+            )
     if taken.carried:
         _warn(
             f"the tree carries {taken.carried}: `bootseer snapshot` will refuse to publish what the setup "
@@ -96,10 +108,16 @@ def env_ls(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = 
         return
     typer.echo(f"{'KEY':16}  {'SIZE':>9}  {'FILES':>7}  {'AGE':>5}  CREATOR")
     for r in rows:
+        if "unverified" in r:  # nothing of it is shown: a start would not use it, and its numbers are unchecked
+            typer.echo(f"{r['env_key'][:16]}  {'-':>9}  {'-':>7}  {'-':>5}  unverified: {r['unverified']}")
+            continue
         typer.echo(
             f"{r['env_key'][:16]}  {fmt_bytes(float(r.get('size') or 0)):>9}  {r.get('files', 0):>7}  "
             f"{fmt_age(float(r.get('created') or 0)):>5}  {r.get('creator', '')}"
         )
+    refused = sum("unverified" in r for r in rows)
+    if refused:
+        typer.echo(f"{count(refused, 'snapshot')} unverified: no start uses them (see bootseer trust sign)", err=True)
 
 
 def _entries_doc(settings: Settings, st: Store, ref: dict[str, Any]) -> dict[str, Any]:
@@ -161,7 +179,7 @@ def env_show(
     settings = Settings.from_config(load_config(config, store))
     st = open_store_for(settings)
     full = catalog.match_key(st, key)
-    ref = catalog.read(st, full)
+    ref = catalog.shown(st, full)
     doc: dict[str, Any] = {"env_key": full, **ref}
     if isinstance(ref.get("chain"), list):
         from ..envsnap.chain import layer_sizes

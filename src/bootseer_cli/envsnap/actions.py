@@ -35,6 +35,7 @@ class BaselineTaken:
     entries: int
     roots: tuple[str, ...]
     carried: str = ""  # the env bootseer put in the tree before ("" when none): a snapshot will refuse
+    unstamped: bool = False  # the tree's stamp was removed: it is about to change (see `baseline_here`)
 
 
 @dataclass(frozen=True)
@@ -74,24 +75,29 @@ def baseline_here(settings: Settings, say: Say, warn: Say) -> BaselineTaken:
     fingerprint, and fresh nodes (which compute the key before their setup) must find the snapshot
     under this one. An interrupted restore of the tree is put back first, so it is not recorded.
 
-    Nothing is removed: the packages in the tree are the user's (even those bootseer restored, once
+    No package is removed: the packages in the tree are the user's (even those bootseer restored, once
     the user works in the tree by hand). When the tree carries an env bootseer restored or set up,
-    the baseline says so, and `snapshot_here` refuses to publish what would be only an increment."""
+    the baseline says so, and `snapshot_here` refuses to publish what would be only an increment.
+
+    The tree's stamp is removed, and the caller says so: the stamp vouches only for the files the env
+    wrote, so a package installed by hand after the baseline would go unseen by a start that trusts
+    it, and run as if it were the env. `snapshot_here` stamps the tree again."""
     from ..identity import keys_for
     from . import manifest
     from .journal import recover
     from .lock import tree_lock
     from .setup import baseline_path, take_baseline
-    from .stamp import carried_note
+    from .stamp import carried_note, has_stamp
 
     roots = settings.env.resolve_roots()
     key = keys_for(settings).env.digest
     with tree_lock(roots, say, warn):
         recover(roots, say)
         carried = carried_note(roots)
+        stamped = has_stamp(roots)
         m = take_baseline(roots, settings.store, say, strip=False)
     manifest.save(m, baseline_path(roots), roots, {"env_key": key, "carried": carried})
-    return BaselineTaken(len(m), tuple(roots), carried)
+    return BaselineTaken(len(m), tuple(roots), carried, stamped)
 
 
 def snapshot_here(settings: Settings, warn: Say) -> Published:

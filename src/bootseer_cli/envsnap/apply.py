@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import BootseerError, IntegrityError
+from ..errors import BootseerError, IntegrityError, fork_deaf_to_interrupts
 from .dirfd import DirFds, fd_budget
 from .format import BLOCK, HARDLINK, ArchiveEntry, Frame, Progress, UnsafeArchive
 from .manifest import DIR, FILE
@@ -402,7 +402,7 @@ def _fork_workers(st: State, fd: int, order: list[Frame], workers: int) -> tuple
     try:
         for mine in bins:
             r, w = os.pipe()
-            pid = os.fork()
+            pid = fork_deaf_to_interrupts()
             if pid == 0:  # pragma: no cover - runs in the child
                 try:
                     gc.disable()

@@ -23,13 +23,23 @@ FORMAT = 1  # the ref's "format": a restore refuses a ref of any other
 
 
 def list_snapshots(store: Store) -> list[dict[str, Any]]:
-    """Every snapshot's ref, with its `env_key`, newest first."""
-    rows = []
+    """Every snapshot's ref, with its `env_key`, newest first; a ref that does not verify (trust.py) as
+    `{"env_key": …, "unverified": why}` after them, with none of its fields: a start would not use it,
+    and what it says (its size, its files) is not to be believed."""
+    rows, refused, whys = [], [], []
+
+    def tell(_store: object, _rel: str, _domain: str, why: str) -> None:
+        whys.append(why)
+
     for key in store.list_refs(REF_KIND):
-        ref = store.read_ref(REF_KIND, key) or {}
-        rows.append({"env_key": key, **ref})
+        whys.clear()
+        ref = store.get_doc(store.ref_path(REF_KIND, key), tell=tell)
+        if ref is not None:
+            rows.append({"env_key": key, **ref})
+        elif whys:
+            refused.append({"env_key": key, "unverified": whys[0]})
     rows.sort(key=lambda r: -float(r.get("created") or 0))
-    return rows
+    return rows + refused
 
 
 def match_key(store: Store, prefix: str) -> str:
@@ -45,6 +55,17 @@ def match_key(store: Store, prefix: str) -> str:
 def read(store: Store, env_key: str) -> dict[str, Any]:
     """The ref of `env_key` ({} when it vanished since it was listed)."""
     return store.read_ref(REF_KIND, env_key) or {}
+
+
+def shown(store: Store, env_key: str) -> dict[str, Any]:
+    """The ref of `env_key` for `env show`: a clear error when it does not verify (trust.py) or vanished,
+    rather than an empty ref (a listing of nothing reads like a snapshot of nothing)."""
+    whys: list[str] = []
+    ref = store.get_doc(store.ref_path(REF_KIND, env_key), tell=lambda _s, _r, _d, why: whys.append(why))
+    if ref is None:
+        why = f"unverified: {whys[0]} (bootseer trust sign)" if whys else "removed since it was listed"
+        raise BootseerError(f"env {env_key[:16]}: {why}")
+    return ref
 
 
 def remove(store: Store, env_key: str) -> bool:

@@ -62,7 +62,7 @@ def big_writers(cores: int) -> int:
     Each large file is its own zstd frame, and a frame ends with every job of it done before the next
     file is read: one writer leaves cores idle at every file's end, and reads the files one after the
     other, the page cache cold. On a 16-core node the capture of the CUDA torch tree (most of its
-    4.4 GB in large files) kept 3.3 cores busy against tar's 5.9 (docs/envsnap.md §7, session 14), and
+    4.4 GB in large files) kept 3.3 cores busy against tar's 5.9 (docs/notes/envsnap.md §7, session 14), and
     on 2 cores a tree of large libraries took 1.28x tar's time with one writer, 1.02-1.06x with two,
     at the same CPU (session 15). While one writer waits, another reads and compresses. Each keeps a
     zstd thread per core, so the last one still running at the end has them all. Four on 2 cores

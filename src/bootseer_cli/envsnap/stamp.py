@@ -380,6 +380,17 @@ def remove_stamp(roots: list[str]) -> None:
     unlink_own(roots, STAMP_NAME)
 
 
+def has_stamp(roots: list[str]) -> bool:
+    """Whether the tree has a stamp at all (readable or not): what `bootseer baseline` would remove."""
+    try:
+        _read_stamp(roots)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+    return True
+
+
 def stamped_blob(roots: list[str], env_key: str) -> str | None:
     """The blob of the env `env_key` when this tree carries it intact (stamp and paths file agree), else None."""
     ok, _ = stamp_state(roots, env_key)

@@ -26,7 +26,7 @@ beside the reads (`run(ready=)`, freshness.py): each stream waits for its own fi
 
 Into a loader's own disk cache (`into_loader`: rclone `--vfs-cache-mode full` and the like, where the
 kernel drops a file's pages at every open) two things change, both measured on `import torch`'s record
-(80 MB, 756 files) through rclone v1.75.2 (issue 28, docs/hotblocks.md run 12):
+(80 MB, 756 files) through rclone v1.75.2 (issue 28, docs/notes/hotblocks.md run 12):
 
 - The longest streams first where the replay holds the program back (`wide`): what counts there is
   when the last stream ends, and in record order `import torch`'s two libraries (62 MB in 7 streams)

@@ -43,6 +43,7 @@ from ..digests import sha256_file
 from ..errors import BlobMissing, IntegrityError, StoreError
 from ..freshness import SEQ_FIELD, Seen, next_seq
 from ..trust import SIG_FIELD, Trust, announce_unverified, unsigned
+from ..unverified import Refused, refused
 from .fs import SHARED, StoreFS
 from .leases import LEASE_SKEW_S, Lease, drop_claim, renew_claim, swap_lease, take_by_claims, take_lease
 
@@ -247,9 +248,10 @@ class Store(StoreFS):
         signed = self.trust.sign(self.domain, rel, body)
         self.put_bytes(rel, json.dumps(signed, indent=1, sort_keys=True).encode())
 
-    def get_doc(self, rel: str, *, across: bool = True) -> dict[str, Any] | None:
+    def get_doc(self, rel: str, *, across: bool = True, tell: Refused | None = None) -> dict[str, Any] | None:
         """The JSON document at `rel`, from this domain or (`across`) the next domain it reads from, used
-        only if it verifies (trust.py). A forged or unsigned one is a miss, with a warning."""
+        only if it verifies (trust.py). A forged or unsigned one is a miss, with a warning (unverified.py),
+        or told to `tell` instead (a listing that shows it)."""
         for domain in self.trust.domains if across else (self.domain,):
             view = self if domain == self.domain else self._reader(domain)
             data = view.get_bytes(rel)
@@ -268,7 +270,7 @@ class Store(StoreFS):
             if not why and self.seen is not None and self.trust.verifiers and SIG_FIELD in doc:
                 why = self.seen.stale(self.uri, domain, rel, doc)
             if why:
-                _warn_once(f"{domain}/{rel} in {self.uri} is not used: {why}")
+                (tell or refused)(self, rel, domain, why)
                 continue
             announce_unverified(self.trust, domain, rel)
             doc.pop(SIG_FIELD, None)

@@ -16,6 +16,7 @@ that carries them, so no secret is ever written into the store.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from urllib.parse import parse_qsl, urlparse, urlunparse
 
 from ..errors import IntegrityError, StoreError
 from ..store.core import Store, blob_path
+from ..unverified import Reader, Refused, refused
 from .layout import LATEST, MANIFEST, Manifest, check_name, ckpt_prefix, latest_rel, manifest_rel
 
 
@@ -95,13 +97,20 @@ class NoCheckpoint(StoreError):
     """The store holds no such checkpoint (yet): a job's first start, before its first push."""
 
 
+class Unverified(NoCheckpoint):
+    """The checkpoint is there, but its manifest does not verify (trust.py): not used, and said so."""
+
+
 def load_manifest(store: Store, name: str, tag: str = "latest") -> Manifest:
     """The manifest of NAME:TAG (TAG may be `latest`); a clear error when there is none."""
     check_name(name)
     if tag == "latest":
         tag = resolve_latest(store, name)
     rel = manifest_rel(name, tag)
-    doc = store.get_doc(rel)  # this domain's, else a domain it reads from; verified (trust.py)
+    whys: list[str] = []
+    doc = store.get_doc(rel, tell=_told(whys, count=True))  # this domain's, else one it reads from; verified
+    if doc is None and whys:  # there, but not to be used: said as such, never as "not found"
+        raise Unverified(f"checkpoint {name}:{tag} in {store.uri} is not used: {whys[0]}")
     if doc is None:
         raise NoCheckpoint(f"checkpoint {name}:{tag} not found in {store.uri}")
     m = Manifest.from_doc_at(doc, where=f"checkpoint {name}:{tag} manifest")
@@ -111,6 +120,9 @@ def load_manifest(store: Store, name: str, tag: str = "latest") -> Manifest:
 
 
 def resolve_latest(store: Store, name: str) -> str:
+    """The newest tag of `name` that verifies. Where every tag is refused (turning signing on over a store
+    of unsigned checkpoints), the newest of them is named, with why, so that the warning a start prints
+    names the tag it would have used (issue 46), not the last in alphabetical order."""
     with contextlib.suppress(IntegrityError):
         hint = store.get_doc(latest_rel(name))
         tag = hint.get("tag") if hint else None
@@ -119,7 +131,8 @@ def resolve_latest(store: Store, name: str) -> str:
     entries = list_tags(store, name)
     if not entries:
         raise NoCheckpoint(f"checkpoint {name}: no tags in {store.uri}")
-    return entries[-1].tag
+    usable = [e for e in entries if not e.error]
+    return (usable or entries)[-1].tag
 
 
 @dataclass
@@ -143,11 +156,12 @@ def list_tags(store: Store, name: str) -> list[Entry]:
     out = []
     for tag in store.list_dirs(ckpt_prefix(name)):
         rel = f"{ckpt_prefix(name)}/{tag}/{MANIFEST}"
+        whys: list[str] = []
         try:
-            doc = store.get_doc(rel, across=False)
+            doc = store.get_doc(rel, across=False, tell=_told(whys))
             if doc is None:
-                if store.exists(rel):
-                    raise IntegrityError("its manifest does not verify (trust.py)")
+                if whys:
+                    out.append(Entry(name, tag, _created(store, rel), 0, 0, 0, 0, error=f"unverified: {whys[0]}"))
                 continue  # a push in progress, or a removal: no manifest, no tag
             m = Manifest.from_doc_at(doc)
         except IntegrityError as e:
@@ -155,6 +169,27 @@ def list_tags(store: Store, name: str) -> list[Entry]:
             continue
         out.append(Entry(name, tag, m.created, m.total_size, len(m.files), m.k, m.cell_size))
     return sorted(out, key=lambda e: (e.created, e.tag))
+
+
+def _told(whys: list[str], count: bool = False) -> Refused:
+    """A `Store.get_doc` listener that keeps why a document was refused, for the caller to say in its own
+    words (a tag's row, a checkpoint stage's warning); `count`: also in the start's line (unverified.py)."""
+
+    def tell(store: Reader, rel: str, domain: str, why: str) -> None:
+        whys.append(why)
+        if count:
+            refused(store, rel, domain, why)
+
+    return tell
+
+
+def _created(store: Store, rel: str) -> float:
+    """When an unverified manifest says it was pushed: for the order of a listing only, nothing else."""
+    with contextlib.suppress(ValueError, StoreError):
+        created = json.loads(store.get_bytes(rel) or b"{}").get("created")
+        if isinstance(created, int | float) and not isinstance(created, bool):
+            return float(created)
+    return 0.0
 
 
 def write_latest(store: Store, name: str, tag: str, created: float) -> None:

@@ -43,7 +43,7 @@ def run_stage(ctx: StageContext) -> StageResult:
     Errors (no such checkpoint, an unreachable store, a failed pull) propagate: `launch.run_stages`
     warns and starts the job without a checkpoint.
     """
-    from .catalog import NoCheckpoint, Targets, load_manifest
+    from .catalog import NoCheckpoint, Targets, Unverified, load_manifest
 
     ck = ctx.settings.checkpoint
     assert ck.name, "the stage table runs this stage only when [checkpoint] name is set"
@@ -57,7 +57,8 @@ def run_stage(ctx: StageContext) -> StageResult:
         if ck.tag == "latest" and "no tags" in str(e):
             return _first_start(ctx, ck.name)
         ctx.warn(f"checkpoint: {e}; starting without one")
-        return StageResult("none", summary=f"no {ck.name}:{ck.tag} yet", cache="miss", reason=str(e))
+        summary = f"{ck.name}:{ck.tag} unverified" if isinstance(e, Unverified) else f"no {ck.name}:{ck.tag} yet"
+        return StageResult("none", summary=summary, cache="miss", reason=str(e))
     Targets(ctx.store, list(ck.targets)).check(m)  # the manifest's targets are not trusted
     # Resolved once, and this one path is used to mount, look up and unmount (or to pull into); a
     # symlink or another user's directory there, or another run's live mount, is refused
