@@ -3,11 +3,9 @@
 Compare-and-swap where the store offers it: on S3 servers that honour conditional writes
 (`conditional.py`) a lease is created with `If-None-Match: *` and renewed, taken over or released with
 `If-Match: <etag>` (`take_lease`, `swap_lease`); a local store has its own exclusive create (link(),
-in `core.Store`). Everywhere else, a claim per taker and Lamport's bakery (`take_by_claims`):
+in `core.Store`). Everywhere else, a claim per taker and Lamport's bakery (`take_by_claims`).
 
-Single-flight leases on object stores without conditional writes: a claim per taker, Lamport's bakery.
-
-Where the server ignores `If-None-Match` (rclone's `serve s3`, older MinIO and Ceph, GCS and HDFS
+Why the bakery. Where the server ignores `If-None-Match` (rclone's `serve s3`, older MinIO and Ceph, GCS and HDFS
 here), a lease used to be taken by checking it was free, writing it, waiting `settle_s` and reading
 it back. A taker that stalled between its check and its write (seconds: a GC pause, a loaded node)
 overwrote the lease another taker had meanwhile taken and settled, read back its own id, and both
