@@ -46,9 +46,13 @@ def tests_lowest(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff, then mypy over src/ (pyproject.toml's [tool.mypy]) against the installed dependencies' own
+    types: the project is installed too, so typer, cryptography, zstandard, libtorrent are checked."""
     session.install("ruff")
     session.run("ruff", "check", "src", "tests", "noxfile.py")
     session.run("ruff", "format", "--check", "src", "tests", "noxfile.py")
+    session.install("-e", ".", "mypy>=1.13,<2")
+    session.run("mypy")
 
 
 @nox.session

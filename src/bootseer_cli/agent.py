@@ -33,7 +33,7 @@ from .events import RunInfo, upload
 
 if TYPE_CHECKING:
     from .settings import Settings
-    from .store import Store
+    from .store.core import Store
 
 STOP_GRACE_S = 30.0
 
@@ -95,7 +95,7 @@ class Agent:
         settings = self.settings_or_none()
         with self._lock:
             if self._store is None:
-                from .store import open_store, open_store_for
+                from .store.core import open_store, open_store_for
 
                 try:
                     self._store = open_store_for(settings) if settings else open_store(self.store_uri)
@@ -193,7 +193,7 @@ def _start_task(agent: Agent, doc: dict[str, Any]) -> tuple[threading.Thread, bo
     return t, bool(getattr(spec, "finish", False))
 
 
-def _run_task(agent: Agent, decl: AgentTask, spec: Any) -> None:
+def _run_task(agent: Agent, decl: AgentTask, spec: object) -> None:
     """One task in its thread: whatever it raises is logged, so the other tasks and the agent go on."""
     try:
         resolve(decl.handler)(spec, agent)
@@ -233,7 +233,7 @@ def main(run_dir: Path) -> int:
     agent.log(f"agent for launcher pid {agent.launcher_pid}, run {agent.run.run}")
     _write_pid(run_dir)
 
-    def _on_term(signum: int, _frame: Any) -> None:
+    def _on_term(signum: int, _frame: object) -> None:
         agent.stopping.set()
 
     signal.signal(signal.SIGTERM, _on_term)

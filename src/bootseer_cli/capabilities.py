@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 def resolve(target: str) -> Any:
     """The object a "module:name" (or "module:Class.attr") target names, imported now."""
     module, _, name = target.partition(":")
-    obj: Any = importlib.import_module(module)
+    obj: object = importlib.import_module(module)
     for part in name.split("."):
         obj = getattr(obj, part)
     return obj

@@ -25,7 +25,7 @@ from .errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
     from .settings import CheckpointSettings
-    from .store import Store
+    from .store.core import Store
     from .stripe.layout import Manifest
 
 PhaseProgress = Callable[[str, int], Callable[[int], None]]
@@ -67,7 +67,7 @@ def push_checkpoint(
     `targets=None` means the configured targets (none configured: the store itself). `bars` is
     `phase_bars`' `enabled`.
     """
-    from .store import Store
+    from .store.core import Store
     from .stripe.push import push as _push
 
     uris = targets if targets is not None else list(settings.targets)
@@ -113,7 +113,7 @@ def push(
     """Push `directory` as checkpoint NAME:TAG; returns the tag. The manifest is published last."""
     from .config import load
     from .settings import Settings
-    from .store import open_store_for
+    from .store.core import open_store_for
 
     settings = Settings.from_config(load(config, {("store", "uri"): store}))
     m = push_checkpoint(

@@ -27,10 +27,12 @@ from .errors import BootseerError, IntegrityError, fork_deaf_to_interrupts
 from .redact import warn
 
 if TYPE_CHECKING:
-    from .cache import BlobCache
+    import hashlib
+
     from .p2p.seed import SeedTask
     from .settings import P2PSettings
-    from .store import Store
+    from .store.cache import BlobCache
+    from .store.core import Store
 
 # What stops the swarm leg without being a bug: a store error while joining, libtorrent's own errors
 # (RuntimeError), a socket or file error, a torrent that cannot be made (ValueError: an empty blob),
@@ -144,7 +146,7 @@ class DigestMismatch(IntegrityError):
     """The blob read during a streamed restore does not match its digest (the tree was undone)."""
 
 
-def _hash_fd(h: Any, fd: int) -> None:
+def _hash_fd(h: hashlib._Hash, fd: int) -> None:
     """Feed the whole file at `fd` to `h`: through a read-only mapping (no copy of the blob into a
     buffer: ~45 ms of CPU for a 200 MB blob), or by reads where the file cannot be mapped."""
     import mmap
@@ -280,11 +282,11 @@ class Download(_Threaded):
     A failed download pads the file to its full size, so waiting workers go on, fail and are undone."""
 
     def __init__(self, store: Store, cache: BlobCache, digest: str) -> None:
-        from .store import blob_path
+        from .store.core import blob_path
 
         self.store = store
         self.dest = cache.path(digest)
-        # ranged reads: the size and the metadata at the end; each waited for at most STALL_S (storeguard)
+        # ranged reads: the size and the metadata at the end; each waited for at most STALL_S (store.guard)
         src = store.open_ranged(blob_path(digest), f"blob {digest[:12]}")
         self.size = src.size()
         self.tail: tuple[Callable[[int, int], bytes], int] = (lambda n, off: bytes(src.read_at(n, off)), self.size)
@@ -314,7 +316,7 @@ class Download(_Threaded):
     def _run(self) -> None:
         import hashlib
 
-        from .store import blob_path
+        from .store.core import blob_path
 
         h = hashlib.sha256()
         n = 0
@@ -396,7 +398,7 @@ def unnamed_file(size: int) -> tuple[Path, int]:
     filesystem with room for `size` bytes: nothing of it outlives this process, however it ends."""
     import tempfile
 
-    from .envsnap.plan import NoSpace
+    from .errors import NoSpace
     from .nodedirs import FULL_BELOW_BYTES
     from .units import fmt_bytes
 
@@ -445,7 +447,7 @@ def open_blob(
     """The blob to restore from, opened once, with no copy made: the node cache's file (`cached`), the
     local store's file in place, or else a fetch (swarm, remote store) into the cache, hashed on the way."""
     from .errors import BlobMissing
-    from .store import blob_path
+    from .store.core import blob_path
 
     hit = cache.peek(digest) if cached else None
     if hit is not None:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def check_store(settings: StoreSettings) -> Check:
     from .redact import redact, redact_text
-    from .store import open_store
+    from .store.core import open_store
 
     uri = redact(settings.uri) if settings.uri else "(local default)"
     try:
@@ -39,9 +39,9 @@ def check_store(settings: StoreSettings) -> Check:
 def check_leases(settings: StoreSettings) -> Check:
     """How the store's single-flight leases are taken: compare-and-swap (a local store's exclusive create,
     S3 conditional writes) or, where the store offers neither, a claim per taker and Lamport's bakery."""
-    from .leasecas import lease_protocol
     from .redact import redact_text
-    from .store import open_store
+    from .store.core import open_store
+    from .store.leases import lease_protocol
 
     try:
         protocol, why = lease_protocol(open_store(settings.uri))
@@ -71,9 +71,9 @@ def check_trust(settings: Settings) -> Check:
 def check_cache(settings: StoreSettings) -> Check:
     """The node cache's free space, and whether it can be written at all: a read-only cache is not a full
     one (freeing space would not help), and `exec` runs without it either way (`nodedirs`)."""
-    from .cache import BlobCache
     from .nodedirs import why_unusable
     from .paths import configured_cache_root
+    from .store.cache import BlobCache
 
     cache = BlobCache(settings.cache_dir or configured_cache_root() / "blobs", settings.cache_max_bytes)
     path = cache.root

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def main() -> None:
-    """`bootseer …`; a command that gave up a stalled store read leaves without waiting for it (`storeguard`)."""
+    """`bootseer …`; a command that gave up a stalled store read leaves without waiting for it (`store.guard`)."""
     try:
         _main()
     except SystemExit as e:
@@ -35,18 +35,18 @@ def main() -> None:
 
 
 def _abandoned() -> bool:
-    guard = sys.modules.get("bootseer_cli.storeguard")  # never imported here: exec's path stays as it was
+    guard = sys.modules.get("bootseer_cli.store.guard")  # never imported here: exec's path stays as it was
     return guard is not None and guard.ABANDONED.is_set()
 
 
 def _leave_if_abandoned(code: int | str | None) -> None:
     """After a read given up: end once the other threads (but daemons) have, without the S3 finalizer
-    that waits for that read (`storeguard.skip_s3_finalizer`), with the status `sys.exit(code)` gives."""
+    that waits for that read (`store.guard.skip_s3_finalizer`), with the status `sys.exit(code)` gives."""
     if not _abandoned():
         return
     import threading
 
-    sys.modules["bootseer_cli.storeguard"].skip_s3_finalizer()
+    sys.modules["bootseer_cli.store.guard"].skip_s3_finalizer()
     for t in threading.enumerate():  # as the interpreter's exit does; then `_exit_now` takes its fast path
         if t is not threading.current_thread() and not t.daemon:
             t.join()
@@ -68,7 +68,8 @@ def _main() -> None:
 
         parsed = run_guarded(lambda: parse_exec(argv[1:]))  # an unknown option: exit 2 here
         if parsed is not None:
-            run_guarded(lambda: run_exec(*parsed))
+            options, command = parsed
+            run_guarded(lambda: run_exec(options, command))
             return
     if argv[:2] == ["agent", "--run-dir"] and len(argv) == 3:
         # the agent `exec` starts (launch.py): a recording start waits for it to read the opens (hotblocks)

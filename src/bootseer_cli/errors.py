@@ -9,7 +9,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 
 class BootseerError(Exception):
@@ -43,6 +45,11 @@ class BlobMissing(StoreError):
     """The store answered, and the blob a ref names is not in it (deleted by hand, expired by an object
     store's lifecycle rule). Unlike an unreachable store this does not pass: the ref is unusable until
     something replaces it, so a stage that can make a new one (a hot-block record) does."""
+
+
+class NoSpace(BootseerError):
+    """The filesystem under a root (or every temporary directory) has too little free space for the
+    snapshot (nothing was written). Here rather than in envsnap, since delivery raises it too."""
 
 
 class StageFatal(BootseerError):
@@ -101,7 +108,7 @@ def _say_deferred(signum: int, frame: object) -> None:
     os.write(2, DEFERRED_LINE.encode() + b"\n")
 
 
-def run_guarded(fn: Callable[[], Any]) -> Any:
+def run_guarded(fn: Callable[[], _T]) -> _T:
     """Run a CLI body: a BootseerError becomes one line on stderr and its exit code, never a traceback;
     Ctrl-C exits 130 within a second, even while a store client blocks in C (`_watch_interrupts`)."""
     _watch_interrupts()

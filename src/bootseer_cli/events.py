@@ -25,7 +25,7 @@ from .redact import redact_text
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .store import Store
+    from .store.core import Store
 
 # The Parquet schema; anything else an event carries goes, as JSON, into `extra`.
 COLUMNS: dict[str, str] = {

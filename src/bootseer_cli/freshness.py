@@ -79,8 +79,8 @@ class Seen:
         return ""
 
     def _read(self, dest: Path) -> float | None:
-        from .cachedir import open_regular, parent_fd
         from .errors import StoreError
+        from .store.cachedir import open_regular, parent_fd
 
         try:
             with parent_fd(dest, self.root, create=False) as dfd:
@@ -93,7 +93,7 @@ class Seen:
             return None
 
     def _write(self, dest: Path, seq: float) -> None:
-        from .cachedir import parent_fd
+        from .store.cachedir import parent_fd
 
         with parent_fd(dest, self.root) as dfd:
             tmp = f".{dest.name}.{secrets.token_hex(8)}"

@@ -35,7 +35,8 @@ from .procs import pid_alive
 from .upkeep import DAY_S, KEEP_EVERYTHING, Doomed, Kept, Policy, Scan, is_digest, number
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .store.core import Store
+    from .stripe.catalog import Targets
 
 # The longest a lease document may hold gc back since it was last written: leases are renewed every
 # third of their TTL (60 s for an env build, 30 s for a download), so a live one is always younger.
@@ -163,7 +164,7 @@ def _agent_alive(run_dir: Path) -> bool:
 
 def _runs(runs_root: Path, policy: Policy) -> list[Doomed]:
     """This node's run directories older than keep_days whose agent has ended."""
-    out = []
+    out: list[Doomed] = []
     if not runs_root.is_dir():
         return out
     for d in sorted(runs_root.iterdir()):
@@ -182,7 +183,7 @@ def plan(store: Store, policy: Policy, runs_root: Path | None = None) -> Plan:
     doomed = list(scan.doomed)
     for target, digest, size in sorted(set(stripes)):
         if target and (target, digest) not in scan.live_stripes:
-            from .store import blob_path
+            from .store.core import blob_path
 
             doomed.append(Doomed("stripe", digest, size, (blob_path(digest),), target=target))
     kept: dict[str, tuple[int, int]] = {}
@@ -192,7 +193,7 @@ def plan(store: Store, policy: Policy, runs_root: Path | None = None) -> Plan:
     return Plan(doomed, scan.held, kept, scan.kept_refs)
 
 
-def _delete(store: Store, d: Doomed, targets: Any) -> None:
+def _delete(store: Store, d: Doomed, targets: Targets) -> None:
     if d.local:
         shutil.rmtree(d.local, ignore_errors=True)
         return

@@ -20,7 +20,7 @@ from typing import Any
 from .capabilities import Capability, resolve, run_order, stage_names
 from .errors import BootseerError, StageFatal
 from .events import RunInfo, record
-from .launcher import check_command, gpus_hint, node_rank_hint, resolve_command
+from .launcher import check_command, gpus_hint, launcher_base_environ, node_rank_hint, resolve_command
 from .settings import Settings
 from .stage import StageContext, StageResult
 from .units import fmt_seconds
@@ -169,52 +169,6 @@ def _launcher_environ(ctx: StageContext) -> dict[str, str]:
     from .firststep import launcher_pythonpath
 
     env.update(launcher_pythonpath(ctx.run, ctx.settings, env))  # the report's first step without ready()
-    return env
-
-
-# Where a store's client reads its credentials from, by scheme (pyarrow's S3, GCS and HDFS clients): keys,
-# and every way to a key (a credentials or config file, a profile in one, a web identity, the container
-# credentials endpoint), since a file or a role the launcher can name is as good as the key it yields.
-_CREDENTIALS = {
-    "s3": (
-        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
-        "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ROLE_SESSION_NAME",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_CONTAINER_AUTHORIZATION_TOKEN", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-    ),
-    "gs": ("GOOGLE_APPLICATION_CREDENTIALS",),
-    "hdfs": ("HADOOP_TOKEN_FILE_LOCATION", "KRB5CCNAME"),
-}  # fmt: skip
-# Never the launcher's, whatever the store: the key that signs in the domain's name.
-_SIGNING = ("BOOTSEER_TRUST_SIGNING_KEY",)
-WITHHELD = "BOOTSEER_STORE_WITHHELD"
-
-
-def launcher_base_environ(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
-    """What the launcher inherits: this environment less the store's write credentials and the signing key.
-
-    A training job runs code that any of its dependencies brought; with the store's credentials it
-    could rewrite what every other job restores, and with the key sign it. They reach the launcher only
-    when the job pushes checkpoints itself (`[exec] pass_store_credentials`: its manifests need both);
-    `BOOTSEER_STORE_WITHHELD=1` tells a `bootseer ckpt push` inside the job why it cannot write.
-    """
-    from .redact import redact
-
-    env = dict(environ)
-    if settings.exec.pass_store_credentials:
-        return env
-    uri = settings.store.uri or ""
-    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
-    gone = list(_CREDENTIALS.get(scheme, ()))
-    store_var = env.get("BOOTSEER_STORE", "")
-    if redact(store_var) != store_var:  # a URI with a secret in it; a plain location is no credential
-        gone.append("BOOTSEER_STORE")
-    withheld = [n for n in gone if n in env]
-    for name in (*withheld, *_SIGNING):
-        env.pop(name, None)
-    if withheld or scheme not in ("file", ""):
-        env[WITHHELD] = "1"
     return env
 
 

@@ -6,8 +6,10 @@
 what the launcher is about to be told: `--nproc-per-node N` (torchrun), `--num_gpus N` (deepspeed),
 `--num_processes N` (accelerate, per machine when `--num_machines` is given), then the scheduler's
 and the container's environment. The report uses it for "GPU time wasted". `job_id_hint` reads the
-job's identity the same way: what every node of one job shares and no other job has. Import-free on
-purpose: it runs on the `exec` fast path.
+job's identity the same way: what every node of one job shares and no other job has.
+`launcher_base_environ` is what the launcher inherits (without the store's write credentials), which
+the compile stage's probe of the job's Python inherits too. Import-free on purpose: it runs on the
+`exec` fast path.
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from .errors import BootseerError
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 # command-line options whose value is the number of processes (one per GPU) on this node
 _PER_NODE_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
@@ -131,3 +137,49 @@ def resolve_command(command: Sequence[str], environ: Mapping[str, str] | None = 
     if found is None:
         raise BootseerError(f"{exe}: command not found (PATH={path})", 127)
     return found
+
+
+# Where a store's client reads its credentials from, by scheme (pyarrow's S3, GCS and HDFS clients): keys,
+# and every way to a key (a credentials or config file, a profile in one, a web identity, the container
+# credentials endpoint), since a file or a role the launcher can name is as good as the key it yields.
+_CREDENTIALS = {
+    "s3": (
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ROLE_SESSION_NAME",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+    ),
+    "gs": ("GOOGLE_APPLICATION_CREDENTIALS",),
+    "hdfs": ("HADOOP_TOKEN_FILE_LOCATION", "KRB5CCNAME"),
+}  # fmt: skip
+# Never the launcher's, whatever the store: the key that signs in the domain's name.
+_SIGNING = ("BOOTSEER_TRUST_SIGNING_KEY",)
+WITHHELD = "BOOTSEER_STORE_WITHHELD"
+
+
+def launcher_base_environ(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
+    """What the launcher inherits: this environment less the store's write credentials and the signing key.
+
+    A training job runs code that any of its dependencies brought; with the store's credentials it
+    could rewrite what every other job restores, and with the key sign it. They reach the launcher only
+    when the job pushes checkpoints itself (`[exec] pass_store_credentials`: its manifests need both);
+    `BOOTSEER_STORE_WITHHELD=1` tells a `bootseer ckpt push` inside the job why it cannot write.
+    """
+    from .redact import redact
+
+    env = dict(environ)
+    if settings.exec.pass_store_credentials:
+        return env
+    uri = settings.store.uri or ""
+    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    gone = list(_CREDENTIALS.get(scheme, ()))
+    store_var = env.get("BOOTSEER_STORE", "")
+    if redact(store_var) != store_var:  # a URI with a secret in it; a plain location is no credential
+        gone.append("BOOTSEER_STORE")
+    withheld = [n for n in gone if n in env]
+    for name in (*withheld, *_SIGNING):
+        env.pop(name, None)
+    if withheld or scheme not in ("file", ""):
+        env[WITHHELD] = "1"
+    return env

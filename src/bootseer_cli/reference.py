@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import typer
-    from typer.core import TyperCommand, TyperGroup
+    from .settingspec import Meta
 
 REGENERATE = "python -m bootseer_cli.reference"
 DEFAULT = object()  # in TEMPLATE_SET: the declared default, so a changed default changes the template too
@@ -92,13 +91,13 @@ def _toml(value: object) -> str:
     return repr(value)
 
 
-def _declared() -> list[tuple[str, list[tuple[str, object, object]]]]:
+def _declared() -> list[tuple[str, list[tuple[str, Meta, object]]]]:
     """[(section, [(key, Meta, default or MISSING)])] in the order bootseer config shows them."""
     from .settings import section_classes
 
     out = []
     for name, cls in section_classes().items():
-        rows = []
+        rows: list[tuple[str, Meta, object]] = []
         for f in dataclasses.fields(cls):
             if "setting" in f.metadata:
                 rows.append((f.name, f.metadata["setting"], f.default))
@@ -189,7 +188,9 @@ def cli_md() -> str:
         "",
     ]
 
-    def walk(cmd: TyperCommand | TyperGroup, path: list[str], parent: typer.Context | None) -> None:
+    # Unannotated: click's classes are typer's vendored `typer._click` in the newest typers and `click`
+    # itself in the oldest the range allows, so no one annotation names both.
+    def walk(cmd, path: list[str], parent) -> None:
         # the Context through the command's own class (newer typers vendor their own click), under its
         # parent's, so the app's settings (-h, the width) apply as they do on the command line
         info = path[-1] if path else "bootseer"

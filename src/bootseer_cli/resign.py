@@ -31,7 +31,7 @@ from .unverified import kind_of
 
 if TYPE_CHECKING:
     from .settings import Settings
-    from .store import Store
+    from .store.core import Store
     from .stripe.catalog import Targets
 
 CHUNK = 4 << 20
@@ -111,7 +111,8 @@ def named_blobs(rel: str, doc: dict[str, Any]) -> list[Blob]:
         values = entries.values() if isinstance(entries, dict) else ()
         return [("", str(e.get("digest"))) for e in values if isinstance(e, dict) and is_digest(e.get("digest"))]
     out: list[Blob] = []
-    chain = doc.get("chain") if isinstance(doc.get("chain"), list) else []
+    chain = doc.get("chain")
+    chain = chain if isinstance(chain, list) else []
     for part in [doc, *chain]:
         for name in ("blob", "torrent"):  # a snapshot's or a record's blob; its torrent, stored as a blob
             value = part.get(name) if isinstance(part, dict) else None
@@ -143,7 +144,7 @@ class BlobCheck:
         return self.done[blob]
 
     def _check(self, target: str, digest: str) -> str:
-        from .store import blob_path
+        from .store.core import blob_path
 
         short, rel = digest[:12], blob_path(digest)
         try:
@@ -176,7 +177,7 @@ def sign_domain(
     """Check, then sign, every unsigned document of the own domain (the module docstring says which);
     `on` hears each outcome as it comes."""
     from .progress import byte_bar
-    from .store import open_store
+    from .store.core import open_store
     from .stripe.catalog import Targets
 
     trust = signer_trust(settings)

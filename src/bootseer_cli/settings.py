@@ -66,7 +66,7 @@ class StoreSettings:
     )  # fmt: skip
 
     def trust_domain(self) -> str:
-        from .trust import default_domain
+        from .domains import default_domain
 
         return self.domain or default_domain()
 
@@ -373,8 +373,8 @@ def build_section(cls: type, name: str, values: Mapping[str, object], origin: Or
         v = values.get(key)
         if v is None:
             continue  # unset: the field's own default (or default factory) applies
-        if meta.kind == "list":
-            v = tuple(v)  # type: ignore[call-overload]
+        if meta.kind == "list" and isinstance(v, list | tuple):  # checked by config: a list of strings
+            v = tuple(v)
         elif meta.kind == "path":
             resolved = _resolve(origin.base_dir, str(v))
             v = Path(resolved) if "Path" in types[key] else resolved

@@ -14,7 +14,8 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import field
-from typing import NamedTuple
+from pathlib import Path
+from typing import NamedTuple, TypeVar
 
 from .errors import ConfigError
 
@@ -61,44 +62,53 @@ class Meta(NamedTuple):
 _UNIT_WORDS = {"s": "seconds", "GB": "GB (decimal: 10^9 bytes)", "B": "bytes"}
 
 
-def _field(default: object, meta: Meta) -> object:
+# Each constructor returns what `dataclasses.field` does: to the type checker, a value of the default's
+# type, so `uri: str | None = text(None, ...)` is checked against the field's annotation.
+_T = TypeVar("_T")
+_Text = TypeVar("_Text", bound="str | None")
+_Int = TypeVar("_Int", bound="int | None")
+_Strings = TypeVar("_Strings", bound="tuple[str, ...] | None")
+
+
+def _field(default: _T, meta: Meta) -> _T:
     return field(default=default, metadata={"setting": meta})
 
 
 def text(
-    default: str | None, help: str, *, choices: Sequence[str] = (), env: Sequence[str] = (), pattern: str = "",
+    default: _Text, help: str, *, choices: Sequence[str] = (), env: Sequence[str] = (), pattern: str = "",
     example: str = "",
-) -> object:  # fmt: skip
+) -> _Text:  # fmt: skip
     return _field(default, Meta("str", help, choices=tuple(choices), env=tuple(env), pattern=pattern, example=example))
 
 
-def flag(default: bool, help: str, *, env: Sequence[str] = ()) -> object:
+def flag(default: bool, help: str, *, env: Sequence[str] = ()) -> bool:
     return _field(default, Meta("bool", help, env=tuple(env)))
 
 
-def integer(default: int | None, help: str, *, unit: str = "", minimum: float | None = 0) -> object:
+def integer(default: _Int, help: str, *, unit: str = "", minimum: float | None = 0) -> _Int:
     return _field(default, Meta("int", help, unit=unit, minimum=minimum))
 
 
-def number(default: float, help: str, *, unit: str = "", minimum: float | None = 0) -> object:
+def number(default: float, help: str, *, unit: str = "", minimum: float | None = 0) -> float:
     return _field(default, Meta("float", help, unit=unit, minimum=minimum))
 
 
-def size_gb(default: float, help: str) -> object:
+def size_gb(default: float, help: str) -> float:
     """A size in decimal gigabytes (10^9 bytes), as `units.fmt_bytes` prints every size."""
     return _field(default, Meta("float", help, unit="GB", minimum=0))
 
 
-def strings(default: tuple[str, ...] | None, help: str, *, env: Sequence[str] = ()) -> object:
+def strings(default: _Strings, help: str, *, env: Sequence[str] = ()) -> _Strings:
     return _field(default, Meta("list", help, env=tuple(env)))
 
 
-def location(default: str | None, help: str) -> object:
-    """A path: `~` expands, and a relative one is relative to the config file's directory."""
+def location(default: None, help: str) -> Path | None:
+    """A path: `~` expands, and a relative one is relative to the config file's directory (unset by
+    default: every location setting falls back to a directory of its own when none is given)."""
     return _field(default, Meta("path", help))
 
 
-def seconds_or(default: str, help: str, *, choices: Sequence[str]) -> object:
+def seconds_or(default: str, help: str, *, choices: Sequence[str]) -> str | float:
     """One of `choices`, or a number of seconds (`[image] ready`)."""
     return _field(default, Meta("str|float", help, unit="s", choices=tuple(choices), minimum=0))
 

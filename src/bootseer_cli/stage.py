@@ -18,9 +18,9 @@ from .events import RunInfo
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from .cache import BlobCache
     from .keys import Keys
-    from .store import Store
+    from .store.cache import BlobCache
+    from .store.core import Store
 
 
 class AgentTaskSpec(Protocol):
@@ -95,20 +95,20 @@ class StageContext:
         if self._store_error is not None:
             raise self._store_error
         if self._store is None:
-            from .store import open_store_for
+            from .store.core import open_store_for
 
             try:
                 self._store = open_store_for(self.settings)
             except (StoreError, OSError) as e:  # remembered as it is: the next stage sees the same failure
                 self._store_error = e
                 raise
-            # a store that did not answer one stage is not asked by the next before exec (storeguard)
+            # a store that did not answer one stage is not asked by the next before exec (store.guard)
             self._store.breaker.hold_s = float("inf")
         return self._store
 
     @property
     def cache(self) -> BlobCache:
-        from .cache import cache_for
+        from .store.cache import cache_for
 
         return cache_for(self.settings.store)
 

@@ -17,16 +17,28 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .redact import warn
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .trust import Trust
 
 UNSIGNED = "unsigned"  # Trust.check's reason for a document without a signature where one is required
 
-Refused = Callable[["Store", str, str, str], None]  # (store, rel, domain, why): as `refused` takes them
+
+class Reader(Protocol):
+    """What `refused` reads of the store (a `store.core.Store`): its display URI and whose view it is.
+    A protocol, so that the store, which calls `refused`, and this module do not import each other."""
+
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def trust(self) -> Trust: ...
+
+
+Refused = Callable[[Reader, str, str, str], None]  # (store, rel, domain, why): as `refused` takes them
 _lock = threading.Lock()
 _counts: dict[tuple[str, str], dict[str, set[str]]] = {}  # (store uri, domain) -> kind -> refused documents
 _said: set[str] = set()  # store URIs whose line this process printed
@@ -40,7 +52,7 @@ def kind_of(rel: str) -> str:
     return parts[1] if parts[0] == "refs" and len(parts) > 2 else parts[0]
 
 
-def refused(store: Store, rel: str, domain: str, why: str) -> None:
+def refused(store: Reader, rel: str, domain: str, why: str) -> None:
     """`store.get_doc` refused `domain/rel` because of `why`: counted when it is unsigned (said by
     `say`), said at once (once per process and message) otherwise."""
     uri = store.uri

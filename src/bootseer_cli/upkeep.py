@@ -19,9 +19,9 @@ from .digests import is_digest
 from .errors import BootseerError, ConfigError, IntegrityError, StoreError
 
 if TYPE_CHECKING:
-    from .cache import BlobCache
     from .settings import P2PSettings, Settings
-    from .store import Store
+    from .store.cache import BlobCache
+    from .store.core import Store
 
 DAY_S = 86400.0
 DEFAULT_KEEP_DAYS = 30.0

@@ -109,7 +109,7 @@ def _writable(m, store, work: Path, run: str) -> Iterator[tuple[Path, Path]]:  #
 
 def _round(work: Path, store, m, size: int, i: int, rows: dict[str, list[float]]) -> None:  # type: ignore[no-untyped-def]
     from bootseer_cli.settings import CheckpointSettings
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
     from bootseer_cli.stripe.push import push
     from bootseer_cli.stripe.rundirs import owner_stamp
     from bootseer_cli.stripe.writeback import Journal, begin, finish
@@ -143,7 +143,7 @@ def _mixed_round(work: Path, store, m, size: int, i: int, rows: dict[str, list[f
     write-back re-pushes the kept file from the parent's stripes (twice the bytes, half from the store),
     against `ckpt push` of a local directory holding the same two files."""
     from bootseer_cli.settings import CheckpointSettings
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
     from bootseer_cli.stripe.push import push
     from bootseer_cli.stripe.rundirs import owner_stamp
     from bootseer_cli.stripe.writeback import Journal, begin, finish
@@ -179,7 +179,7 @@ def main() -> int:
 
 
 def _run(work: Path, size: int, reps: int, mixed: bool) -> int:
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
     from bootseer_cli.stripe.push import push
 
     src = work / "src"

@@ -60,7 +60,7 @@ from tests.e2e.harness import (  # noqa: E402
 )
 from tests.support.s3server import S3_ENV, S3Server  # noqa: E402
 
-from bootseer_cli.store import open_store  # noqa: E402
+from bootseer_cli.store.core import open_store  # noqa: E402
 
 CACHE = Path(os.environ.get("BOOTSEER_BENCH_CACHE", "/tmp/bootseer-bench-e2e"))
 BENCH_WHEELS = ["torch==2.13.0", "einops==0.8.2", "tabulate==0.10.0", "msgpack==1.2.3", "setuptools", "wheel"]

@@ -85,7 +85,7 @@ try:  # as `bootseer exec` does at its start, long before its capture (a checkou
 except ImportError:
     pass
 from pathlib import Path
-from bootseer_cli.cache import BlobCache
+from bootseer_cli.store.cache import BlobCache
 from bootseer_cli.envsnap import capture, manifest
 from bootseer_cli.envsnap.setup import baseline_path
 from bootseer_cli.settings import StoreSettings

@@ -153,7 +153,7 @@ def p2p_lab(size_mb: int, nodes: int, store_mbit: float, node_mbit: float) -> It
         store_uri = server.uri("store")
         os.environ.update(S3_ENV)
         from bootseer_cli.p2p.publish import publish_file
-        from bootseer_cli.store import Store
+        from bootseer_cli.store.core import Store
 
         blob = random_file(base / "blob.bin", size, seed=1)
         t = time.time()

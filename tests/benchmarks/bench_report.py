@@ -30,7 +30,7 @@ from tests.support.events_table import load_table
 from bootseer_cli.report import analysis, load
 from bootseer_cli.report.page import job_html
 from bootseer_cli.report.svg import timeline_svg
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 
 REPEAT = 3
 

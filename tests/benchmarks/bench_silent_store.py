@@ -115,7 +115,7 @@ def _stalled_blob(src: str, node: Path, image: str) -> tuple[float, str]:
 
 def _stalled_ckpt(src: str, node: Path) -> tuple[float, str]:
     """A checkpoint pushed (untimed); then a start that pulls it while the store stops sending."""
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
     from bootseer_cli.stripe.push import push
 
     with _stalling_store(node) as (server, proxy):
@@ -137,7 +137,7 @@ def _stalled_swarm(src: str, node: Path) -> tuple[float, str]:
     from tests.p2p.nodes import node_env, port_range, random_file
 
     from bootseer_cli.p2p.publish import publish_file
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
     with _stalling_store(node) as (server, proxy):
         os.environ.update(S3_ENV)

@@ -117,7 +117,7 @@ PY = sys.executable
 SINGLE = """
 import sys, time
 from pathlib import Path
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 t = time.perf_counter()
 n = Store(sys.argv[1]).fetch_blob(sys.argv[2], Path(sys.argv[3]))
 print(n, time.perf_counter() - t)
@@ -125,7 +125,7 @@ print(n, time.perf_counter() - t)
 TIMED_PULL = """
 import sys, time
 from pathlib import Path
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from bootseer_cli.stripe.catalog import Targets, load_manifest
 from bootseer_cli.stripe.pull import pull
 st = Store(sys.argv[1])
@@ -278,7 +278,7 @@ def main() -> int:
     atexit.register(cleanup)  # atexit runs last-registered first: unmount and kill before removing files
     out: list[str] = []
     try:
-        from bootseer_cli.store import Store, blob_path
+        from bootseer_cli.store.core import Store, blob_path
         from bootseer_cli.stripe.push import push
 
         size = make_checkpoint(work / "ckpt", args.size_mib)

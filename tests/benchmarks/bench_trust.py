@@ -63,7 +63,7 @@ def project(base: Path, name: str, keys: bool) -> tuple[Path, dict[str, str]]:
             sys.exit(f"{name}: bootseer {' '.join(args)} failed: {r.stderr}")
     code = (
         "import time; from bootseer_cli.config import load; from bootseer_cli.settings import Settings; "
-        "from bootseer_cli.store import open_store_for; from bootseer_cli.identity import keys_for; "
+        "from bootseer_cli.store.core import open_store_for; from bootseer_cli.identity import keys_for; "
         "from bootseer_cli.compilecache.key import current_compile_key; "
         "from bootseer_cli.compilecache.jobpython import for_command; "
         "from bootseer_cli.compilecache.index import Entry, write_index; "

@@ -27,7 +27,7 @@ from bootseer_cli.events import RunInfo
 from bootseer_cli.keys import Keys, make_key
 from bootseer_cli.settings import CompileSettings, Settings, StoreSettings
 from bootseer_cli.stage import StageContext, StageResult
-from bootseer_cli.store import Store, open_store
+from bootseer_cli.store.core import Store, open_store
 
 MODEL = Path(__file__).with_name("model.py")
 TEST_KEYS = Keys(image=make_key({"kind": "image", "t": 1}), env=make_key({"kind": "env", "t": 1}), image_source="test")

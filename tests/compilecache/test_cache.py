@@ -19,7 +19,7 @@ from bootseer_cli.compilecache.index import Entry, merge, prune, read_index, wri
 from bootseer_cli.compilecache.publish import publish
 from bootseer_cli.compilecache.stage import run_stage
 from bootseer_cli.compilecache.tree import Baseline, cache_roots, header_dir, take_baseline
-from bootseer_cli.store import open_store
+from bootseer_cli.store.core import open_store
 
 from .conftest import TEST_KEYS, make_venv, node_ctx, node_env, publish_as_agent, usual_job
 

@@ -23,7 +23,7 @@ import pytest
 
 from bootseer_cli.compilecache.index import read_index
 from bootseer_cli.compilecache.tree import header_dir
-from bootseer_cli.store import open_store
+from bootseer_cli.store.core import open_store
 
 from .conftest import MODEL, bootseer_venv, job_venv, venv_with_torch_version
 

@@ -27,7 +27,7 @@ from bootseer_cli.compilecache.index import Entry, read_index, write_index
 from bootseer_cli.compilecache.publish import publish
 from bootseer_cli.compilecache.restore import restore
 from bootseer_cli.compilecache.tree import Baseline, make_dirs
-from bootseer_cli.store import Store, open_store
+from bootseer_cli.store.core import Store, open_store
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (useradd, files of two owners)")
 

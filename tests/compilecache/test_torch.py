@@ -21,7 +21,7 @@ import pytest
 from bootseer_cli.compilecache.index import read_index
 from bootseer_cli.compilecache.tree import header_dir
 from bootseer_cli.stage import StageContext
-from bootseer_cli.store import blob_path, open_store
+from bootseer_cli.store.core import blob_path, open_store
 
 from .conftest import node_ctx, publish_as_agent, run_model, run_stage_on, venv_with_torch_version
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from bootseer_cli.cache import BlobCache
 from bootseer_cli.containers import engine
-from bootseer_cli.store import open_store
+from bootseer_cli.store.cache import BlobCache
+from bootseer_cli.store.core import open_store
 from bootseer_cli.templates import render
 from bootseer_cli.trust import default_domain
 from tests.support import images

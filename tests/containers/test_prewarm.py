@@ -11,7 +11,7 @@ import pytest
 
 from bootseer_cli.containers import engine
 from bootseer_cli.containers.prewarm import WORKDIR
-from bootseer_cli.store import open_store
+from bootseer_cli.store.core import open_store
 from tests.support import images
 
 from .conftest import Prewarmed, project
@@ -131,7 +131,7 @@ def test_prewarm_signs_on_the_host_and_the_key_stays_out(test_image: images.Test
     key; this process signs the refs it computed into the CI domain, and no staging domain is made."""
     from bootseer_cli.config import load
     from bootseer_cli.settings import Settings
-    from bootseer_cli.store import open_store_for
+    from bootseer_cli.store.core import open_store_for
     from bootseer_cli.trust import keygen
 
     cfg = project(tmp_path)

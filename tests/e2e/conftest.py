@@ -118,7 +118,7 @@ class Seed:
 
     def s3_store(self, server: S3Server) -> str:
         """A copy of the seed store uploaded to `server` (under a prefix of its own)."""
-        from bootseer_cli.store import open_store
+        from bootseer_cli.store.core import open_store
 
         uri = server.uri(f"seed-{uuid.uuid4().hex[:6]}")
         store = open_store(uri).in_domain("")  # the store's top level: every domain and the blobs, as they are
@@ -144,8 +144,8 @@ class Cold:
 def download_store(uri: str, dest: Path) -> Path:
     """Every object of the store at `uri` (all domains and the blobs) into a file:// store at `dest`,
     leaving out the S3-only `.keep` objects that keep a prefix alive on an object store."""
-    from bootseer_cli.store import open_store
-    from bootseer_cli.storefs import KEEP_NAME
+    from bootseer_cli.store.core import open_store
+    from bootseer_cli.store.fs import KEEP_NAME
 
     store = open_store(uri).in_domain("")
     for rel in store.list("", recursive=True):

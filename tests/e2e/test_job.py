@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.store import open_store
+from bootseer_cli.store.core import open_store
 from tests.e2e.harness import DEPS_COMMAND, EXAMPLE, NEW_TABULATE, OLD_TABULATE, Run, env_kind, wait_all
 
 pytestmark = pytest.mark.integration

@@ -24,7 +24,7 @@ import pytest
 from bootseer_cli.digests import sha256_file
 from bootseer_cli.envmount.image import FIELD, FORMAT
 from bootseer_cli.envmount.mounts import devices_at
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 
 from .conftest import agents_done, bootseer, config, mounted_under, node
 

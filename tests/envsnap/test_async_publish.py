@@ -25,7 +25,7 @@ import pytest
 from bootseer_cli.envsnap.catalog import REF_KIND
 from bootseer_cli.envsnap.lease import lease_key
 from bootseer_cli.errors import StoreError
-from bootseer_cli.store import open_store
+from bootseer_cli.store.core import open_store
 from bootseer_cli.trust import default_domain
 from tests.support import pkgindex
 from tests.support.s3server import S3_ENV, S3Server

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.cache import BlobCache
 from bootseer_cli.envsnap import capture, format, manifest, reader, segments
 from bootseer_cli.errors import BootseerError
 from bootseer_cli.settings import StoreSettings
+from bootseer_cli.store.cache import BlobCache
 from tests.support.slowdown import scaled
 
 BIG = format.CHUNK_BYTES // 2 + 4096  # a frame of its own, written by the large-file writer

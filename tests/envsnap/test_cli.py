@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.store import Store, blob_path
+from bootseer_cli.store.core import Store, blob_path
 from tests.envsnap.conftest import run_cli, tree_state
 
 pytestmark = pytest.mark.integration

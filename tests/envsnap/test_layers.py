@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 if TYPE_CHECKING:
     from bootseer_cli.keys import Keys
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
 
 def write_wheel(dest: Path, name: str, version: str, files: dict[str, str]) -> Path:
@@ -243,7 +243,7 @@ def test_a_killed_layered_restore_is_recovered_by_the_next_start(tmp_path: Path,
 
 def test_max_layers_squashes_and_gc_keeps_chains(tmp_path: Path, index: pkgindex.PackageIndex) -> None:
     from bootseer_cli import gc as gclib
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
     from bootseer_cli.upkeep import Policy
 
     job = Job(tmp_path, index, extra="max_layers = 2\n")
@@ -374,7 +374,7 @@ def rule_refs(store: Store) -> None:
 def test_the_parent_rule(tmp_path: Path) -> None:
     """Same image, roots and machine; names kept; the most shared inputs, ties by last use; chains bounded."""
     from bootseer_cli.envsnap.parent import choose
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
     store = Store((tmp_path / "store").as_uri())
     keys, roots, mine = rule_keys(), RULE_ROOTS, MINE
@@ -395,7 +395,7 @@ def test_the_parent_search_reads_an_s3_store_concurrently_by_the_same_rule(
     take ≥ 4.7 s, read 16 at a time well under half that; the choice is the rule's, whatever order the
     reads end in."""
     from bootseer_cli.envsnap.parent import choose
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
     from tests.support import s3server
 
     for k, v in s3server.S3_ENV.items():
@@ -426,11 +426,11 @@ def test_a_store_that_does_not_answer_gives_up_the_parent_search_at_its_deadline
     without running anything."""
     import socket
 
-    from bootseer_cli.cache import BlobCache
     from bootseer_cli.config import load
     from bootseer_cli.envsnap.layers import setup_over
     from bootseer_cli.settings import Settings
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.cache import BlobCache
+    from bootseer_cli.store.core import Store
     from tests.support import s3server
 
     for k, v in s3server.S3_ENV.items():
@@ -470,7 +470,7 @@ def test_a_base_env_prewarmed_from_ci_is_the_parent_of_a_team_file_that_includes
     from bootseer_cli.config import load
     from bootseer_cli.envsnap.parent import choose, setup_inputs
     from bootseer_cli.settings import Settings
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
     def env(d: Path, setup: str, **files: str) -> Settings:
         d.mkdir()

@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
-from bootseer_cli.cache import BlobCache
 from bootseer_cli.envsnap.stage import _restored_result
 from bootseer_cli.report.analysis import _cache_tally
+from bootseer_cli.store.cache import BlobCache
 from tests.envsnap.test_streamed import make_world, restore
 
 
@@ -35,6 +35,6 @@ def test_a_restore_from_the_node_cache_counts_its_bytes_as_saved(tmp_path: Path)
 
 
 def _blob_parts(digest: str) -> tuple[str, ...]:
-    from bootseer_cli.store import blob_path
+    from bootseer_cli.store.core import blob_path
 
     return tuple(blob_path(digest).split("/"))

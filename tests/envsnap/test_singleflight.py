@@ -103,7 +103,7 @@ def test_a_snapshot_that_cannot_be_restored_is_rebuilt_by_one_node(tmp_path: Pat
     takes the lease and builds, and the others wait for its snapshot. Before, a waiting node's first
     poll read the same broken ref, tried it again, and then ran the setup itself: three setups, not one,
     and each node warned twice."""
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
     env_at, marker = _config(tmp_path, store_uri)
     _assert_one_built_the_rest_restored(_start_nodes(tmp_path, env_at, "first"), env_at)
@@ -126,7 +126,7 @@ def test_a_lease_write_the_store_refuses_for_a_moment_is_taken_again(tmp_path: P
     one holds. The first write of a lease claim fails here, on every attempt the S3 client makes (a
     proxy answers 500 InternalError); the node takes the lease on its next try, builds and publishes,
     and a second node restores."""
-    from bootseer_cli.storeguard import META_ATTEMPTS
+    from bootseer_cli.store.guard import META_ATTEMPTS
 
     with DelayProxy((s3_server.host, s3_server.port), delay_ms=0) as proxy:
         uri = s3_server.uri(f"t-{os.urandom(6).hex()}").replace(s3_server.endpoint, proxy.endpoint)

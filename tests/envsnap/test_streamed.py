@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli import delivery
-from bootseer_cli.cache import BlobCache
 from bootseer_cli.envsnap import capture, format, manifest, publish, reader, segments
 from bootseer_cli.envsnap import restore as restore_mod
 from bootseer_cli.settings import P2PSettings, StoreSettings
-from bootseer_cli.store import Store, blob_path
+from bootseer_cli.store.cache import BlobCache
+from bootseer_cli.store.core import Store, blob_path
 from tests.envsnap.conftest import tree_state
 
 KEY = "a" * 64
@@ -135,10 +135,10 @@ def test_a_corrupt_cached_copy_is_dropped_and_the_store_read(world: dict, capsys
 def test_the_restore_of_a_local_store_imports_no_pyarrow(world: dict) -> None:
     code = (
         "import sys\n"
-        "from pathlib import Path\nfrom bootseer_cli.cache import BlobCache\n"
+        "from pathlib import Path\nfrom bootseer_cli.store.cache import BlobCache\n"
         "from bootseer_cli.envsnap import restore\n"
         "from bootseer_cli.settings import P2PSettings\n"
-        "from bootseer_cli.store import Store\n"
+        "from bootseer_cli.store.core import Store\n"
         f"r = restore.restore(P2PSettings(), Store({world['store'].uri!r}), BlobCache(Path(sys.argv[1]), 1 << 40),"
         f" {KEY!r}, [{str(world['root'])!r}])\n"
         "print(r.files, 'pyarrow' in sys.modules)\n"

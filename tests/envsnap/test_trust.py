@@ -21,7 +21,7 @@ import pytest
 from bootseer_cli.envsnap import apply, extract, format, plan, reader
 from bootseer_cli.envsnap import undo as undo_mod
 from bootseer_cli.errors import IntegrityError
-from bootseer_cli.store import Store, blob_path
+from bootseer_cli.store.core import Store, blob_path
 from tests.envsnap.conftest import killed_restore, run_cli, tree_state
 from tests.envsnap.test_cli import SITE, cli, make_base, project
 from tests.envsnap.test_safety import craft, reg, rel

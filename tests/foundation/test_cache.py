@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from bootseer_cli.cache import BlobCache
-from bootseer_cli.store import Store
+from bootseer_cli.store.cache import BlobCache
+from bootseer_cli.store.core import Store
 
 
 def test_fetch_then_hit_and_lru_eviction(tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bootseer_cli.cache import BlobCache
 from bootseer_cli.paths import blob_cache_dir, default_store_uri
-from bootseer_cli.store import Store
+from bootseer_cli.store.cache import BlobCache
+from bootseer_cli.store.core import Store
 
 
 def _bootseer(*args: str) -> subprocess.CompletedProcess[str]:

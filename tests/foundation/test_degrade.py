@@ -106,7 +106,7 @@ def test_events_without_any_run_directory_stay_in_memory_and_upload(
 ) -> None:
     """No writable directory anywhere: the events are kept in memory and go straight to the store."""
     from bootseer_cli import events, nodedirs
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
     monkeypatch.setattr(events, "usable_or_scratch", lambda d, name: None)
     monkeypatch.setattr(nodedirs, "_warned", False)
@@ -159,7 +159,7 @@ def test_exec_with_an_s3_store_that_never_answers_starts_the_job_within_the_dead
     down: the second stage does not ask it again, even after a setup that outlasts `DOWN_S` (drops-syn:
     its first request ends sooner, so there is room for a 16 s setup within the bound). Without an agent
     (hung) the run's events are uploaded before exec, and that small write took another 180 s."""
-    from bootseer_cli.storeguard import DOWN_S
+    from bootseer_cli.store.guard import DOWN_S
 
     endpoint = SilentEndpoint(how)
     try:
@@ -218,7 +218,7 @@ def test_a_blob_read_has_a_deadline_and_marks_the_store_down() -> None:
     data and the store's own errors through unchanged."""
     import threading
 
-    from bootseer_cli import storeguard
+    from bootseer_cli.store import guard as storeguard
 
     breaker = storeguard.Breaker()
     assert storeguard.within(lambda: 42, breaker, "x", limit_s=1) == 42
@@ -260,7 +260,7 @@ def test_a_blob_read_has_a_deadline_and_marks_the_store_down() -> None:
 def test_a_store_taken_for_down_is_asked_again_later_and_other_errors_do_not_count(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from bootseer_cli import storeguard
+    from bootseer_cli.store import guard as storeguard
 
     calls: list[str] = []
 
@@ -326,7 +326,7 @@ def test_ctrl_c_is_honoured_while_the_store_does_not_answer(tmp_path: Path) -> N
 
 def test_gcs_options_are_bounded_and_checked() -> None:
     from bootseer_cli.errors import StoreError
-    from bootseer_cli.storefs import _open_gcs
+    from bootseer_cli.store.fs import _open_gcs
 
     fs, root = _open_gcs("gs://bucket/a/b?anonymous=true&retry_limit_seconds=3")
     assert root == "bucket/a/b" and fs.type_name == "gcs"

@@ -251,7 +251,7 @@ def test_skip(ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_events_upload_and_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store_uri: str) -> None:
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
     store = Store(store_uri)
     monkeypatch.setenv("BOOTSEER_JOB_ID", "job-ev")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from bootseer_cli import gc
-from bootseer_cli.store import Store, blob_path
+from bootseer_cli.store.core import Store, blob_path
 from bootseer_cli.stripe.layout import manifest_rel
 from bootseer_cli.stripe.push import push
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from bootseer_cli.store import Store, blob_path
+from bootseer_cli.store.core import Store, blob_path
 
 DAY = 86400.0
 

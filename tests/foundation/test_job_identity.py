@@ -12,7 +12,7 @@ import pytest
 
 from bootseer_cli.events import RunInfo
 from bootseer_cli.launcher import job_id_hint
-from bootseer_cli.store import open_store
+from bootseer_cli.store.core import open_store
 from tests.support.events_table import load_table
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from bootseer_cli.errors import StoreError
-from bootseer_cli.store import Lease, Store, open_store
+from bootseer_cli.store.core import Lease, Store, open_store
 from tests.support.s3server import ACCESS_KEY, SECRET_KEY, S3Server, free_port
 
 pytestmark = pytest.mark.integration
@@ -188,7 +188,7 @@ def test_a_server_that_ignores_conditional_writes_keeps_the_old_protocol(
 ) -> None:
     """rclone's `serve s3` (the suite's S3 server) answers 200 to a PUT with If-None-Match: * over an
     existing object: trusting it would make every taker a holder. The probe finds that out; the lease
-    is then taken with a claim per taker (Lamport's bakery, `leaseclaims`), which doctor says."""
+    is then taken with a claim per taker (Lamport's bakery, `store.leases`), which doctor says."""
     from bootseer_cli.doctor import check_leases
     from bootseer_cli.settings import StoreSettings
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from bootseer_cli.ckpt import phase_bars
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from bootseer_cli.stripe.push import push
 
 

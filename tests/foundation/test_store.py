@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.errors import IntegrityError, StoreError
-from bootseer_cli.store import Store, blob_path
+from bootseer_cli.store.core import Store, blob_path
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import tomllib
 
 from bootseer_cli import capabilities, gc
 from bootseer_cli.report import svg
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from tests.foundation import toycap
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import pytest
 
 from bootseer_cli.hotblocks.opens import OpenLog, open_group
 from bootseer_cli.hotblocks.record import Record, from_parquet, publish, to_parquet
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 
 from .conftest import bootseer, wait_for, write_config
 

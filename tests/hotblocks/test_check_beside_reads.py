@@ -26,7 +26,7 @@ from bootseer_cli.commands.options import load_settings
 from bootseer_cli.hotblocks import loadercache, probe
 from bootseer_cli.hotblocks.freshness import Check
 from bootseer_cli.hotblocks.record import REF_KIND
-from bootseer_cli.store import open_store
+from bootseer_cli.store.core import open_store
 from tests.support.delayproxy import DelayProxy
 from tests.support.lazyfs import HANG_S, LazyMount
 from tests.support.rclonemount import RcloneMount, upload

@@ -26,7 +26,7 @@ import pytest
 
 from bootseer_cli.commands.options import load_settings
 from bootseer_cli.hotblocks import loadercache, probe
-from bootseer_cli.store import open_store
+from bootseer_cli.store.core import open_store
 from tests.support.delayproxy import DelayProxy
 from tests.support.rclonemount import RcloneMount, upload
 from tests.support.s3server import delayed

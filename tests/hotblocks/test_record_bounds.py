@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.cache import BlobCache
 from bootseer_cli.config import load as load_config
 from bootseer_cli.hotblocks.pagecache import evict, walk_files
 from bootseer_cli.hotblocks.record import Record, load, publish
 from bootseer_cli.hotblocks.replay import replay
 from bootseer_cli.settings import Settings
-from bootseer_cli.store import Store
+from bootseer_cli.store.cache import BlobCache
+from bootseer_cli.store.core import Store
 
 from .conftest import MiB, bootseer, resident_set, write_config
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.hotblocks.pagecache import evict, walk_files
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from tests.support.lazyfs import LazyMount
 
 from .conftest import MiB, bootseer, pages, resident_set, wait_for, write_config

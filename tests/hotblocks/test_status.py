@@ -14,7 +14,7 @@ import pytest
 from bootseer_cli.commands.options import load_settings
 from bootseer_cli.hotblocks import status
 from bootseer_cli.hotblocks.status import RETRY_EVERY
-from bootseer_cli.store import open_store
+from bootseer_cli.store.core import open_store
 
 from .conftest import bootseer, pages, resident_set, wait_for, write_config
 

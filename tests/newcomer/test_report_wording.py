@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from tests.report.support import node_events, write_run
 
 

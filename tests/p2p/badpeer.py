@@ -19,7 +19,7 @@ def main(store_uri: str, digest: str, work: Path, ports: str, secret_file: Path)
     from bootseer_cli.p2p.discovery import Announcer
     from bootseer_cli.p2p.secret import read_secret_file, swarm_torrent
     from bootseer_cli.p2p.swarm import Swarm
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
     store = Store(store_uri)
     work.mkdir(parents=True, exist_ok=True)

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from bootseer_cli.cache import BlobCache
 from bootseer_cli.p2p.publish import publish_file
 from bootseer_cli.settings import P2PSettings
-from bootseer_cli.store import Store
+from bootseer_cli.store.cache import BlobCache
+from bootseer_cli.store.core import Store
 from tests.p2p.nodes import port_range, random_file, swarm_secret_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

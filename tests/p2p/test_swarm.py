@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.p2p.publish import publish_file
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from tests.p2p.nodes import REPO, STARTED, node_env, port_range, random_file, sha256, start_node, swarm_secret_file
 from tests.support.s3server import S3Server
 from tests.support.silentendpoint import StallingProxy
@@ -167,7 +167,7 @@ def test_a_store_that_stops_sending_fails_the_fetch_soon(tmp_path: Path, s3_serv
     from the store after it as long again, and the process's exit waited for its abandoned request:
     `bootseer p2p fetch` failed after 401 s. Now each read has `storeguard.STALL_S` (20 s), the store is
     then taken for down, and the exit does not wait for the read it gave up."""
-    from bootseer_cli.storeguard import STALL_S
+    from bootseer_cli.store.guard import STALL_S
 
     uri = s3_server.uri(f"t-{os.urandom(6).hex()}")
     _, digest, _ = _publish(tmp_path, uri, 8 * MiB)

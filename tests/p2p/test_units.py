@@ -16,7 +16,7 @@ from bootseer_cli.errors import ConfigError
 from bootseer_cli.p2p.discovery import Announcer, local_host, parse_endpoint, swarm_peers
 from bootseer_cli.p2p.swarm import make_torrent, parse_ports, piece_size_for
 from bootseer_cli.settings import P2PSettings, Settings
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from tests.p2p.nodes import random_file, swarm_secret_file
 
 MiB = 1 << 20
@@ -86,8 +86,8 @@ def test_after_publish_makes_and_reuses_the_torrent(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_a_blob_without_torrent_gets_one_from_its_first_fetcher(tmp_path: Path) -> None:
-    from bootseer_cli.cache import BlobCache
     from bootseer_cli.p2p.fetch import shutdown
+    from bootseer_cli.store.cache import BlobCache
 
     store = Store((tmp_path / "store").as_uri())
     digest = store.put_blob_bytes(b"a blob published without its torrent" * 1000)
@@ -147,7 +147,7 @@ def test_fetch_rejects_a_malformed_digest(tmp_path: Path) -> None:
 
 def test_bad_port_in_config_falls_back_to_the_store(tmp_path: Path) -> None:
     """A broken [p2p] setting never stops a fetch: the store serves it, with the reason in the note."""
-    from bootseer_cli.cache import BlobCache
+    from bootseer_cli.store.cache import BlobCache
 
     store = Store((tmp_path / "store").as_uri())
     src = random_file(tmp_path / "b", MiB, seed=9)
@@ -162,7 +162,7 @@ def test_bad_port_in_config_falls_back_to_the_store(tmp_path: Path) -> None:
 
 def test_a_torrent_for_another_blob_is_refused(tmp_path: Path) -> None:
     """The torrent comes from the store: one that names another file is not used (the store serves)."""
-    from bootseer_cli.cache import BlobCache
+    from bootseer_cli.store.cache import BlobCache
 
     store = Store((tmp_path / "store").as_uri())
     a = random_file(tmp_path / "a", MiB, seed=21)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from tests.report.support import node_events, write_run
 
 BIG_NODES = 1000

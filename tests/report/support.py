@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from bootseer_cli import events
 
 if TYPE_CHECKING:
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
 
 def node_events(

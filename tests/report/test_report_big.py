@@ -15,7 +15,7 @@ import pytest
 from bootseer_cli.report import analysis, load
 from bootseer_cli.report.page import job_html
 from bootseer_cli.report.svg import GROUP_ROWS
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from bootseer_cli.units import fmt_seconds
 from tests.report.conftest import BIG_NODES, RESTARTED, STRAGGLER, BigJob
 from tests.report.recompute import assert_matches, expected

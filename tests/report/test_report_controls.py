@@ -14,7 +14,7 @@ from pathlib import Path
 from bootseer_cli import events
 from bootseer_cli.report.svg import esc
 from bootseer_cli.report.text import terminal_safe
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 
 EVIL_NODE = "node\x1b[2J\x07\x9b31m\u202eevil"
 EVIL_REASON = "slow\x1b]0;owned\x07 \x00\x0b"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli import events
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from tests.report.support import in_process, node_events, write_run
 
 

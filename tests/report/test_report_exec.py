@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bootseer_cli.store import open_store
+from bootseer_cli.store.core import open_store
 from tests.report.recompute import assert_matches, expected
 from tests.report.support import chromium_screenshot, colour_stats, node_events, write_run
 from tests.support.events_table import load_table

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bootseer_cli.store import open_store
+from bootseer_cli.store.core import open_store
 from tests.support.events_table import load_table
 
 pytest.importorskip("torch")

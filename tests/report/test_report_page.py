@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.report.svg import axis_ticks
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from tests.report.support import chromium_screenshot, write_run
 
 pytestmark = pytest.mark.integration

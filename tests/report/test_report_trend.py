@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from bootseer_cli.trust import default_domain
 from tests.report.recompute import latest_runs
 from tests.report.support import node_events, write_run

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.cache import BlobCache
 from bootseer_cli.errors import StoreError
-from bootseer_cli.store import Store
+from bootseer_cli.store.cache import BlobCache
+from bootseer_cli.store.core import Store
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +99,7 @@ def test_entry_linked_to_dev_zero_is_not_read(tmp_path: Path) -> None:
     code = f"""
 import sys
 from pathlib import Path
-from bootseer_cli.cache import BlobCache
+from bootseer_cli.store.cache import BlobCache
 c = BlobCache(Path({str(tmp_path / "cache")!r}), 1 << 30)
 d = "86" + "0" * 62
 p = c.path(d)

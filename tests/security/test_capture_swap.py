@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from bootseer_cli.cache import BlobCache
 from bootseer_cli.envsnap import capture, format, manifest, reader, segments
 from bootseer_cli.errors import BootseerError
 from bootseer_cli.settings import StoreSettings
+from bootseer_cli.store.cache import BlobCache
 
 SECRET = b"ROOT-ONLY-SECRET-"
 BIG = format.CHUNK_BYTES // 2 + 4096

@@ -20,7 +20,7 @@ import pytest
 
 from bootseer_cli.config import load
 from bootseer_cli.settings import P2PSettings, Settings
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from tests.support import pkgindex
 from tests.support.s3server import S3_ENV
 
@@ -45,8 +45,8 @@ def test_lease_live_ignores_a_ttl_beyond_the_readers(store_uri: str) -> None:
 
 def test_a_far_future_p2p_lease_falls_back_to_the_store_within_the_deadline(s3_server, tmp_path: Path) -> None:
     """Before: `_wait_for_torrent` waited for as long as the lease document said (forever)."""
-    from bootseer_cli.cache import BlobCache
     from bootseer_cli.delivery import fetch_blob
+    from bootseer_cli.store.cache import BlobCache
     from tests.p2p.nodes import swarm_secret_file
 
     store = Store(s3_server.uri(f"t-deadline-{time.time_ns()}"), settle_s=0.3)

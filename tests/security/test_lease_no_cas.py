@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from bootseer_cli.store import Lease, Store
+from bootseer_cli.store.core import Lease, Store
 from tests.support.s3server import S3Server
 
 pytestmark = pytest.mark.integration

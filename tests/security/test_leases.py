@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from bootseer_cli import store as store_mod
 from bootseer_cli.envsnap.lease import LeaseKeeper
-from bootseer_cli.store import Store
+from bootseer_cli.store import core as store_mod
+from bootseer_cli.store.core import Store
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from bootseer_cli.stripe.mount import FSTYPE, umount
 from bootseer_cli.stripe.push import push
 

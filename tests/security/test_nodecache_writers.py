@@ -2,7 +2,7 @@
 
 The node cache may be a directory its user can write while root (the Slurm prolog, `exec`) fetches
 into it. Every other writer there enters the fan-out directories without following links
-(`cachedir.py`); these two made `sha256/<xx>` by path and wrote their temporaries below it, so a
+(`store/cachedir.py`); these two made `sha256/<xx>` by path and wrote their temporaries below it, so a
 user's `sha256/<xx> -> /etc/cron.d` made root write a file of the swarm's bytes into /etc/cron.d.
 A link planted at the destination's directory must be refused, never followed, and the fetch goes on.
 """
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from bootseer_cli.cache import BlobCache
-from bootseer_cli.cachedir import UnsafeCacheDir
 from bootseer_cli.p2p.copyout import keep_torrent
+from bootseer_cli.store.cache import BlobCache
+from bootseer_cli.store.cachedir import UnsafeCacheDir
 from tests.p2p.test_helper import _download, helper  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -17,7 +17,7 @@ import pytest
 from bootseer_cli.p2p import fetch as p2p_fetch
 from bootseer_cli.p2p.discovery import local_host
 from bootseer_cli.settings import P2PSettings
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from tests.p2p.nodes import port_range, swarm_secret_file
 
 pytestmark = pytest.mark.integration

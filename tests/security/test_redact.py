@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bootseer_cli.redact import redact, redact_text
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 
 
 @pytest.mark.parametrize(

@@ -115,7 +115,7 @@ def test_archive_modes_are_masked_to_0755(tmp_path: Path) -> None:
 CAPTURE_WITH_FIFO = """
 import os, sys
 from pathlib import Path
-from bootseer_cli.cache import BlobCache
+from bootseer_cli.store.cache import BlobCache
 from bootseer_cli.envsnap import capture, manifest
 from bootseer_cli.settings import StoreSettings
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.cache import BlobCache
 from bootseer_cli.delivery import fetch_blob
 from bootseer_cli.hotblocks import record
 from bootseer_cli.settings import P2PSettings
-from bootseer_cli.store import Store, blob_path
+from bootseer_cli.store.cache import BlobCache
+from bootseer_cli.store.core import Store, blob_path
 from bootseer_cli.stripe.catalog import Targets
 from bootseer_cli.stripe.pull import pull
 from bootseer_cli.stripe.push import push
@@ -158,7 +158,7 @@ def test_push_replaces_a_corrupt_object_of_the_right_size(tmp_path: Path, kind: 
 def test_a_republish_mends_a_corrupt_local_blob(tmp_path: Path) -> None:
     """The node cache hard-links the local store's blobs: a byte flipped in one is flipped in both, so a
     blob already present with the right size must be checked by digest before a republish skips it."""
-    from bootseer_cli.store import blob_path, open_store
+    from bootseer_cli.store.core import blob_path, open_store
 
     store = open_store((tmp_path / "store").as_uri())
     src = tmp_path / "blob"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.settings import Settings, StoreSettings, TrustSettings
-from bootseer_cli.store import open_store_for
+from bootseer_cli.store.core import open_store_for
 from bootseer_cli.stripe import catalog
 from bootseer_cli.stripe.layout import latest_rel, manifest_rel
 from bootseer_cli.stripe.push import push

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from bootseer_cli.stripe.layout import manifest_rel
 from bootseer_cli.stripe.push import push
 

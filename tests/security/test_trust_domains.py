@@ -22,7 +22,7 @@ from bootseer_cli.compilecache.stage import run_stage
 from bootseer_cli.compilecache.tasks import PublishTask, publish_task
 from bootseer_cli.settings import CompileSettings, ExecSettings, Settings, StoreSettings, TrustSettings
 from bootseer_cli.stage import StageContext
-from bootseer_cli.store import Store, open_store, open_store_for
+from bootseer_cli.store.core import Store, open_store, open_store_for
 from bootseer_cli.trust import keygen
 from bootseer_cli.unverified import say
 from tests.compilecache.conftest import TEST_KEYS, FakeAgent, new_run, usual_job

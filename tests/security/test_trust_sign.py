@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.freshness import SEQ_FIELD
-from bootseer_cli.store import Store, blob_path
+from bootseer_cli.store.core import Store, blob_path
 from bootseer_cli.trust import Trust, keygen
 from tests.envsnap.conftest import run_cli
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from bootseer_cli.stripe.push import push
 
 pytestmark = [

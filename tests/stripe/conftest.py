@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.store import Store, blob_path
+from bootseer_cli.store.core import Store, blob_path
 from bootseer_cli.stripe.mount import mount_info
 from tests.support.mounts import mounted_under as _mounted_under
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from bootseer_cli.stripe import catalog
 from bootseer_cli.stripe.mount import mount_detached, mount_info
 from bootseer_cli.stripe.push import push

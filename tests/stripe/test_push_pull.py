@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.errors import BootseerError, ConfigError, IntegrityError, StoreError
-from bootseer_cli.store import Store, blob_path
+from bootseer_cli.store.core import Store, blob_path
 from bootseer_cli.stripe import catalog
 from bootseer_cli.stripe.layout import latest_rel, manifest_rel
 from bootseer_cli.stripe.pull import pull
@@ -168,9 +168,9 @@ def test_cli_and_api(tmp_path: Path, plain_ckpt: Path) -> None:
 
 def test_pull_of_whole_stripes_through_the_node_cache(tmp_path: Path, plain_ckpt: Path) -> None:
     """With [p2p] on, pull fetches whole stripes via delivery.fetch_blob (cache → swarm → store)."""
-    from bootseer_cli.cache import cache_for
     from bootseer_cli.config import load
     from bootseer_cli.settings import Settings
+    from bootseer_cli.store.cache import cache_for
 
     store, m = _pushed(tmp_path, plain_ckpt)
     settings = Settings.from_config(load(None))

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.store import Store
-from bootseer_cli.storeguard import STALL_S
+from bootseer_cli.store.core import Store
+from bootseer_cli.store.guard import STALL_S
 from bootseer_cli.stripe.mount import mount_detached
 from bootseer_cli.stripe.push import push
 from tests.support.s3server import S3Server

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bootseer_cli.store import Store
+from bootseer_cli.store.core import Store
 from bootseer_cli.stripe.catalog import load_manifest
 from bootseer_cli.stripe.mount import mount_info
 

@@ -10,7 +10,7 @@ from bootseer_cli.events import to_table
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
 
 def load_table(store: Store, job: str | None = None) -> pa.Table:

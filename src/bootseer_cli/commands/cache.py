@@ -21,7 +21,7 @@ from ..units import fmt_age, fmt_bytes
 from .options import ConfigOpt, JsonOpt, StoreOpt, load_settings
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
+    from ..store.cache import BlobCache
 
 cache = typer.Typer(help="The node's blob cache: what it holds, and trimming it.", no_args_is_help=True)
 
@@ -43,7 +43,7 @@ def parse_size(text: str) -> int:
 
 
 def _node_cache(config: Path | None, store: str | None) -> BlobCache:
-    from ..cache import cache_for
+    from ..store.cache import cache_for
 
     return cache_for(load_settings(config, store).store, degrade=False)  # the configured one, as it is
 
@@ -97,7 +97,7 @@ def prune(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove least recently used blobs until the cache fits SIZE; the next start refetches what it needs."""
-    from ..cache import BlobCache
+    from ..store.cache import BlobCache
 
     c = _node_cache(config, store)
     limit = parse_size(max_size) if max_size is not None else c.max_bytes

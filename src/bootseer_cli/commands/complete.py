@@ -29,7 +29,7 @@ def checkpoint_refs(incomplete: str) -> list[str]:
     def read() -> None:
         try:
             from ..settings import Settings
-            from ..store import open_store_for
+            from ..store.core import open_store_for
             from ..stripe.layout import ckpt_prefix
             from .options import load_config
 

@@ -19,7 +19,7 @@ from .options import ConfigOpt, JsonOpt, StoreOpt, load_config
 
 if TYPE_CHECKING:
     from ..envsnap.actions import Published
-    from ..store import Store
+    from ..store.core import Store
 
 SHOWN_FIELDS = ("env_key", "blob", "size", "files", "bytes", "deletions", "created", "creator", "roots", "format")
 
@@ -92,7 +92,7 @@ env_app = typer.Typer(help="List, show and remove environment snapshots.", no_ar
 def env_ls(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List the snapshots in the store: key, size, files, age, creator."""
     from ..envsnap.catalog import list_snapshots
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     rows = list_snapshots(open_store_for(Settings.from_config(load_config(config, store))))
     if as_json:
@@ -129,13 +129,13 @@ _SIZE_LABELS = {"size": "compressed", "bytes": "unpacked"}
 _TIMES = ("created", "used")
 
 
-def _show_value(k: str, v: Any) -> str:
+def _show_value(k: str, v: object) -> str:
     """One field of a ref as `env show` prints it (the JSON form keeps the raw values)."""
-    number = isinstance(v, int | float) and not isinstance(v, bool)
-    if k in _SIZE_LABELS and number:
-        return f"{fmt_bytes(float(v))} {_SIZE_LABELS[k]}"
-    if k in _TIMES and number:
-        return f"{fmt_time(float(v))} ({fmt_age(float(v))} ago)"
+    number = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    if k in _SIZE_LABELS and number is not None:
+        return f"{fmt_bytes(number)} {_SIZE_LABELS[k]}"
+    if k in _TIMES and number is not None:
+        return f"{fmt_time(number)} ({fmt_age(number)} ago)"
     if isinstance(v, list | tuple):
         return ", ".join(str(x) for x in v) if v else "(none)"
     if isinstance(v, dict):
@@ -169,7 +169,7 @@ def env_show(
 ) -> None:
     """Show one snapshot's ref (and with --files its entries, deletions and per-file digests)."""
     from ..envsnap import catalog
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     settings = Settings.from_config(load_config(config, store))
     st = open_store_for(settings)
@@ -200,7 +200,7 @@ def env_rm(
 ) -> None:
     """Remove snapshots: the ref, and the blob when no other ref names it."""
     from ..envsnap import catalog
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     st = open_store_for(Settings.from_config(load_config(config, store)))
     removed: list[str] = []

@@ -41,7 +41,7 @@ def gc(
     """Remove from the store what the keep policies let go, then the blobs nothing names any more."""
     from .. import gc as gclib
     from ..paths import runs_dir
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     policy = gclib.Policy(keep_days=keep_days, keep_tags=keep_tags)
     settings = load_settings(config, store)
@@ -58,7 +58,8 @@ def gc(
         typer.echo(json.dumps(doc, indent=2))
         return
     verb = "would remove" if dry_run else "removed"
-    width = max((len(x.name) for x in [*plan.doomed, *plan.kept_refs]), default=0)  # whole names (issue 46)
+    names = [d.name for d in plan.doomed] + [k.name for k in plan.kept_refs]
+    width = max(map(len, names), default=0)  # whole names (issue 46)
     for d in plan.doomed:
         used = f", idle {fmt_age(d.last_used, policy.now)}" if d.last_used else ""
         typer.echo(f"{verb} {d.kind:7} {d.name:{width}} {fmt_bytes(d.bytes):>9}{used}")

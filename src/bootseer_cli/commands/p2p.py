@@ -68,7 +68,7 @@ def publish(
     """Upload FILE as a blob and its torrent; prints the blob's digest (then the torrent's)."""
     from ..errors import BootseerError
     from ..p2p.publish import publish_file
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     if not file.is_file():
         raise BootseerError(f"{file}: not a file", 2)
@@ -84,9 +84,9 @@ def fetch(
     as_json: JsonOpt = False,
 ) -> None:
     """Fetch one blob into the node cache (cache → swarm → store), then serve peers until they are done."""
-    from ..cache import cache_for
     from ..delivery import fetch_blob, handoff
-    from ..store import blob_path, open_store_for
+    from ..store.cache import cache_for
+    from ..store.core import blob_path, open_store_for
 
     blob_path(digest)  # a clear error for a malformed digest
     settings = load_settings(config, store)

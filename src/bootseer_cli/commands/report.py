@@ -53,7 +53,7 @@ def report(
     from ..errors import ConfigError
     from ..report import analysis, load, page, text
     from ..report.svg import timeline_svg
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     if job and last:
         raise ConfigError("--job and --last: give one of them")

@@ -146,7 +146,7 @@ def keys(
 def _env_chain(settings: Settings, k: Keys) -> list[str]:
     """The env snapshot's chain of layers, or the parent a build would choose and why (store best effort)."""
     from ..envsnap.parent import explain
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     try:
         return explain(settings, k, open_store_for(settings))

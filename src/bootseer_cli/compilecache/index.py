@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from ..errors import IntegrityError, StoreError
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store.core import Store
 
 INDEX_VERSION = 1
 _HEX = frozenset("0123456789abcdef")

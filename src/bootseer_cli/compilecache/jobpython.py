@@ -223,6 +223,6 @@ def job_torch(command: Sequence[str], environ: Mapping[str, str], configured: Pa
 def for_command(settings: Settings, command: Sequence[str]) -> JobTorch:
     """For `bootseer keys` and `doctor`, which run no stage: the launcher's environment is this one, less
     what exec withholds from the launcher (the store's credentials: the probe runs the job's interpreter)."""
-    from ..launch import launcher_base_environ
+    from ..launcher import launcher_base_environ
 
     return job_torch(command, launcher_base_environ(settings, os.environ), settings.compile.python)

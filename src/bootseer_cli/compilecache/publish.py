@@ -22,7 +22,7 @@ from .nofollow import Tree, open_file, open_tree
 from .tree import HEADERS, SHARED_ROOTS, Baseline, index_parts, walk
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store.core import Store
 
 REFRESH_S = 3600.0
 CHUNK = 1 << 20

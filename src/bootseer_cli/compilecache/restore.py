@@ -26,7 +26,7 @@ from .nofollow import Refused, Tree, open_tree, stat_file, usable_file, write_fi
 from .tree import index_parts
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store.core import Store
 
 THREADS = 8
 
@@ -46,7 +46,7 @@ class Restored:
 
 def _download(store: Store, e: Entry, fd: int) -> int:
     """Stream blob `e` into `fd`, verified against its digest and listed size (manifests are untrusted)."""
-    from ..store import CHUNK, blob_path
+    from ..store.core import CHUNK, blob_path
 
     h = hashlib.sha256()
     n = 0

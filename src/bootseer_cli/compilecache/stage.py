@@ -43,7 +43,7 @@ def default_base() -> Path:
 def launcher_env(ctx: StageContext) -> dict[str, str]:
     """The launcher's environment as the stages leave it (PATH, TMPDIR, user): what its interpreter sees,
     without the store's credentials that exec withholds from it (the probe runs the job's interpreter)."""
-    from ..launch import launcher_base_environ
+    from ..launcher import launcher_base_environ
 
     return {**launcher_base_environ(ctx.settings, os.environ), **ctx.exports}
 

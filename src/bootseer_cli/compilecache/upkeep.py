@@ -13,7 +13,8 @@ from ..upkeep import Check, Doomed, Kept, Policy, Scan, is_digest, number, withi
 
 if TYPE_CHECKING:
     from ..settings import Settings
-    from ..store import FileInfo, Store
+    from ..store.core import Store
+    from ..store.fs import StoredFile
 
 
 def doctor(settings: Settings, command: Sequence[str] = ()) -> list[Check]:
@@ -37,7 +38,7 @@ def doctor(settings: Settings, command: Sequence[str] = ()) -> list[Check]:
 
 def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:
     """A compile key goes whole when none of its entries was used within keep_days."""
-    shards: dict[str, list[FileInfo]] = {}
+    shards: dict[str, list[StoredFile]] = {}
     for f in store.list_info("refs/compile"):
         parts = f.rel.split("/")
         if len(parts) == 4 and parts[3].endswith(".json"):

@@ -26,14 +26,15 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, overload
 
 from ..errors import BootseerError
 
 if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
     from docker.models.containers import Container
 
-    from ..store import Store
+    from ..store.core import Store
 
 STAGE = "/bootseer/staging"  # the container's own store (file://), inside its filesystem only
 STAGE_DOMAIN = "prewarm"
@@ -61,14 +62,15 @@ class _Chunks(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buf: Any) -> int:
+    def readinto(self, buf: WriteableBuffer) -> int:
         while not self._rest:
             try:
                 self._rest = next(self._chunks)
             except StopIteration:
                 return 0
-        n = min(len(buf), len(self._rest))
-        buf[:n], self._rest = self._rest[:n], self._rest[n:]
+        with memoryview(buf) as view:
+            n = min(len(view), len(self._rest))
+            view[:n], self._rest = self._rest[:n], self._rest[n:]
         return n
 
 
@@ -103,7 +105,13 @@ class Handback:
                 self.blobs[digest] = self._member(container, f"{STAGE}/{_blob_rel(digest)}", None, digest)
         self.refs[(kind, key)] = doc
 
-    def _member(self, container: Container, path: str, cap: int | None, digest: str | None) -> Any:
+    @overload
+    def _member(self, container: Container, path: str, cap: int, digest: None) -> bytes: ...
+
+    @overload
+    def _member(self, container: Container, path: str, cap: None, digest: str) -> Path: ...
+
+    def _member(self, container: Container, path: str, cap: int | None, digest: str | None) -> bytes | Path:
         """The one regular file at `path` in the container: its bytes (`cap`), or, for a blob, a host
         file whose sha256 is `digest`. Anything else (missing, a link, a directory) is refused."""
         import docker.errors
@@ -122,7 +130,7 @@ class Handback:
             assert f is not None  # a regular member always has its data
             return f.read() if digest is None else self._blob_file(f, digest, path)
 
-    def _blob_file(self, src: Any, digest: str, path: str) -> Path:
+    def _blob_file(self, src: IO[bytes], digest: str, path: str) -> Path:
         h = hashlib.sha256()
         dest = self.dir / digest
         with open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as out:
@@ -181,7 +189,8 @@ def blobs_of(doc: dict[str, Any], what: str) -> list[str]:
     it (the hashes of requirement files an env ref keeps as its inputs) name no blob."""
     from ..digests import is_digest
 
-    chain = doc.get("chain") if isinstance(doc.get("chain"), list) else []
+    chain = doc.get("chain")
+    chain = chain if isinstance(chain, list) else []
     out = [d.get("blob") if isinstance(d, dict) else None for d in chain] + [doc.get("blob")]
     if not all(is_digest(d) for d in out):
         raise BootseerError(f"{what} names a blob that is not a sha256 digest")

@@ -37,10 +37,10 @@ class Prefetched:
 
 def prefetch(settings: Settings) -> Prefetched:
     """Fetch what each capability's next start will fetch (its `prefetch` hook in the capability table)."""
-    from ..cache import cache_for
     from ..capabilities import CAPABILITIES, resolve
     from ..identity import keys_for
-    from ..store import open_store_for
+    from ..store.cache import cache_for
+    from ..store.core import open_store_for
 
     keys = keys_for(settings)
     store = open_store_for(settings)

@@ -40,10 +40,11 @@ from .handback import STAGE_DOMAIN, Handback, stage_uri
 
 if TYPE_CHECKING:
     from docker import DockerClient
+    from docker.models.containers import Container
 
     from ..keys import Keys
     from ..settings import Settings
-    from ..store import Store
+    from ..store.core import Store
 
 WORKDIR = "/bootseer/work"  # where the config and the setup's files are copied in the container
 # Host variables handed to the containers: bootseer's own settings, never the store's (its URI and
@@ -171,7 +172,7 @@ def prewarm(
     host_network: bool = False,
 ) -> Published:
     """The whole CI pre-warm of one image; raises BootseerError with the failing step's exit code."""
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     environ = dict(os.environ) if environ is None else environ
     say = echo or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -338,9 +339,16 @@ class _Runner:
                 res.exit_code or 1,
             ) from None
 
-    def _run(self, step: str, command: list[str], echo: bool = True, **io: Any) -> RunResult:
+    def _run(
+        self,
+        step: str,
+        command: list[str],
+        echo: bool = True,
+        seed: Path | None = None,
+        after: Callable[[Container], None] | None = None,
+    ) -> RunResult:
         try:
-            return self._start(step, command, echo, **io)
+            return self._start(step, command, echo, seed=seed, after=after)
         except BootseerError as e:
             if e.exit_code == 127 and command[0] == "bootseer":
                 raise BootseerError(
@@ -350,7 +358,15 @@ class _Runner:
                 ) from None
             raise
 
-    def _start(self, step: str, command: list[str], echo: bool, **io: Any) -> RunResult:
+    def _start(
+        self,
+        step: str,
+        command: list[str],
+        echo: bool,
+        *,
+        seed: Path | None,
+        after: Callable[[Container], None] | None,
+    ) -> RunResult:
         return run_container(
             self.client,
             self.image.pinned,
@@ -361,5 +377,6 @@ class _Runner:
             working_dir=WORKDIR,
             name_hint=step,
             echo=(lambda line: self.say(f"  {line}")) if echo else None,
-            **io,
+            seed=seed,
+            after=after,
         )

@@ -40,8 +40,8 @@ from typing import IO, TYPE_CHECKING, Any
 from ..errors import BootseerError
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
 
 FIELD = "fs_image"
 FORMAT = "squashfs-zstd"

@@ -29,8 +29,9 @@ from ..errors import BootseerError, StageFatal
 
 if TYPE_CHECKING:
     from ..agent import Agent
+    from ..delivery import Fetched
     from ..stage import StageContext, StageResult
-    from ..store import Store
+    from ..store.core import Store
     from .runs import RunMounts
 
 
@@ -107,7 +108,7 @@ def _identity(path: Path) -> str:
     return f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_ctime_ns}"
 
 
-def _local_image(ctx: StageContext, store: Store, digest: str, size: int) -> Any:
+def _local_image(ctx: StageContext, store: Store, digest: str, size: int) -> Fetched:
     """The image in the node cache, its digest verified once: on the download (or a first hash of a
     cached copy), then remembered by the file's identity (device, inode, size, ctime: any write,
     rename or replacement changes one), so a later start does not read 200 MB again before it mounts.
@@ -154,7 +155,7 @@ def _mount_all(rm: RunMounts, image: str, roots: list[str]) -> str:
     return f"{lower_how} squashfs + {'/'.join(sorted(over))} overlay"
 
 
-def _mounted_result(fetched: Any, digest: str, size: int, how: str, fetch_s: float, mount_s: float) -> StageResult:
+def _mounted_result(fetched: Fetched, digest: str, size: int, how: str, fetch_s: float, mount_s: float) -> StageResult:
     from ..stage import StageResult
     from ..units import fmt_bytes
 

@@ -21,7 +21,7 @@ from ..errors import BootseerError
 if TYPE_CHECKING:
     from ..keys import Keys
     from ..settings import Settings
-    from ..store import Store
+    from ..store.core import Store
     from .format import ArchiveEntry
     from .restore import Restored
 
@@ -108,9 +108,9 @@ def snapshot_here(settings: Settings, warn: Say) -> Published:
     baseline was taken, and when the baseline was taken on a tree that carried an env of bootseer's:
     the capture would then hold only what the setup added to that env, while the key promises the
     whole setup, and every node restoring it would get a broken env."""
-    from ..cache import cache_for
     from ..identity import keys_for
-    from ..store import open_store_for
+    from ..store.cache import cache_for
+    from ..store.core import open_store_for
     from . import manifest
     from .capture import capture
     from .publish import publish
@@ -161,9 +161,9 @@ def restore_here(settings: Settings, say: Say, warn: Say) -> RestoreHere:
 
     Under the tree lock, after an interrupted restore was put back; a stale stamp is only a warning
     (the restore replaces it). Raises what `restore.restore` raises when the snapshot is unusable."""
-    from ..cache import cache_for
     from ..identity import keys_for
-    from ..store import open_store_for
+    from ..store.cache import cache_for
+    from ..store.core import open_store_for
     from .journal import recover
     from .lock import tree_lock
     from .restore import restore
@@ -186,8 +186,8 @@ def snapshot_entries(settings: Settings, store: Store, ref: dict[str, Any]) -> S
     """The entries and deletions the blob of `ref` lists (fetches the blob, its digest checked)."""
     from pathlib import Path
 
-    from ..cache import cache_for
     from ..delivery import fetch_verified
+    from ..store.cache import cache_for
     from .reader import read_meta
     from .restore import entries_hint
 

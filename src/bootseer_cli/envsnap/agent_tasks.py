@@ -24,7 +24,7 @@ from ..units import count, fmt_bytes, fmt_seconds
 
 if TYPE_CHECKING:
     from ..agent import Agent
-    from ..store import Lease
+    from ..store.core import Lease
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,14 @@ class PublishTask:
 
 def _lease_of(task: PublishTask, agent: Agent) -> Lease:
     """The builder's lease, rebuilt from its parts on the agent's own store client."""
-    from ..store import Lease
+    from ..store.core import Lease
 
     return Lease(agent.store, task.lease_key, task.lease_owner, task.lease_expires, task.lease_ttl_s)
 
 
 def publish_task(task: PublishTask, agent: Agent) -> None:
     """Renew the lease, upload, write the ref, release; the pending blob never outlives the task."""
-    from ..cache import cache_for
+    from ..store.cache import cache_for
     from .lease import LeaseKeeper
     from .publish import Upload, publish
 

@@ -27,8 +27,8 @@ from .segments import BigWriter, write_blob
 from .setup import excluded_paths
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
     from ..settings import StoreSettings
+    from ..store.cache import BlobCache
     from .setupwrites import Written
 
 

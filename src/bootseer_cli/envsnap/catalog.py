@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BootseerError
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store.core import Store
 
 REF_KIND = "env"  # refs/env/<env_key>.json
 FORMAT = 1  # the ref's "format": a restore refuses a ref of any other
@@ -28,7 +28,7 @@ def list_snapshots(store: Store) -> list[dict[str, Any]]:
     and what it says (its size, its files) is not to be believed."""
     rows, refused, whys = [], [], []
 
-    def tell(_store: Store, _rel: str, _domain: str, why: str) -> None:
+    def tell(_store: object, _rel: str, _domain: str, why: str) -> None:
         whys.append(why)
 
     for key in store.list_refs(REF_KIND):

@@ -81,7 +81,8 @@ def present_prefix(roots: list[str], chain: list[Link]) -> int:
 def layer_sizes(env_key: str, ref: dict[str, Any]) -> list[dict[str, Any]]:
     """For `bootseer env show`: each link of the ref's chain (base first, the ref itself last) with its
     own compressed size and the cumulative size of the chain up to it (what a node without any of it fetches)."""
-    raw = ref.get("chain") if isinstance(ref.get("chain"), list) else []
+    chain = ref.get("chain")
+    raw = chain if isinstance(chain, list) else []
     rows = [d for d in raw if isinstance(d, dict)] + [
         {"key": env_key, "blob": ref.get("blob"), "size": ref.get("size")}
     ]

@@ -73,7 +73,7 @@ class ArchiveEntry(NamedTuple):
     extra: str = ""
 
     @classmethod
-    def from_row(cls, row: Any) -> ArchiveEntry:
+    def from_row(cls, row: object) -> ArchiveEntry:
         """The typed entry of one metadata row; its shape is checked here, its safety by the plan."""
         if type(row) is not list or len(row) != 6:
             raise UnsafeArchive(f"malformed snapshot entry {str(row)[:200]}")
@@ -114,7 +114,7 @@ class Frame:
     raw: int
 
     @classmethod
-    def from_row(cls, row: Any) -> Frame:
+    def from_row(cls, row: object) -> Frame:
         if not (isinstance(row, list) and len(row) == 3 and all(isinstance(x, int) and x >= 0 for x in row)):
             raise IntegrityError(f"malformed snapshot frame index {row!r}")
         return cls(row[0], row[1], row[2])
@@ -199,7 +199,7 @@ def _tar_header(name: str, kind: str, mode: int, mtime: int, size: int = 0, link
 _OCTAL_11 = _OCTAL_MAX[12]
 
 
-def _dumps(obj: Any) -> str:
+def _dumps(obj: object) -> str:
     """Compact JSON, as the trailer has always been written (an entry is written as its row)."""
     return json.dumps(obj, separators=(",", ":"))
 
@@ -430,7 +430,7 @@ class ArchiveWriter:
         start = self._sink.offset
         raw = len(header) + size + (-size % BLOCK)
         cctx = self._big_compressor(raw)
-        with cctx.stream_writer(self._sink, size=raw, closefd=False) as w:
+        with cctx.stream_writer(self._sink, size=raw, closefd=False) as w:  # type: ignore[arg-type]  # it writes only
             w.write(header)
             # one buffer read into again and again: a fresh 8 MiB bytes per read cost 2,048 page
             # faults each (zstd has consumed the input when `write` returns, so reuse is safe)

@@ -145,7 +145,7 @@ def _read(fd: int) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _strs(v: Any) -> list[str]:
+def _strs(v: object) -> list[str]:
     return [x for x in v if isinstance(x, str)] if isinstance(v, list) else []
 
 
@@ -174,7 +174,7 @@ def undo_paths(roots: list[str], new: list[str], moves: list[tuple[str, str]]) -
     return errors
 
 
-def _attempt(op: Callable[..., None], *args: Any) -> bool:
+def _attempt(op: Callable[..., None], *args: object) -> bool:
     try:
         op(*args)
     except (OSError, UnsafeArchive):

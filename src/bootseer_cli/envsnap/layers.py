@@ -22,10 +22,10 @@ from .catalog import FORMAT
 from .parent import Choice, choose, setup_inputs
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
     from ..keys import Keys
     from ..settings import Settings
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
     from .setup import SetupRun
     from .stamp import Carried
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..errors import BootseerError
 
 if TYPE_CHECKING:
-    from ..store import Lease
+    from ..store.core import Lease
 
 
 def lease_key(env_key: str) -> str:

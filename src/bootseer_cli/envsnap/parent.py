@@ -34,7 +34,7 @@ from ..units import fmt_age
 if TYPE_CHECKING:
     from ..keys import Keys
     from ..settings import EnvSettings, Settings
-    from ..store import Store
+    from ..store.core import Store
 
 MAX_INPUTS = 4000  # lines recorded in a ref (a lock file of a big env has a few hundred)
 MAX_CANDIDATES = 500  # refs read when looking for a parent: bounds a miss's extra work on a big store

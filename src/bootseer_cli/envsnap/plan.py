@@ -11,15 +11,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import BootseerError, IntegrityError
+from ..errors import IntegrityError, NoSpace
 from .format import BLOCK, HARDLINK, ArchiveEntry, Frame, Meta, UnsafeArchive
 from .manifest import DIR, FILE, SYMLINK, under
 
 SPACE_SLACK = 1 << 20  # free space kept beyond the snapshot's files (metadata blocks, the stamp)
-
-
-class NoSpace(BootseerError):
-    """The filesystem under a root has too little free space for the snapshot (nothing was written)."""
 
 
 @dataclass

@@ -20,9 +20,9 @@ from .capture import Captured
 from .catalog import FORMAT, REF_KIND
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
     from ..settings import P2PSettings
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from .manifest import under
 from .stamp import StampDraft, remove_stamp, switch_deletions, write_drafted_stamp
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
     from ..settings import P2PSettings
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
 
 
 @dataclass
@@ -209,7 +209,7 @@ def _restore_from(
     v = b.verifier
     # the hash starts once the metadata's bytes are read: it runs beside their decoding and the plan, on
     # a core those leave idle, and reads the blob into the page cache ahead of the workers
-    meta = read_meta(v.tail if isinstance(v, Download) else b.fd, entries_hint(ref), v and v.start)
+    meta = read_meta(v.tail if isinstance(v, Download) else b.fd, entries_hint(ref), v.start if v else None)
     if any(not under(r, roots) for r in meta.roots):
         raise IntegrityError(
             f"the snapshot was captured for roots {', '.join(meta.roots)}, which this node's roots "
@@ -232,7 +232,7 @@ def _restore_from(
             planned,
             roots,
             progress=advance,
-            verify=v and v.check,
+            verify=v.check if v else None,
             start_verify=beside_workers,
             arriving=isinstance(v, Download),
         )

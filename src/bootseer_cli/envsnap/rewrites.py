@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Any
 from .manifest import FILE, Entry, Manifest, open_regular
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
+    from .reader import Reader
 
 PYC_STAMP = slice(8, 12)  # a timestamp-based pyc's source mtime (PEP 552: flags 0)
 PYC_MAX = 8 << 20
@@ -48,7 +49,7 @@ WORTH_BYTES = 64 << 20  # candidates' bytes that make reading any blob for them 
 def local_chain(chain: Sequence[dict[str, Any]], cache: BlobCache, store: Store) -> list[tuple[str, Path | None]]:
     """A layer's chain (base first, as the ref records it), newest first: each link's digest and its
     blob here (the node cache's copy, or a local store's file), None where neither holds it."""
-    from ..store import blob_path
+    from ..store.core import blob_path
 
     out: list[tuple[str, Path | None]] = []
     for link in reversed(chain):
@@ -241,7 +242,7 @@ def _pyc_source(pyc: str) -> str | None:
 class _Reads:
     """A `reader.Reader` over a decompressor's stream (whose `read` may return less than asked)."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Reader) -> None:
         self.s = stream
 
     def read(self, n: int) -> bytes:

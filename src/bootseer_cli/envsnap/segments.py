@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..errors import BootseerError
 from .format import CHUNK_BYTES, ArchiveEntry, ArchiveWriter, Written
@@ -241,7 +241,7 @@ def _big_child(  # pragma: no cover - forked child
 
     threading.Thread(target=take, name="bootseer-paths", daemon=True).start()
 
-    def write(sw: ArchiveWriter, out: Any) -> None:
+    def write(sw: ArchiveWriter, out: TextIO) -> None:
         while (p := paths.get()) is not None:
             if isinstance(p, BaseException):
                 raise p
@@ -253,7 +253,7 @@ def _big_child(  # pragma: no cover - forked child
 
 
 def _reports(  # pragma: no cover - runs in a forked child
-    part: Path, wfd: int, threads: int, write: Callable[[ArchiveWriter, Any], None], roots: list[str] | None
+    part: Path, wfd: int, threads: int, write: Callable[[ArchiveWriter, TextIO], None], roots: list[str] | None
 ) -> None:
     """A large-file writer's output on `wfd`: reports as `write` makes them, then the last one
     (marked `last`), or the error; never returns. A writer that dies leaves no `last` report."""
@@ -270,7 +270,7 @@ def _reports(  # pragma: no cover - runs in a forked child
         os._exit(0)
 
 
-def _write_report(out: Any, doc: dict[str, Any], rows: str) -> None:  # pragma: no cover - forked child
+def _write_report(out: TextIO, doc: dict[str, Any], rows: str) -> None:  # pragma: no cover - forked child
     """One report: its summary, a newline, its entries' JSON rows (which the parent puts into the
     trailer as they are), a newline. Compact JSON holds no raw newline."""
     out.write(json.dumps(doc) + "\n" + rows + "\n")
@@ -371,18 +371,18 @@ def _write_segments(
                 jobs: list[tuple[Path | None, int]] = [(None, 1)] * min(workers, len(pieces))
                 if big and not early_started:  # whose zstd uses every core (a 434 MB libtorch_cpu.so)
                     jobs.append((late, os.cpu_count() or 1))
-                for part, threads in jobs:
+                for job_part, threads in jobs:
                     r, wfd = os.pipe()
                     pid = os.fork()
                     if pid == 0:  # pragma: no cover - runs in the child
                         gc.disable()
                         os.close(r)
-                        if part is None:
+                        if job_part is None:
                             _segment_child(parts, pieces, queue_r, after, links, wfd, w.roots)
                         else:
-                            _large_child(part, big, after, links, threads, wfd, w.roots)
+                            _large_child(job_part, big, after, links, threads, wfd, w.roots)
                     os.close(wfd)
-                    app.watch(pid, r, part)
+                    app.watch(pid, r, job_part)
             finally:
                 gc.unfreeze()
         finally:
@@ -577,7 +577,7 @@ def _large_child(  # pragma: no cover - runs in a forked child
 ) -> None:
     """The large files' writer when the scan started none: one part, one report; never returns."""
 
-    def write(sw: ArchiveWriter, out: Any) -> None:
+    def write(sw: ArchiveWriter, out: TextIO) -> None:
         for p in paths:
             sw.add(p, after[p], link_to=links.get(p))
 

@@ -11,7 +11,7 @@ import hashlib
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import BootseerError
 
@@ -62,7 +62,7 @@ class Sink:
         self.offset += size
         return size
 
-    def _append(self, src: Any, path: Path, start: int, size: int) -> None:
+    def _append(self, src: BinaryIO, path: Path, start: int, size: int) -> None:
         import mmap
 
         self.f.flush()
@@ -82,7 +82,7 @@ class Sink:
                     view.release()
                     m.close()
 
-    def _copy(self, src: Any, path: Path, start: int, size: int) -> None:
+    def _copy(self, src: BinaryIO, path: Path, start: int, size: int) -> None:
         """`size` bytes of `src` from `start` to the end of the blob, in the kernel where it can."""
         out = self.f.fileno()
         at, left = start, size

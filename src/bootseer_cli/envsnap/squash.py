@@ -26,9 +26,9 @@ from ..errors import BootseerError
 
 if TYPE_CHECKING:
     from ..agent import Agent
-    from ..cache import BlobCache
     from ..settings import Settings
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
     from .capture import Captured
 
 POLL_S = 1.0
@@ -138,7 +138,7 @@ def _kept_image(store: Store, env_key: str) -> dict[str, Any]:
 
 def squash_task(task: SquashTask, agent: Agent) -> None:
     """Wait (bounded by `[env] wait_s`) for the layer's ref, then squash; a failure is only logged."""
-    from ..cache import cache_for
+    from ..store.cache import cache_for
     from .catalog import REF_KIND
 
     settings = agent.settings

@@ -28,7 +28,7 @@ from ..stage import StageContext, StageResult
 from ..units import count, fmt_bytes
 
 if TYPE_CHECKING:
-    from ..store import Lease, Store
+    from ..store.core import Lease, Store
     from .capture import Captured
     from .layers import Over
     from .lease import LeaseKeeper

@@ -255,7 +255,7 @@ def _replace_text(roots: list[str], name: str, text: str) -> None:
     write_own(roots, name, text.encode())
 
 
-def _read_stamp(roots: list[str]) -> Any:
+def _read_stamp(roots: list[str]) -> object:
     """The stamp's JSON (FileNotFoundError when there is none; OSError or ValueError when unusable)."""
     return json.loads(read_own(roots, STAMP_NAME, STAMP_MAX))
 
@@ -452,7 +452,8 @@ def carried_note(roots: list[str]) -> str:
         stamp = None
     if doc is None and not isinstance(stamp, dict):
         return ""
-    blob = (doc or {}).get("blob") or (stamp or {}).get("blob") or ""
-    keys = (stamp or {}).get("env_keys") or [] if isinstance(stamp, dict) else []
+    stamp = stamp if isinstance(stamp, dict) else {}
+    blob = (doc or {}).get("blob") or stamp.get("blob") or ""
+    keys = stamp.get("env_keys") or []
     what = f"the env {str(keys[0])[:16]}" if keys else "an env"
     return what + (f" (blob {str(blob)[:12]})" if blob else "") + " that bootseer wrote there"

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 from ..upkeep import Item, Policy, Scan, aged_refs, prefetch_ref
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
     from ..keys import Keys
     from ..settings import Settings
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
 
 
 def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:

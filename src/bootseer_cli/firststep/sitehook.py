@@ -42,7 +42,9 @@ def chain_sitecustomize() -> None:
         bootstrap = sys.modules.get("_frozen_importlib") or __import__("importlib.util").util
         path_finder = getattr(sys.modules.get("_frozen_importlib_external"), "PathFinder", None)
         if path_finder is None:
-            from importlib.machinery import PathFinder as path_finder
+            import importlib.machinery
+
+            path_finder = importlib.machinery.PathFinder
         spec = path_finder.find_spec("sitecustomize", rest)
         if spec is None or spec.loader is None:
             return
@@ -92,7 +94,7 @@ class FirstStepFinder:
 
 def _leave_meta_path(finder: object) -> None:
     if finder in sys.meta_path:
-        sys.meta_path.remove(finder)  # type: ignore[arg-type]
+        sys.meta_path.remove(finder)
 
 
 def _spec_from_others(finder: object, name: str, path: object, target: object) -> object:

@@ -21,7 +21,7 @@ from .roots import resolve_roots
 if TYPE_CHECKING:
     from ..events import RunInfo
     from ..settings import Settings
-    from ..store import Store
+    from ..store.core import Store
     from .mapped import Sampler
     from .opens import OpenLog
     from .record import Record
@@ -51,7 +51,7 @@ def record_command(
     """
     from ..events import RunInfo
     from ..launcher import resolve_command
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     resolve_command(command)
     mode = parse_mode(ready if ready is not None else settings.image.ready)
@@ -70,7 +70,7 @@ def record_command(
             proc.pid,
             run.run_dir / "ready",
             alive=lambda: proc.poll() is None,
-            sleep=lambda s: bool(time.sleep(s)),
+            sleep=_sleep,
             started=started,
         )
         mapped = sampler.finish() if sampler is not None else None  # before the queue's opens (agent_tasks)
@@ -159,9 +159,9 @@ def _scan_and_publish(
 def _load(settings: Settings, image_key: str) -> tuple[Record, dict[str, Any]] | None:
     """The published record of `image_key` from the configured store, through the node cache. A ref whose
     blob the store no longer holds says so, and what replaces it (`bootseer exec` takes a new record)."""
-    from ..cache import cache_for
     from ..errors import BlobMissing
-    from ..store import open_store_for
+    from ..store.cache import cache_for
+    from ..store.core import open_store_for
     from .record import load
 
     try:
@@ -236,8 +236,14 @@ def describe(settings: Settings, image_key: str) -> dict[str, Any]:
 
 def _read_status(settings: Settings, which: str, image_key: str, record: str) -> dict[str, Any] | None:
     """The agent's notes for this image (status.py): the last empty record, or the replay verdict."""
-    from ..store import open_store_for
+    from ..store.core import open_store_for
     from .status import read_empty, read_verdict
 
     store = open_store_for(settings)
     return read_empty(store, image_key) if which == "empty" else read_verdict(store, image_key, record)
+
+
+def _sleep(seconds: float) -> bool:
+    """`wait_ready`'s sleep: False, never stopped early."""
+    time.sleep(seconds)
+    return False

@@ -41,7 +41,7 @@ from ..errors import StoreError
 from .probe import mount_of
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store.core import Store
 
 KIND = "hot-loader"
 SAMPLES = 3  # extents a record's ref names for the judgement

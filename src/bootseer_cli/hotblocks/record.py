@@ -22,9 +22,9 @@ from ..errors import IntegrityError
 from .pagecache import PAGE_SIZE, FileInfo, parallel_map, resident_runs, walk_files
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
     from ..settings import P2PSettings
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
 
 FORMAT = 1
 META_KEY = b"bootseer.hot"
@@ -231,7 +231,8 @@ def _probe_hint(rec: Record) -> list[Any]:
     (probe.py) without listing directories through the loader."""
     if not rec.extents:
         return []
-    return list(min(((p, o) for p, o, _ in rec.extents), key=lambda e: (e[0].count("/"), e)))
+    path, offset = min(((p, o) for p, o, _ in rec.extents), key=lambda e: (e[0].count("/"), e))
+    return [path, offset]
 
 
 def publish(store: Store, rec: Record) -> dict[str, Any]:
@@ -413,8 +414,11 @@ def from_deps(doc: dict[str, Any], image_key: str, roots: list[str]) -> Record |
                 return None
             if n == size:
                 extents = [(0, size)] if size > 0 else []
-            elif (extents := _parts_of(parts.get(path), size, n)) is None:
-                return None
+            else:
+                found = _parts_of(parts.get(path), size, n)
+                if found is None:
+                    return None
+                extents = found
             if inside(path):
                 rec.files[path] = (size, int(mtime_ns))
                 rec.extents.extend((path, off, length) for off, length in extents)

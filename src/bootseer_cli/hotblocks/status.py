@@ -28,7 +28,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store.core import Store
 
 EMPTY_KIND = "hot-empty"
 VERDICT_KIND = "hot-verdict"

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from ..errors import StoreError
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
+    from ..store.cache import BlobCache
     from .remote import RemoteHandle, RemoteSwarm
 
 

@@ -21,7 +21,7 @@ from ..errors import IntegrityError, StoreError
 
 if TYPE_CHECKING:
     from ..settings import P2PSettings
-    from ..store import Store
+    from ..store.core import Store
 
 STALE_S = 90.0  # an entry not refreshed for this long is ignored
 REFRESH_S = 10.0

@@ -34,9 +34,9 @@ from .copyout import keep_torrent
 from .discovery import Announcer, local_host, static_peers, swarm_peers
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
     from ..settings import P2PSettings
-    from ..store import Lease, Store
+    from ..store.cache import BlobCache
+    from ..store.core import Lease, Store
     from .copyout import PrefixCopier
     from .remote import RemoteHandle, RemoteSwarm
     from .swarm import StoreFeeder
@@ -136,8 +136,8 @@ def get_node(p2p: P2PSettings, store: Store, cache: BlobCache | None = None) -> 
     with _node_lock:
         if _node is None:
             if cache is None:
-                from ..cache import cache_for
                 from ..settings import StoreSettings
+                from ..store.cache import cache_for
 
                 cache = cache_for(StoreSettings())
             _prune_work(cache.root / ".p2p")
@@ -392,7 +392,7 @@ def _check_torrent(torrent: bytes, digest: str) -> None:
     import libtorrent as lt
 
     try:
-        ti = lt.torrent_info(lt.bdecode(torrent))
+        ti = lt.torrent_info(lt.bdecode(torrent))  # type: ignore[arg-type]  # the bindings take the dictionary
     except (RuntimeError, TypeError) as e:  # libtorrent: a bad bencoding / not a torrent dictionary
         raise NoSwarm(f"the blob's torrent is unreadable: {e}") from None
     if ti.num_files() != 1 or ti.name() != digest:

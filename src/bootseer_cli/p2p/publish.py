@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from ..digests import sha256_file
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store.core import Store
 
 
 def publish_torrent(store: Store, digest: str, path: Path) -> str:

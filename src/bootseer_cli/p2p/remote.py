@@ -26,7 +26,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ConfigError
 from .wire import Channel, WireError
@@ -53,7 +53,7 @@ class TorrentMeta:
     def parse(cls, torrent: bytes) -> TorrentMeta:
         import libtorrent as lt  # bdecode only: no session in this process
 
-        info = lt.bdecode(torrent)[b"info"]
+        info = cast("dict[bytes, Any]", lt.bdecode(torrent))[b"info"]  # a torrent the store's digest names
         size, plen = int(info[b"length"]), int(info[b"piece length"])
         return cls(-(-size // plen), plen, size)
 
@@ -322,7 +322,7 @@ class RemoteHandle:
     def torrent_file(self) -> TorrentMeta:
         return self.meta
 
-    def status(self, pieces: bool = False) -> Status:
+    def status(self, pieces: bool | int = False) -> Status:  # libtorrent's query flags: any bit asks for pieces
         r = self.swarm.call({"op": "status", "tid": self.tid, "pieces": pieces})
         bits = str(r.get("pieces", ""))
         have = [c == "1" for c in bits[: self.meta.pieces]] if pieces else []

@@ -33,14 +33,14 @@ import errno
 import hashlib
 import hmac
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..safeopen import read_capped
 
 if TYPE_CHECKING:
     from ..settings import P2PSettings
-    from ..store import Store
+    from ..store.core import Store
 
 LABEL = b"bootseer p2p swarm secret v1\0"
 SALT_FIELD = b"x-bootseer-swarm"
@@ -82,10 +82,9 @@ def swarm_torrent(torrent: bytes, digest: str, secret: bytes) -> bytes:
     its info dictionary (so its info-hash follows from the secret, not from the store)."""
     import libtorrent as lt
 
-    doc = lt.bdecode(torrent)
-    if not isinstance(doc, dict) or not isinstance(doc.get(b"info"), dict):
+    doc: object = lt.bdecode(torrent)
+    info = doc.get(b"info") if isinstance(doc, dict) else None
+    if not isinstance(info, dict):
         raise ValueError("the blob's torrent has no info dictionary")
-    info = dict(doc[b"info"])
-    info[b"private"] = 1
-    info[SALT_FIELD] = blob_salt(secret, digest)
-    return bytes(lt.bencode({b"info": info}))
+    salted: dict[bytes, Any] = {b"info": {**info, b"private": 1, SALT_FIELD: blob_salt(secret, digest)}}
+    return bytes(lt.bencode(salted))

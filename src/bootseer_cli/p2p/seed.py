@@ -23,9 +23,9 @@ from .discovery import Announcer, static_peers, swarm_peers
 
 if TYPE_CHECKING:
     from ..agent import Agent
-    from ..cache import BlobCache
     from ..settings import P2PSettings
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
     from .remote import RemoteHandle, RemoteSwarm
 
 STATUS_NAME = "p2p.json"
@@ -59,7 +59,7 @@ class SeedTask:
 
 def run_seed(task: SeedTask, agent: Agent) -> None:
     """The agent task: serve `task.blobs` from the node cache for `[p2p] seed_s`, or until the agent stops."""
-    from ..cache import cache_for
+    from ..store.cache import cache_for
     from .fetch import NoSwarm, start_swarm
 
     settings = agent.settings

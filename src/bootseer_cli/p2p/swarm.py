@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
@@ -33,8 +34,9 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     import libtorrent as lt
 
-    from ..store import Store
-    from ..storeguard import Ranged
+    from ..store.core import Store
+    from ..store.guard import Ranged
+    from .remote import RemoteHandle, TorrentMeta
 
 MiB = 1 << 20
 
@@ -143,7 +145,7 @@ class Swarm:
 
         self.lt = lt
         lo, hi = parse_ports(ports)
-        self.session = lt.session(session_settings(listen_host, lo, hi))
+        self.session = lt.session(session_settings(listen_host, lo, hi))  # type: ignore[call-overload]  # a dict does
         self.announce_host = announce_host or listen_host
         self.lock = threading.Lock()
         self.hash_failures: dict[str, int] = {}  # per info-hash (hex)
@@ -267,7 +269,7 @@ class Swarm:
             del session  # the session's destructor closes its sockets and files
 
 
-def _port_taken(lt: Any, alert: Any) -> bool:
+def _port_taken(lt: ModuleType, alert: object) -> bool:
     """A TCP listener that failed because another socket holds its port (a `listen_failed_alert`)."""
     return (
         isinstance(alert, lt.listen_failed_alert)
@@ -294,7 +296,7 @@ class StoreFeeder(threading.Thread):
 
     def __init__(
         self,
-        handle: lt.torrent_handle,
+        handle: lt.torrent_handle | RemoteHandle,
         store: Store,
         digest: str,
         shuffle: bool,
@@ -315,16 +317,17 @@ class StoreFeeder(threading.Thread):
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.done = False
+        self._random: Ranged | None = None  # the blob in the store, opened on the first read
 
-    def _read(self, ti: lt.torrent_info, i: int, ahead: bool = True) -> bytes:
+    def _read(self, ti: lt.torrent_info | TorrentMeta, i: int, ahead: bool = True) -> bytes:
         """Piece `i` from the store. Runs of pieces in order are read ahead in one ranged request of up
         to READ_AHEAD bytes (a request per piece left the link idle between requests); a piece out of
         order is one ranged read."""
-        from ..store import blob_path
+        from ..store.core import blob_path
 
         if i in self._ahead:
             return self._ahead.pop(i)
-        if self._random is None:  # each call into the store has storeguard's deadline: a store may stall
+        if self._random is None:  # each call into the store has store.guard's deadline: a store may stall
             self._random = self.store.open_ranged(blob_path(self.digest), f"blob {self.digest[:12]}")
         plen, n = ti.piece_length(), ti.num_pieces()
         run = [i]
@@ -351,11 +354,11 @@ class StoreFeeder(threading.Thread):
             pos += size
         return self._ahead.pop(i)
 
-    def _add(self, ti: lt.torrent_info, i: int, flags: int) -> None:
+    def _add(self, ti: lt.torrent_info | TorrentMeta, i: int, flags: int) -> None:
         # Under a rate cap, piece by piece: the cap paces the requests (read-ahead would make it bursty).
         self.handle.add_piece(i, self._read(ti, i, ahead=not flags and self.mbps <= 0), flags)
 
-    def _settle(self, ti: lt.torrent_info, pending: dict[int, float]) -> None:
+    def _settle(self, ti: lt.torrent_info | TorrentMeta, pending: dict[int, float]) -> None:
         """Drop the pieces libtorrent now has; hand again, overwriting, any that did not stick (e.g. its
         blocks were mixed with a corrupt peer's and the piece failed its check). One status query per
         round: every call into libtorrent waits for its network thread, which is busy serving peers."""
@@ -370,11 +373,12 @@ class StoreFeeder(threading.Thread):
             self.stop.wait(0.02)
 
     def run(self) -> None:
-        self._random: Ranged | None = None  # the blob in the store, opened on the first read
+        self._random = None
         self._ahead: dict[int, bytes] = {}
         self._next_in_order: dict[int, int] = {}
         try:
             ti = self.handle.torrent_file()
+            assert ti is not None  # added with its torrent_info (or the helper's TorrentMeta)
             n = ti.num_pieces()
             if self.segments is None:
                 order = list(range(n))

@@ -11,7 +11,7 @@ from ..upkeep import Check, Doomed, Policy, Scan, digests_in
 
 if TYPE_CHECKING:
     from ..settings import P2PSettings, Settings
-    from ..store import Store
+    from ..store.core import Store
 
 
 def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:

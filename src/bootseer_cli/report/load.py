@@ -19,7 +19,7 @@ from ..redact import warn
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from ..store import Store
+    from ..store.core import Store
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

@@ -192,7 +192,8 @@ def node_starts(events: list[dict[str, Any]]) -> list[NodeStart]:
 def _number_job_starts(starts: list[NodeStart]) -> None:
     """Number the job's starts: runs are taken in start order and a new job-wide start begins after
     `START_GAP_S` with no node starting, or when a node starts a second time (a restart)."""
-    attempt, last, seen = 0, -math.inf, set()
+    attempt, last = 0, -math.inf
+    seen: set[str] = set()
     for s in sorted(starts, key=lambda s: (s.start, s.node, s.run)):
         if attempt == 0 or s.start - last > START_GAP_S or s.node in seen:
             attempt, seen = attempt + 1, set()

@@ -16,7 +16,7 @@ from ..errors import BootseerError
 
 if TYPE_CHECKING:
     from ..settings import Settings
-    from ..store import Store
+    from ..store.core import Store
     from .catalog import Entry
     from .layout import Manifest
     from .pull import PullResult
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def open_ref(settings: Settings, ref: str) -> tuple[Store, Manifest]:
     """(store, manifest) for a NAME[:TAG|latest] reference: what pull, mount and rm start from."""
-    from ..store import open_store_for
+    from ..store.core import open_store_for
     from .catalog import load_manifest
     from .layout import parse_ref
 
@@ -45,7 +45,7 @@ def push_here(
 ) -> Manifest:
     """Store `directory` as NAME:TAG in the striped layout, as the Python API (`bootseer_cli.ckpt`) does."""
     from ..ckpt import push_checkpoint
-    from ..store import open_store_for
+    from ..store.core import open_store_for
 
     store = open_store_for(settings)
     return push_checkpoint(
@@ -62,7 +62,7 @@ def describe(m: Manifest) -> dict[str, Any]:
 
 def list_here(settings: Settings, name: str | None) -> list[Entry]:
     """Every checkpoint's tags (or only NAME's), newest last."""
-    from ..store import open_store_for
+    from ..store.core import open_store_for
     from .catalog import list_names, list_tags
     from .layout import check_name
 
@@ -89,8 +89,8 @@ class Pulled:
 
 def pull_here(settings: Settings, ref: str, dest: Path, *, replace: bool, options: dict[str, Any]) -> Pulled:
     """Copy NAME[:TAG] to `dest` from all stripes, verified, with a byte bar on a terminal."""
-    from ..cache import cache_for
     from ..progress import byte_bar
+    from ..store.cache import cache_for
     from .catalog import Targets
     from .pull import pull
     from .reader import ReaderOptions

@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -98,10 +99,10 @@ def writeback_task(task: WritebackTask, agent: Agent) -> None:
     record_event(agent.run, "ckpt-writeback", t0, time.time(), "pushed", bytes=m.total_size, detail=f"{m.name}:{m.tag}")
 
 
-def _progress(agent: Agent):  # type: ignore[no-untyped-def]
+def _progress(agent: Agent) -> Callable[[str, int], Callable[[int], None]]:
     """A push `progress(phase, total)` that logs each phase at every tenth of its bytes."""
 
-    def start(phase: str, total: int):  # type: ignore[no-untyped-def]
+    def start(phase: str, total: int) -> Callable[[int], None]:
         done = [0, 0]  # bytes, tenths logged
 
         def advance(n: int) -> None:

@@ -23,8 +23,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlparse, urlunparse
 
 from ..errors import IntegrityError, StoreError
-from ..store import Store, blob_path
-from ..unverified import Refused, refused
+from ..store.core import Store, blob_path
+from ..unverified import Reader, Refused, refused
 from .layout import LATEST, MANIFEST, Manifest, check_name, ckpt_prefix, latest_rel, manifest_rel
 
 
@@ -175,7 +175,7 @@ def _told(whys: list[str], count: bool = False) -> Refused:
     """A `Store.get_doc` listener that keeps why a document was refused, for the caller to say in its own
     words (a tag's row, a checkpoint stage's warning); `count`: also in the start's line (unverified.py)."""
 
-    def tell(store: Store, rel: str, domain: str, why: str) -> None:
+    def tell(store: Reader, rel: str, domain: str, why: str) -> None:
         whys.append(why)
         if count:
             refused(store, rel, domain, why)
@@ -218,9 +218,9 @@ def remove(store: Store, name: str, tag: str, configured_targets: list[str] | No
                     still.add((s.target, s.digest))
     targets = Targets(store, configured_targets)
     deleted = 0
-    for s in {(s.target, s.digest) for s in m.stripes} - still:
+    for target, digest in {(s.target, s.digest) for s in m.stripes} - still:
         try:
-            targets.get(s[0]).delete(blob_path(s[1]))
+            targets.get(target).delete(blob_path(digest))
             deleted += 1
         except (StoreError, OSError):
             pass  # an unreachable target keeps an orphan stripe; the manifest is already gone

@@ -34,14 +34,16 @@ from .libfuse import load_mfusepy
 from .reader import Reader
 
 if TYPE_CHECKING:
-    from mfusepy import fuse_config, fuse_conn_info
+    from mfusepy import Operations, fuse_config, fuse_conn_info
 
 mfusepy = load_mfusepy()
+if not TYPE_CHECKING:
+    Operations = mfusepy.Operations  # of the libfuse the loader chose
 
 MAX_READ = 1 << 20
 
 
-class CheckpointFS(mfusepy.Operations):
+class CheckpointFS(Operations):
     use_ns = True
 
     def __init__(self, manifest: Manifest, reader: Reader, on_init: Callable[[], None] | None = None) -> None:

@@ -270,7 +270,7 @@ def serve(spec: dict[str, Any]) -> int:
 
     mfusepy = load_mfusepy()
 
-    from ..store import open_store
+    from ..store.core import open_store
     from .catalog import Targets
     from .fusefs import MAX_READ, CheckpointFS
     from .reader import ReaderOptions, open_reader

@@ -34,8 +34,8 @@ from .layout import Manifest
 from .reader import FileStripe, Reader, ReaderOptions, StripeSource, open_reader
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
     from ..settings import P2PSettings
+    from ..store.cache import BlobCache
 
 WRITE_CHUNK = 16 << 20
 

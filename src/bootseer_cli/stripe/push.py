@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..digests import CHUNK, sha256_file
 from ..errors import BootseerError, ConfigError, IntegrityError, StoreError
-from ..store import Store, blob_path
+from ..store.core import Store, blob_path
 from .catalog import public_uri, write_latest
 from .layout import (
     MAX_CELL,
@@ -168,7 +168,7 @@ def _stripe_cells(total: int, cell: int, k: int, s: int) -> Iterator[tuple[int, 
         yield c, lo, min(cell, total - lo)
 
 
-Progress = Callable[[str, int], Callable[[int], None]]
+Progress = Callable[[str, int], Callable[[int], None] | None]
 
 
 def _noop(_n: int) -> None:
@@ -304,7 +304,8 @@ def push(
 
     `progress(phase, total)` may return an `advance(n)` callback per phase ("hash", "upload").
     """
-    files, dirs = scan(src.resolve())
+    found, dirs = scan(src.resolve())
+    files: list[tuple[str, Origin, int]] = list(found)  # local files only: a push_files without `lower`
     return push_files(
         store,
         files,

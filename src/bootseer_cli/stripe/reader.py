@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import IntegrityError, StoreError
-from ..store import blob_path
-from ..storeguard import STALL_S, Breaker, Ranged
+from ..store.core import blob_path
+from ..store.guard import STALL_S, Breaker, Ranged
 from .layout import FileEntry, Manifest
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..store.core import Store
     from .catalog import Targets
 
 
@@ -363,7 +363,7 @@ class Reader:
         self.inflight_bytes += n
         fut = self.pool.submit(self._fetch, c)
         self.inflight[c] = fut
-        fut.add_done_callback(lambda f, c=c: self._done(c, f))
+        fut.add_done_callback(functools.partial(self._done, c))
         return fut
 
     def _prefetch(self, cells: range) -> None:
@@ -398,7 +398,7 @@ class Reader:
     def _submit_run(self, run: list[int]) -> None:
         futs = [self.inflight[c] for c in run]
         for c, f in zip(run, futs, strict=True):
-            f.add_done_callback(lambda f, c=c: self._done(c, f))
+            f.add_done_callback(functools.partial(self._done, c))
         self.pool.submit(self._fetch_run, list(run), futs)
 
     # ---- reading -------------------------------------------------------------------------------
@@ -409,7 +409,7 @@ class Reader:
             return b""
         if len(parts) == 1:
             whole = parts[0].obj
-            return whole if len(parts[0]) == len(whole) else bytes(parts[0])  # type: ignore[arg-type]
+            return whole if isinstance(whole, bytes) and len(parts[0]) == len(whole) else bytes(parts[0])
         return b"".join(parts)
 
     def read_parts(self, lo: int, hi: int, stream: Hashable | None = None) -> list[memoryview]:

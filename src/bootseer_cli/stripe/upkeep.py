@@ -13,10 +13,10 @@ from ..errors import BootseerError, IntegrityError, StoreError
 from ..upkeep import Check, Doomed, Item, Kept, Policy, Scan, fetch_into_cache
 
 if TYPE_CHECKING:
-    from ..cache import BlobCache
     from ..keys import Keys
     from ..settings import Settings
-    from ..store import Store
+    from ..store.cache import BlobCache
+    from ..store.core import Store
 
 
 def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:

@@ -42,8 +42,9 @@ from .push import Origin
 
 if TYPE_CHECKING:
     from ..settings import CheckpointSettings
-    from ..store import Store
+    from ..store.core import Store
     from .push import Progress
+    from .reader import Reader
 
 JOURNAL_VERSION = 1
 RECOVER_LIMIT = 16  # write-backs finished per start (each may be a whole checkpoint)
@@ -271,10 +272,10 @@ def _push(
     j: Journal,
     files: list[tuple[str, Origin, int]],
     dirs: list[str],
-    lower: Any,
+    lower: Reader | None,
     progress: Progress | None,
 ) -> Manifest:
-    from ..store import Store as _Store
+    from ..store.core import Store as _Store
     from .push import push_files
 
     return push_files(

@@ -17,7 +17,7 @@ from bootseer_cli.stage import StageContext, StageResult
 from bootseer_cli.upkeep import Policy, Scan, aged_refs
 
 if TYPE_CHECKING:
-    from bootseer_cli.store import Store
+    from bootseer_cli.store.core import Store
 
 HERE = __name__
 

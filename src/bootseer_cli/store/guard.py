@@ -12,7 +12,7 @@ listings, deletes, small writes such as a run's events: `StoreFS.meta`). Blob tr
 long timeout and are not guarded: their readers own their retries (the stripe reader rides out a
 link cut of seconds).
 
-- **Short timeouts** (`META_*`, applied in `storefs`). On S3 the small requests go through a second
+- **Short timeouts** (`META_*`, applied in `fs`). On S3 the small requests go through a second
   client whose requests give up after `META_REQUEST_S` without a byte and `META_CONNECT_S` to connect,
   in `META_ATTEMPTS` attempts, so the first contact with a silent store ends in ~20 s. A URI that sets
   `request_timeout` or `connect_timeout` itself gets those for both clients.
@@ -45,7 +45,10 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 T = TypeVar("T")
 
@@ -108,7 +111,7 @@ class Guarded:
     """A pyarrow filesystem whose every method call passes `breaker` first and trips it on failure.
     Attributes that are not methods (`type_name`, `region`) are read through unchanged."""
 
-    def __init__(self, fs: Any, breaker: Breaker) -> None:
+    def __init__(self, fs: pafs.FileSystem, breaker: Breaker) -> None:
         self._fs = fs
         self._breaker = breaker
 
@@ -121,7 +124,7 @@ class Guarded:
     def _call(self, method: Callable[..., Any]) -> Callable[..., Any]:
         breaker = self._breaker
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: object, **kwargs: object) -> Any:
             breaker.check()
             try:
                 return method(*args, **kwargs)

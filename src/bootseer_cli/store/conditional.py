@@ -18,30 +18,42 @@ go through pyarrow.fs.
 A server that ignores the headers (rclone's `serve s3`, older MinIO and Ceph) would make a
 conditional write silently unconditional, so support is probed once per process and server (a
 create over an existing object must fail, and so must a replace of a version that is not there);
-without it the store takes leases with a claim per taker and Lamport's bakery (`leaseclaims.py`),
+without it the store takes leases with a claim per taker and Lamport's bakery (`leases.py`),
 which `bootseer doctor` says. GCS and HDFS keep that protocol too (not probed here yet).
+
+This module is the client only: the lease protocols over it live in `leases.py`, and `fs.StoreFS`
+uses it for one-request deletes. It sees the store through `S3Location` (what `StoreFS` offers), not
+the class itself, so that the filesystem adapter can import it without a circle.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import parse_qsl, unquote, urlparse
-
-if TYPE_CHECKING:
-    from .store import Lease, Store
-    from .storefs import StoreFS
 
 # A lease request is small: a server that has not answered in this long is down (the stage falls back).
 REQUEST_TIMEOUT_S = 10.0
 _probed: dict[str, bool] = {}
 _probe_lock = threading.Lock()
+
+
+class S3Location(Protocol):
+    """What the client needs of the store it talks to (a `fs.StoreFS` has it all)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def region(self) -> str: ...
+
+    def path(self, rel: str) -> str: ...
+
+    def uri_with_credentials(self) -> str: ...
 
 
 class Unsupported(Exception):
@@ -59,7 +71,7 @@ class Versioned:
 class ConditionalS3:
     """Create-if-absent and replace-if-unchanged on the S3 store a `StoreFS` is opened on."""
 
-    def __init__(self, fs: StoreFS) -> None:
+    def __init__(self, fs: S3Location) -> None:
         try:
             import obstore
             import obstore.exceptions as oe
@@ -72,7 +84,7 @@ class ConditionalS3:
         parsed = urlparse(full)
         query = dict(parse_qsl(parsed.query))
         config: dict[str, object] = {"conditional_put": "etag"}
-        region = query.get("region") or getattr(fs.fs, "region", "")  # pyarrow resolved the bucket's region
+        region = query.get("region") or fs.region  # pyarrow resolved the bucket's region
         if region:
             config["region"] = region
         if query.get("force_virtual_addressing", "").lower() in ("1", "true", "yes"):
@@ -151,76 +163,7 @@ class ConditionalS3:
             return False
 
 
-def take_lease(store: Store, cas: ConditionalS3, key: str, owner: str, ttl_s: float, doc: bytes) -> str | None:
-    """Create the lease `key`, or take over a stale one only while it is the version judged stale; the
-    ETag now held by `owner`, or None (`take`)."""
-
-    def judge(data: bytes) -> str:
-        found = store._lease_from(key, data)
-        if found.get("owner") == owner:
-            return "ours"
-        return "live" if store.lease_live(key, found, ttl_s) else "stale"
-
-    return take(cas, store._lease_rel(key), doc, judge, f"store {store.uri}: lease {key[:24]}")
-
-
-def swap_lease(store: Store, lease: Lease, ttl_s: float, release: bool = False) -> bool:
-    """Renew (or mark released: no owner, expired) a lease taken with conditional writes, If-Match the
-    version this holder wrote: a lease another node took over is never touched. False (and `lost`)
-    when it is no longer ours."""
-    cas = store.conditional()
-    expires = 0.0 if release else time.time() + ttl_s
-    doc = store._lease_doc(lease.key, "" if release else lease.owner, expires, 0.0 if release else ttl_s)
-    etag = None
-    if not lease.lost and cas is not None:
-        etag = replace_or_fail(cas, store._lease_rel(lease.key), doc, lease.etag, f"store {store.uri}: lease")
-    lease.lost = etag is None or release  # a released lease is never renewed again
-    if etag is not None:
-        lease.etag, lease.expires, lease.ttl_s = etag, expires, ttl_s
-    return etag is not None
-
-
-def take(cas: ConditionalS3, rel: str, doc: bytes, judge: Callable[[bytes], str], what: str) -> str | None:
-    """Take the lease object `rel`: create it if absent; else, if `judge` of what is there says "stale",
-    replace it only while it is still that version (If-Match), so a taker that stalled after its check
-    loses to one that did not. "ours" (our own create, whose answer was lost and retried) holds it too.
-    The ETag now held, or None. Raises StoreError when the store fails."""
-    try:
-        for _ in range(2):
-            etag = cas.create(rel, doc)
-            if etag is not None:
-                return etag
-            current = cas.read(rel)
-            if current is None:  # released and deleted meanwhile: create again
-                continue
-            verdict = judge(current.data)
-            if verdict != "stale":
-                return current.etag if verdict == "ours" else None
-            return cas.replace(rel, doc, current.etag)
-    except Exception as e:
-        raise _store_error(e, what) from None
-    return None
-
-
-def replace_or_fail(cas: ConditionalS3, rel: str, doc: bytes, etag: str, what: str) -> str | None:
-    """`cas.replace`, with the client's failures (the store down) as StoreError."""
-    try:
-        return cas.replace(rel, doc, etag)
-    except Exception as e:
-        raise _store_error(e, what) from None
-
-
-def _store_error(e: Exception, what: str) -> Exception:
-    """obstore's errors as the StoreError every caller of a lease handles; anything else as it is."""
-    if not type(e).__module__.startswith("obstore"):
-        return e
-    from .errors import StoreError
-    from .redact import redact_text
-
-    return StoreError(f"{what}: {type(e).__name__}: {redact_text(str(e).splitlines()[0] if str(e) else '')}")
-
-
-def client(fs: StoreFS) -> ConditionalS3 | None:
+def client(fs: S3Location) -> ConditionalS3 | None:
     """An obstore client of this S3 store, not probed (plain reads, puts and deletes need no
     preconditions); None when obstore is missing or rejects the store's configuration."""
     if fs.kind != "s3":
@@ -235,9 +178,9 @@ def client(fs: StoreFS) -> ConditionalS3 | None:
         raise
 
 
-def conditional(fs: StoreFS) -> ConditionalS3 | None:
+def conditional(fs: S3Location) -> ConditionalS3 | None:
     """The conditional writer of this store when it has one that its server honours, else None (claims
-    and Lamport's bakery, `leaseclaims`). Any failure to set it up or to probe means None."""
+    and Lamport's bakery, `leases`). Any failure to set it up or to probe means None."""
     cas = client(fs)
     try:
         return cas if cas is not None and cas.honoured() else None
@@ -247,14 +190,3 @@ def conditional(fs: StoreFS) -> ConditionalS3 | None:
         if type(e).__module__.startswith("obstore"):
             return None
         raise
-
-
-def lease_protocol(fs: StoreFS) -> tuple[str, str]:
-    """(protocol, why) for `doctor`: "compare-and-swap" or "bakery" (a claim per taker, `leaseclaims`)."""
-    if fs.is_local:
-        return "compare-and-swap", "exclusive create (link) on the local file system"
-    if fs.kind == "s3":
-        if conditional(fs) is not None:
-            return "compare-and-swap", "S3 conditional writes (If-None-Match: *, If-Match: <etag>)"
-        return "bakery", "the S3 server does not honour If-None-Match/If-Match on PUT (or obstore is missing)"
-    return "bakery", f"no conditional writes through pyarrow on {fs.kind} stores"

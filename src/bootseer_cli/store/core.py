@@ -1,5 +1,5 @@
 """The store: content-addressed blobs, small JSON refs and single-flight leases over any pyarrow.fs
-(the filesystem itself, with its atomic writes and listing, is `storefs.StoreFS`).
+(the filesystem itself, with its atomic writes and listing, is `fs.StoreFS`).
 
 Layout (DESIGN.md section 3)::
 
@@ -8,14 +8,14 @@ Layout (DESIGN.md section 3)::
     leases/<key>                  single-flight: owner, expiry
     ckpt/…, events/…              owned by their modules, through the generic put/get/list helpers
 
-Blobs and refs are published atomically (see `storefs`): a reader never uses a partial object.
+Blobs and refs are published atomically (see `fs`): a reader never uses a partial object.
 
 Leases are compare-and-swap where the store offers it. On file:// a lease is created with link(),
-which fails if it exists (atomic). On S3 servers that honour conditional writes (`leasecas`) a lease
+which fails if it exists (atomic). On S3 servers that honour conditional writes (`conditional`) a lease
 is created with `If-None-Match: *` and renewed, taken over or released with `If-Match: <etag>`: of
 several takers exactly one wins, however long any of them stalls. Elsewhere (GCS, HDFS, an S3 server
 that ignores the headers; `bootseer doctor` says which) pyarrow exposes no create-if-absent, so a
-lease is taken with a claim object per taker and Lamport's bakery (`leaseclaims`): exactly one of
+lease is taken with a claim object per taker and Lamport's bakery (`leases`): exactly one of
 several takers wins however long any of them stalls, as long as its claim lives (a TTL). Expired
 leases are taken over the same way.
 A lease records its TTL; its holder renews it (every TTL/3 in the keepers) and releases it only
@@ -30,23 +30,21 @@ import copy
 import hashlib
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from ..settings import Settings
 
-from .digests import sha256_file
-from .errors import BlobMissing, IntegrityError, StoreError
-from .freshness import SEQ_FIELD, Seen, next_seq
-from .leaseclaims import LEASE_SKEW_S
-from .storefs import SHARED, StoreFS
-from .trust import SIG_FIELD, Trust, announce_unverified, unsigned
-from .unverified import Refused, refused
+from ..digests import sha256_file
+from ..errors import BlobMissing, IntegrityError, StoreError
+from ..freshness import SEQ_FIELD, Seen, next_seq
+from ..trust import SIG_FIELD, Trust, announce_unverified, unsigned
+from ..unverified import Refused, refused
+from .fs import SHARED, StoreFS
+from .leases import LEASE_SKEW_S, Lease, drop_claim, renew_claim, swap_lease, take_by_claims, take_lease
 
 CHUNK = 4 << 20
 
@@ -56,16 +54,13 @@ Progress = Callable[[int], None]
 # Top-level names of the layout before trust domains: their documents are read by gc only (to keep
 # the blobs they name), never used by a stage.
 LEGACY_TOPS = frozenset({"refs", "leases", "ckpt", "events", "swarm"})
-_warned: set[str] = set()
 
 
 def _warn_once(msg: str) -> None:
     """A refused document is a miss, said once per process (a stage may look at it several times)."""
-    if msg not in _warned:
-        _warned.add(msg)
-        from .redact import redact_text
+    from ..redact import warn
 
-        print(f"bootseer: warning: {redact_text(msg)}", file=sys.stderr, flush=True)
+    warn(msg, once=True)
 
 
 def blob_path(digest: str) -> str:
@@ -79,28 +74,6 @@ def _safe_key(key: str) -> str:
     if not key or key.startswith(".") or "/" in key or "\\" in key or "\0" in key:
         raise StoreError(f"invalid store key: {key!r}")
     return key
-
-
-@dataclass
-class Lease:
-    """A lease this process took. `renew` and `release` act only while it is still the owner:
-    `lost` turns True once a renewal found another owner (or an expired lease), and then the
-    holder must assume another node is doing the work."""
-
-    store: Store
-    key: str
-    owner: str
-    expires: float
-    ttl_s: float = 0.0
-    lost: bool = False
-    etag: str = ""  # the version this holder wrote, on a store with conditional writes (`leasecas`)
-
-    def release(self) -> None:
-        self.store.release_lease(self)
-
-    def renew(self, ttl_s: float) -> bool:
-        """Extend the lease by `ttl_s`; False (and `lost`) when it is no longer ours."""
-        return self.store.renew_lease(self, ttl_s)
 
 
 class Store(StoreFS):
@@ -431,16 +404,12 @@ class Store(StoreFS):
             return None
         cas = self.conditional()
         if cas is not None:
-            from .leasecas import take_lease
-
             etag = take_lease(self, cas, key, owner, ttl_s, doc)
             return None if etag is None else Lease(self, key, owner, expires, ttl_s, etag=etag)
         if self.lease_live(key, self.read_lease(key), ttl_s):
             return None
-        from .leaseclaims import take  # no conditional writes: a claim per taker, Lamport's bakery
-
-        try:
-            won = take(self, key, owner, ttl_s, doc)
+        try:  # no conditional writes: a claim per taker, Lamport's bakery
+            won = take_by_claims(self, key, owner, ttl_s, doc)
         except StoreError:  # a server may refuse one of several racing writes (rclone's `serve s3` did):
             if self.lease_live(key, self.read_lease(key), ttl_s):  # a race lost, when another's lease is there
                 return None
@@ -476,7 +445,10 @@ class Store(StoreFS):
         (an expired lease may be in the middle of being taken over, so it is not ours to touch)."""
         current = self.read_lease(lease.key)
         return (
-            bool(current) and current.get("owner") == lease.owner and float(current.get("expires") or 0) > time.time()
+            current is not None
+            and bool(current)
+            and current.get("owner") == lease.owner
+            and float(current.get("expires") or 0) > time.time()
         )
 
     def renew_lease(self, lease: Lease, ttl_s: float) -> bool:
@@ -484,15 +456,13 @@ class Store(StoreFS):
 
         On a local store the compare and the write are atomic: the lease file is renamed aside (one
         process gets it), checked, and the renewed document linked into place, which fails rather
-        than overwrite a lease another node created meanwhile. With conditional writes (`leasecas`)
+        than overwrite a lease another node created meanwhile. With conditional writes (`conditional`)
         it is one request, If-Match the version this holder wrote. On any other object store the read
         and the write are two requests; a taker only acts on an expired lease (by its clock, with the skew
         allowance), and the owner renews only a lease that has not expired by its own clock, so the
         window needs a clock skew beyond the allowance.
         """
         if lease.etag:
-            from .leasecas import swap_lease
-
             return swap_lease(self, lease, ttl_s)
         if lease.lost or not self._still_ours(lease):
             lease.lost = True
@@ -504,10 +474,8 @@ class Store(StoreFS):
                 lease.lost = True
                 return False
         else:
-            from .leaseclaims import renew
-
             self.put_bytes(self._lease_rel(lease.key), doc)
-            renew(self, lease.key, lease.owner, ttl_s)
+            renew_claim(self, lease.key, lease.owner, ttl_s)
         lease.expires, lease.ttl_s = expires, ttl_s
         return True
 
@@ -550,8 +518,6 @@ class Store(StoreFS):
         so deleting a taker's lease needs a clock skew beyond the allowance (see `lease_live`).
         """
         if lease.etag:  # a released lease stays as an expired version (a delete cannot be conditional here)
-            from .leasecas import swap_lease
-
             swap_lease(self, lease, 0.0, release=True)
             return
         if lease.lost or not self._still_ours(lease):
@@ -559,10 +525,8 @@ class Store(StoreFS):
         if self.is_local:
             self._swap_local(lease, None)
         else:
-            from .leaseclaims import drop
-
             self.delete(self._lease_rel(lease.key))
-            drop(self, lease.key, lease.owner)
+            drop_claim(self, lease.key, lease.owner)
 
     # ---- health --------------------------------------------------------------------------------
     def check_writable(self) -> None:
@@ -582,7 +546,7 @@ class Store(StoreFS):
 def open_store(uri: str | None, trust: Trust | None = None) -> Store:
     """The store at `uri` (`[store] uri`), or the embedded local store when None, seen from `trust`'s
     domain (default: the user's, unsigned)."""
-    from .paths import default_store_uri
+    from ..paths import default_store_uri
 
     store = Store(uri or default_store_uri())
     return store.use_trust(trust) if trust is not None else store
@@ -590,8 +554,8 @@ def open_store(uri: str | None, trust: Trust | None = None) -> Store:
 
 def open_store_for(settings: Settings) -> Store:
     """The configured store, seen as `[store] domain` and `[trust]` say (keys loaded here)."""
-    from .paths import blob_cache_dir
-    from .trust import trust_for
+    from ..paths import blob_cache_dir
+    from ..trust import trust_for
 
     store = open_store(settings.store.uri, trust_for(settings))
     store.seen = Seen(settings.store.cache_dir or blob_cache_dir())

@@ -21,7 +21,7 @@ import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .errors import BlobMissing, IntegrityError, StoreError
+from ..errors import BlobMissing, IntegrityError, StoreError
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

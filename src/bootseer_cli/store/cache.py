@@ -34,8 +34,8 @@ from .cachedir import (
 )
 
 if TYPE_CHECKING:
-    from .settings import StoreSettings
-    from .store import Store
+    from ..settings import StoreSettings
+    from .core import Store
 
 FANOUT = "sha256"
 
@@ -50,7 +50,7 @@ def _touch(name: str, dfd: int) -> None:
 def _link_stored(store: Store, src: Path, digest: str, dfd: int, name: str) -> bool:
     """Replace `src` by a hard link to the store's copy of the blob at `name` in `dfd`; False when
     not possible."""
-    from .store import blob_path
+    from .core import blob_path
 
     stored = Path(store.path(blob_path(digest)))
     tmp = f".{name}.link-{os.getpid()}-{time.monotonic_ns()}"
@@ -77,7 +77,7 @@ class BlobCache:
     def path(self, digest: str) -> Path:
         # the store's module is imported here, not with this one: a capture (which only needs
         # `root`) then does not load it, its transports and its trust (~25 ms before its first read)
-        from .store import blob_path
+        from .core import blob_path
 
         return self.root / blob_path(digest).removeprefix("blobs/")
 
@@ -267,11 +267,9 @@ class BlobCache:
 
 
 def _warn(msg: str) -> None:
-    import sys
+    from ..redact import warn
 
-    from .redact import redact_text
-
-    print(f"bootseer: warning: {redact_text(msg)}", file=sys.stderr, flush=True)
+    warn(msg)
 
 
 def cache_for(settings: StoreSettings, degrade: bool = True) -> BlobCache:
@@ -280,13 +278,13 @@ def cache_for(settings: StoreSettings, degrade: bool = True) -> BlobCache:
     With `degrade`, a cache directory that is read-only or full is replaced, for this process, by a
     private scratch directory (`nodedirs`, one warning): a start then runs without the node cache
     instead of failing in every stage that touches it. `doctor` asks for the configured one as it is."""
-    from .paths import blob_cache_dir
+    from ..paths import blob_cache_dir
 
     root = settings.cache_dir or blob_cache_dir()
     if not degrade:
         return BlobCache(root, settings.cache_max_bytes)
-    from .nodedirs import usable_or_scratch, why_unusable
-    from .paths import configured_cache_root
+    from ..nodedirs import usable_or_scratch, why_unusable
+    from ..paths import configured_cache_root
 
     keeps = not why_unusable(settings.cache_dir or configured_cache_root() / "blobs")
     return BlobCache(usable_or_scratch(root, "blobs") or root, settings.cache_max_bytes, keeps=keeps)

@@ -9,6 +9,7 @@ every reader of a blob verifies its digest and refs are written last, a partial 
 
 from __future__ import annotations
 
+import builtins  # `list` is a method of StoreFS: annotations below it name the type so
 import contextlib
 import errno
 from collections.abc import Iterator
@@ -17,16 +18,16 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 from urllib.parse import urlparse
 
-from .errors import StoreError
-from .redact import redact, redact_text
-from .storeguard import META_ATTEMPTS, META_CONNECT_S, META_REQUEST_S, Breaker, Chunks, Guarded, Ranged
+from ..errors import StoreError
+from ..redact import redact, redact_text
+from .guard import META_ATTEMPTS, META_CONNECT_S, META_REQUEST_S, Breaker, Chunks, Guarded, Ranged
 
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.dataset as pads
     import pyarrow.fs as pafs
 
-    from .leasecas import ConditionalS3
+    from .conditional import ConditionalS3
 
 KEEP_NAME = ".keep"
 SUPPORTED_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "")
@@ -119,13 +120,18 @@ class StoreFS:
         return self._fs
 
     @property
+    def region(self) -> str:
+        """The bucket's region as pyarrow resolved it ("" where the filesystem has none)."""
+        return str(getattr(self.fs, "region", "") or "")
+
+    @property
     def meta(self) -> pafs.FileSystem:
         """The filesystem for small requests (stats, refs, listings, deletes), behind the store's breaker
-        (`storeguard`): on S3 a client whose requests give up soon (`storeguard.META_*`), so a store
+        (`guard`): on S3 a client whose requests give up soon (`guard.META_*`), so a store
         that never answers costs a start ~20 s once, not the transfers' long timeout per request."""
         if self._meta is None:
             self._meta = Guarded(self._meta_fs if self._meta_fs is not None else self.fs, self.breaker)
-        return self._meta  # type: ignore[return-value]
+        return self._meta
 
     def uri_with_credentials(self) -> str:
         """The full URI, secret included: only for a child's environment or a 0600 file, never argv or text."""
@@ -133,10 +139,10 @@ class StoreFS:
 
     def conditional(self) -> ConditionalS3 | None:
         """Create-if-absent and replace-if-unchanged on this store, when its server honours conditional
-        writes (an S3 server, probed once per process; `leasecas`); None elsewhere. Local stores have
+        writes (an S3 server, probed once per process; `conditional`); None elsewhere. Local stores have
         their own exclusive create (link), used by the leases directly."""
         if not hasattr(self, "_cas"):
-            from .leasecas import conditional
+            from .conditional import conditional
 
             self._cas = conditional(self)
         return self._cas
@@ -201,7 +207,7 @@ class StoreFS:
 
     def put_bytes(self, rel: str, data: bytes) -> None:
         """Write a small object (a ref, a lease, a run's events) through the small requests' client: a
-        silent store fails it soon, or at once once it is taken for down (`storeguard`)."""
+        silent store fails it soon, or at once once it is taken for down (`guard`)."""
         try:
             with self._atomic_output(rel, self.meta) as out:
                 out.write(data)
@@ -257,7 +263,7 @@ class StoreFS:
         if self.kind != "s3":
             return False
         if not hasattr(self, "_one_request"):
-            from .leasecas import client
+            from .conditional import client
 
             self._one_request = client(self)
         if self._one_request is None:
@@ -307,7 +313,7 @@ class StoreFS:
         """Relative paths of the files under `prefix` (empty when it does not exist)."""
         return sorted(self._rel(i.path) for i in self._file_infos(prefix, recursive))
 
-    def list_info(self, prefix: str) -> list[StoredFile]:
+    def list_info(self, prefix: str) -> builtins.list[StoredFile]:
         """The files under `prefix`, recursively, with size and modification time (temporaries left out)."""
         return sorted(
             (
@@ -317,13 +323,13 @@ class StoreFS:
             key=lambda f: f.rel,
         )
 
-    def parquet_dataset(self, rels: list[str], schema: pa.Schema | None = None) -> pads.Dataset:
+    def parquet_dataset(self, rels: builtins.list[str], schema: pa.Schema | None = None) -> pads.Dataset:
         """One pyarrow dataset over the Parquet files `rels` (pyarrow reads them on its own threads)."""
         import pyarrow.dataset as ds
 
         return ds.dataset([self.path(r) for r in rels], format="parquet", filesystem=self.fs, schema=schema)
 
-    def top_level(self) -> list[str]:
+    def top_level(self) -> builtins.list[str]:
         """The directories at the top of the store, outside any domain (the domains and `blobs`)."""
         import pyarrow.fs as pafs
 
@@ -334,7 +340,7 @@ class StoreFS:
             raise StoreError(f"store {self.uri}: cannot list its top level: {e}") from None
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 
-    def list_dirs(self, prefix: str) -> list[str]:
+    def list_dirs(self, prefix: str) -> builtins.list[str]:
         import pyarrow.fs as pafs
 
         sel = pafs.FileSelector(self.path(prefix), allow_not_found=True)
@@ -342,14 +348,14 @@ class StoreFS:
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 
     def read_chunks(self, rel: str, chunk: int, what: str) -> Chunks:
-        """`rel` streamed in chunks of `chunk` bytes, each waited for at most `storeguard.STALL_S`: a store
-        that stops sending part way fails the read soon and is taken for down (`storeguard.Chunks`)."""
+        """`rel` streamed in chunks of `chunk` bytes, each waited for at most `guard.STALL_S`: a store
+        that stops sending part way fails the read soon and is taken for down (`guard.Chunks`)."""
         fs, path = self.fs, self.path(rel)
         return Chunks(lambda: fs.open_input_stream(path), chunk, self.breaker, what)
 
     def open_ranged(self, rel: str, what: str, breaker: Breaker | None = None) -> Ranged:
-        """`rel` for ranged reads whose open, size and reads each wait at most `storeguard.STALL_S`; one
-        that overruns marks `breaker` (default: this store's) down (`storeguard.Ranged`)."""
+        """`rel` for ranged reads whose open, size and reads each wait at most `guard.STALL_S`; one
+        that overruns marks `breaker` (default: this store's) down (`guard.Ranged`)."""
         return Ranged(lambda: self.open_input(rel), breaker or self.breaker, what)
 
     def open_input(self, rel: str) -> pa.NativeFile:
@@ -378,7 +384,7 @@ def _open_error(scheme: str, e: Exception) -> str:
 
 def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, pafs.S3FileSystem, str]:
     """pyarrow's S3FileSystem from an `s3://` URI, with directory-existence checks turned on, and a
-    second client for small requests whose timeouts are short (`storeguard.META_*`), unless the URI
+    second client for small requests whose timeouts are short (`guard.META_*`), unless the URI
     sets the timeouts itself; returns (transfers, small requests, root).
 
     `FileSystem.from_uri` cannot set `check_directory_existence_before_creation`; without it
