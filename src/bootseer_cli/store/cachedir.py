@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import BlobMissing, IntegrityError, StoreError
+from .fs import client_error
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -181,7 +182,7 @@ def download_into(
         raise BlobMissing(f"store {uri}: blob {digest[:12]} not found") from None
     except OSError as e:
         unlink_at(tmp, dfd)
-        raise StoreError(f"store {uri}: cannot download blob {digest[:12]}: {e}") from None
+        raise StoreError(f"store {uri}: cannot download blob {digest[:12]}: {client_error(e)}") from None
     except BaseException:
         unlink_at(tmp, dfd)
         raise

@@ -43,7 +43,7 @@ from ..errors import BlobMissing, IntegrityError, StoreError
 from ..freshness import SEQ_FIELD, Seen, next_seq
 from ..trust import SIG_FIELD, Trust, announce_unverified, unsigned
 from ..unverified import Refused, refused
-from .fs import SHARED, StoreFS
+from .fs import SHARED, StoreFS, client_error
 from .leases import LEASE_SKEW_S, Lease, drop_claim, renew_claim, swap_lease, take_by_claims, take_lease
 
 CHUNK = 4 << 20
@@ -109,7 +109,7 @@ class Store(StoreFS):
                     if progress:
                         progress(len(chunk))
         except OSError as e:
-            raise StoreError(f"store {self.uri}: cannot upload blob {digest[:12]}: {e}") from None
+            raise StoreError(f"store {self.uri}: cannot upload blob {digest[:12]}: {client_error(e)}") from None
         return digest
 
     def _present_whole(self, rel: str, digest: str) -> bool:
@@ -150,7 +150,7 @@ class Store(StoreFS):
                 self.delete(rel)
             raise
         except OSError as e:
-            raise StoreError(f"store {self.uri}: cannot upload blob {digest[:12]}: {e}") from None
+            raise StoreError(f"store {self.uri}: cannot upload blob {digest[:12]}: {client_error(e)}") from None
         return digest
 
     def put_blob_bytes(self, data: bytes) -> str:

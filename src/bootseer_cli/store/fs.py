@@ -165,7 +165,7 @@ class StoreFS:
         try:
             return self.meta.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
         except OSError as e:
-            raise StoreError(f"store {self.uri}: cannot stat {rel}: {e}") from None
+            raise StoreError(f"store {self.uri}: cannot stat {rel}: {client_error(e)}") from None
 
     def size(self, rel: str) -> int:
         import pyarrow.fs as pafs
@@ -213,7 +213,7 @@ class StoreFS:
                 out.write(data)
         except OSError as e:
             self.breaker.trip(e)  # the upload itself happens at close, past the guard's call
-            raise StoreError(f"store {self.uri}: cannot write {rel}: {e}") from None
+            raise StoreError(f"store {self.uri}: cannot write {rel}: {client_error(e)}") from None
 
     def get_bytes(self, rel: str) -> bytes | None:
         """The whole object, or None when it does not exist."""
@@ -223,7 +223,7 @@ class StoreFS:
             except (FileNotFoundError, NotADirectoryError):
                 return None
             except OSError as e:
-                raise StoreError(f"store {self.uri}: cannot read {rel}: {e}") from None
+                raise StoreError(f"store {self.uri}: cannot read {rel}: {client_error(e)}") from None
         try:
             with self.meta.open_input_stream(self.path(rel)) as f:
                 return f.read()
@@ -232,7 +232,7 @@ class StoreFS:
         except OSError as e:
             if "not found" in str(e).lower() or "no such file" in str(e).lower():
                 return None
-            raise StoreError(f"store {self.uri}: cannot read {rel}: {e}") from None
+            raise StoreError(f"store {self.uri}: cannot read {rel}: {client_error(e)}") from None
 
     def delete(self, rel: str) -> None:
         if self.kind not in _OBJECT_STORES:
@@ -302,7 +302,7 @@ class StoreFS:
         try:
             infos = self.meta.get_file_info(sel)
         except OSError as e:
-            raise StoreError(f"store {self.uri}: cannot list {prefix}: {e}") from None
+            raise StoreError(f"store {self.uri}: cannot list {prefix}: {client_error(e)}") from None
         return [i for i in infos if i.type == pafs.FileType.File and ".tmp-" not in i.path and i.base_name != KEEP_NAME]
 
     def _rel(self, full: str) -> str:
@@ -337,7 +337,7 @@ class StoreFS:
         try:
             infos = self.meta.get_file_info(sel)
         except OSError as e:
-            raise StoreError(f"store {self.uri}: cannot list its top level: {e}") from None
+            raise StoreError(f"store {self.uri}: cannot list its top level: {client_error(e)}") from None
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 
     def list_dirs(self, prefix: str) -> builtins.list[str]:
@@ -363,7 +363,28 @@ class StoreFS:
         try:
             return self.fs.open_input_file(self.path(rel))
         except OSError as e:
-            raise StoreError(f"store {self.uri}: cannot open {rel}: {e}") from None
+            raise StoreError(f"store {self.uri}: cannot open {rel}: {client_error(e)}") from None
+
+
+# A store client's error, as a warning or error line shows it: at most this long.
+CLIENT_ERROR_MAX = 240
+
+
+def client_error(e: BaseException) -> str:
+    """A store client's error in one short line (issue 46: `gs://` and S3 warnings ran to ~1,300 characters).
+
+    pyarrow passes on its clients' whole text: Google Cloud's repeats its message inside an `error_info`
+    dump with a link to the authentication docs; the AWS SDK's names the key and bucket before the error.
+    Kept: the status or AWS error and the underlying cause (a curl error, a refused connection)."""
+    text = " ".join(redact_text(str(e)).split())
+    text = text.split(" error_info=", 1)[0]
+    if text.startswith("google::cloud::Status("):
+        code = text[len("google::cloud::Status(") :].split(":", 1)[0]
+        cause = text.rsplit("The underlying error message was:", 1)
+        text = f"{code}: {cause[1].strip()}" if len(cause) == 2 else text[len("google::cloud::Status(") :]
+    elif "AWS Error " in text:
+        text = text[text.index("AWS Error ") :]
+    return text if len(text) <= CLIENT_ERROR_MAX else text[: CLIENT_ERROR_MAX - 1] + "…"
 
 
 def _open_error(scheme: str, e: Exception) -> str:
@@ -379,7 +400,7 @@ def _open_error(scheme: str, e: Exception) -> str:
                 "then set JAVA_HOME, ARROW_LIBHDFS_DIR (the directory of libhdfs.so) and "
                 "CLASSPATH=$(hadoop classpath --glob)"
             )
-    return text
+    return client_error(e)
 
 
 def _open_s3(uri: str) -> tuple[pafs.S3FileSystem, pafs.S3FileSystem, str]:
