@@ -54,9 +54,24 @@ def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:
 
 
 def prefetch(settings: Settings, store: Store, cache: BlobCache, keys: Keys) -> list[Item]:
-    if not settings.checkpoint.name:
+    """The stripes of `[checkpoint] name`, only where the start will pull them.
+
+    A mounted checkpoint is read from the store by the FUSE server (stripe/reader.py), never from the
+    node cache: prefetching it would fill the cache (and evict the env snapshot) with bytes nobody
+    reads. Mount mode still pulls where this node cannot mount (stripe/stage.py), so that case
+    prefetches as pull mode does.
+    """
+    name = settings.checkpoint.name
+    if not name:
         return []
-    return [_prefetch_checkpoint(settings, store, cache, settings.checkpoint.name)]
+    if settings.checkpoint.mode == "mount":
+        from .overlay import overlay_missing
+        from .stage import fuse_missing
+
+        if not (fuse_missing() or overlay_missing()):
+            detail = 'mode = "mount" reads the stripes from the store, not the node cache'
+            return [Item("checkpoint", f"{name}:{settings.checkpoint.tag}", status="skipped", detail=detail)]
+    return [_prefetch_checkpoint(settings, store, cache, name)]
 
 
 def _prefetch_checkpoint(settings: Settings, store: Store, cache: BlobCache, name: str) -> Item:
