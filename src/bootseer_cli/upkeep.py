@@ -159,7 +159,7 @@ class Item:
     blobs: int = 0
     bytes: int = 0
     bytes_from_store: int = 0
-    status: str = "fetched"  # fetched | cached | absent | failed
+    status: str = "fetched"  # fetched | cached | absent | failed | skipped (not read from the cache)
     detail: str = ""
 
 

@@ -5,8 +5,9 @@
 # container (BOOTSEER_IMAGE pinned by digest, BOOTSEER_STORE and read-only store credentials, BOOTSEER_CONFIG,
 # the verify keys: it holds no signing key and publishes nothing),
 # and the shared volume mounted at $BOOTSEER_WARM_DIR (default /bootseer-cache). It fetches the env
-# snapshot, the hot-block record and the checkpoint stripes into $BOOTSEER_WARM_DIR/blobs, which the
-# entrypoint wrapper then hands to `bootseer exec` as the node cache.
+# snapshot, the hot-block record and the checkpoint stripes (only where the start pulls the checkpoint
+# with [p2p] enabled: a mount reads the store, not the cache) into $BOOTSEER_WARM_DIR/blobs, which the entrypoint wrapper
+# then hands to `bootseer exec` as the node cache.
 #
 # The pod's securityContext runs both containers as the job's uid and makes the volume group-owned by its
 # fsGroup (setgid directory): what this script makes is group-readable and -writable (umask 002), never

@@ -26,6 +26,10 @@
 # that file (`[image] ref = "repo@sha256:…"`, the same value the sbatch template exports as
 # BOOTSEER_IMAGE), else the keys are the node's, not the image's.
 #
+# It fetches the env snapshot, the hot-block record and, where the job pulls its checkpoint through the
+# swarm (`[checkpoint] mode = "pull"`, or a node that cannot mount, with `[p2p] enabled`), the
+# checkpoint's stripes: a mount, or a pull without the swarm, reads them from the store, never this cache.
+#
 # The job uses the same cache (the sbatch template sets BOOTSEER_STORE_CACHE_DIR to it). The prolog always
 # exits 0: a non-zero prolog drains the node, and a cold cache only makes the start slower.
 set -u

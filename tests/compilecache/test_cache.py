@@ -264,6 +264,53 @@ def test_precompiled_headers_travel_from_tmpdir_to_tmpdir(tmp_path: Path, monkey
     assert after["headers/mine.h.gch"].used > old and after["inductor/k.so"].used > old, after
 
 
+def test_headers_are_restored_only_when_the_last_run_compiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46 finding 8: a job started without `torch.compile` still restored the ~150 MB precompiled
+    header. The index now records whether its last run compiled (read or wrote Inductor's files): after
+    a run that did not, a fresh node leaves the headers in the store; a run that compiles again builds
+    its header, and the node after it gets the header restored again."""
+    store_uri = (tmp_path / "store").as_uri()
+
+    def node(name: str) -> tuple[Path, Path]:
+        env = node_env(tmp_path, name)
+        _on(env, monkeypatch)
+        return header_dir(env), Path(env["TMPDIR"])
+
+    a_headers, _ = node("a")
+    a = node_ctx(tmp_path, "a", store_uri)
+    key = run_stage(a).extra["compile_key"]
+    (a_headers / "mine.h").write_bytes(b"#include <x>\n")
+    (a_headers / "mine.h.gch").write_bytes(b"g" * 50)
+    Path(a.exports["TORCHINDUCTOR_CACHE_DIR"], "k.so").write_bytes(b"k" * 5)
+    publish_as_agent(a)  # a compiling run
+    assert read_index(open_store(store_uri), key).compiled is True
+
+    b_headers, _ = node("b")
+    b = node_ctx(tmp_path, "b", store_uri)
+    res = run_stage(b)
+    assert res.extra["files"] == 3 and (b_headers / "mine.h.gch").exists()  # the last run compiled
+    publish_as_agent(b)  # a run without torch.compile: it neither reads nor writes Inductor's files
+    index = read_index(open_store(store_uri), key)
+    assert index.compiled is False and set(index.entries) == {"headers/mine.h", "headers/mine.h.gch", "inductor/k.so"}
+
+    c_headers, _ = node("c")
+    c = node_ctx(tmp_path, "c", store_uri)
+    res = run_stage(c)
+    assert res.outcome == "hit" and res.extra["files"] == 1 and res.extra["not_fetched"] == 2, res
+    assert not (c_headers / "mine.h.gch").exists() and "headers not fetched (63 B" in res.summary, res.summary
+    Path(c.exports["TORCHINDUCTOR_CACHE_DIR"], "k.so").read_bytes()  # this run compiles: a hit reads the kernel
+    # and Inductor builds the missing header
+    (c_headers / "mine.h").write_bytes(b"#include <x>\n")
+    (c_headers / "mine.h.gch").write_bytes(b"g" * 50)
+    publish_as_agent(c)
+    assert read_index(open_store(store_uri), key).compiled is True
+
+    d_headers, _ = node("d")
+    res = run_stage(node_ctx(tmp_path, "d", store_uri))
+    assert res.extra["files"] == 3 and res.extra["not_fetched"] == 0
+    assert (d_headers / "mine.h.gch").read_bytes() == b"g" * 50
+
+
 def test_header_dir_not_ours_or_inside_the_users_cache_is_left_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

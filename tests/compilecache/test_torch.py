@@ -132,6 +132,45 @@ def test_corrupt_blob_is_dropped_and_repaired_by_the_next_publish(
     assert store.get_blob_bytes(victim.digest) == good  # the corrupt blob was replaced, not trusted by its size
 
 
+EAGER = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+with torch.no_grad():
+    print(float(model(torch.randn(4, 16)).sum()))
+"""
+
+
+def test_a_run_without_torch_compile_leaves_the_header_in_the_store(node_a: NodeA, tmp_path: Path) -> None:
+    """Issue 46 finding 8: the same model run eagerly (a job started without its `--compile`) was given
+    Inductor's precompiled header, and every later start too. Its run reads and writes nothing of
+    Inductor's, so the index records that the key's last run did not compile, and the next node
+    leaves the headers in the store."""
+    store_dir = tmp_path / "store"
+    shutil.copytree(Path(node_a.root / "store"), store_dir)
+    ctx = node_ctx(tmp_path, "node-f", store_dir.as_uri())
+    res, env = run_stage_on(ctx)
+    assert res.extra["files"] == node_a.published and res.extra["not_fetched"] == 0, res  # the last run compiled
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_EXT"))}
+    out = subprocess.run(
+        [sys.executable, "-c", EAGER],
+        env={**run_env, **env, **ctx.exports},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    publish_as_agent(ctx)
+    index = read_index(open_store(store_dir.as_uri()), node_a.key)
+    assert index.compiled is False and len(index.entries) == node_a.published
+    headers = [rel for rel in index.entries if rel.startswith("headers/")]
+    ctx = node_ctx(tmp_path, "node-g", store_dir.as_uri())
+    res, env = run_stage_on(ctx)
+    assert res.extra["not_fetched"] == len(headers) and res.extra["files"] == node_a.published - len(headers), res
+    assert not list(header_dir(env).rglob("*.gch"))  # not fetched: ~150 MB a start that does not compile saves
+
+
 HEADER_DIR = "import sys, torch._inductor.codecache as c; print(c._HEADER_DIR)"
 
 

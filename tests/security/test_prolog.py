@@ -158,3 +158,39 @@ def test_a_site_store_uri_with_credentials_is_never_handed_to_the_user(user: Pla
     assert not (out / "env").exists(), "the prefetch ran with the site's secret"
     assert "BOOTSEER_STORE carries credentials" in r.stderr
     assert "write-secret" not in r.stderr and "other-secret" not in r.stderr
+
+
+@pytest.mark.parametrize(("mode", "p2p"), [("mount", False), ("pull", False), ("pull", True)])
+def test_only_stripes_the_start_reads_from_the_cache_are_prefetched(world: Path, mode: str, p2p: bool) -> None:
+    """Issue 46 finding 8: a mount reads its stripes from the store, never the node cache, so the prolog
+    fetching them filled the cache for nothing; so does a pull without the swarm. A pull with `[p2p]
+    enabled` fetches whole stripes through the cache: those are prefetched. The job's user is root
+    here: the plain user cannot open /dev/fuse on this machine, and a node that cannot mount pulls."""
+    from bootseer_cli.store.cache import BlobCache
+    from bootseer_cli.store.core import Store
+    from bootseer_cli.stripe.push import push
+    from bootseer_cli.stripe.stage import fuse_missing
+
+    if fuse_missing():
+        pytest.skip(f"no FUSE here: {fuse_missing()}")
+    root = PlainUser("root", 0, 0, "/root")
+    store = Store((world / "store").as_uri())
+    src = world / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(300 << 10))
+    m = push(store, src, "m", "v1", stripes=2, cell_size=64 << 10)
+    node_cache = world / "nc"
+    site = _site(world, f"BOOTSEER_STORE={store.uri}\nBOOTSEER_NODE_CACHE={node_cache}\n")
+    toml = f'[image]\nref = "x@sha256:{"a" * 64}"\n[checkpoint]\nname = "m"\nmode = "{mode}"\n'
+    toml += "[p2p]\nenabled = true\n" if p2p else ""
+    job = _job(world, root, toml)
+    r = _prolog(root, site, job, f"{user_bin(root, world)}:/usr/bin:/bin", SLURM_JOB_USER="root")
+    assert r.returncode == 0, r.stderr
+    assert "prefetch ended with status" not in r.stderr, r.stdout + r.stderr
+    cache = BlobCache(node_cache / "root", 1 << 30)
+    cached = [s.digest for s in m.stripes if cache.get(s.digest) is not None]
+    if not p2p:
+        assert cached == [], r.stdout
+        assert "checkpoint skipped" in r.stdout and "not the node cache" in r.stdout, r.stdout
+    else:
+        assert cached == [s.digest for s in m.stripes], r.stdout + r.stderr

@@ -266,11 +266,56 @@ def _plain_user_round(base: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[1:] == ["2", str(3 * CELL // 4)] and "pulling" not in r.stderr, r.stderr
     _agents_done(node)
+    runtime = Path(r.stdout.split()[0]).parent
+    left = sorted(p.name for p in runtime.iterdir() if "ckpt-" in p.name)
+    assert left == [], f"left on the node after the agent ended: {left}"
     r = _as_nobody(["ckpt", "ls", "--config", str(cfg), "job"], node)
     assert r.returncode == 0 and len([ln for ln in r.stdout.splitlines() if "v1" not in ln and "job" in ln]) >= 1
     r = _as_nobody(["exec", "--config", str(cfg), "--", *launcher], node)
     assert r.returncode == 0 and r.stdout.split()[1] == "3", r.stderr
     _agents_done(node)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become the plain user (setpriv)")
+def test_plain_user_pull_leaves_nothing_on_the_node_after_the_agent(tmp_path: Path) -> None:
+    """Issue 46 finding 8: a plain user's pulled checkpoint (a whole copy, on the disk of the user's
+    cache root where there is no /run/user) and its markers stayed after the agent had pushed it."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="bootseer-plain-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        node = _node(base, "plain")
+        del node["XDG_RUNTIME_DIR"]  # a batch job's user often has none: the runtime dir is on disk
+        (base / "store").mkdir()
+        for d in [node["XDG_CACHE_HOME"], str(base / "store")]:
+            os.chown(d, NOBODY, NOBODY)
+        store = Store((base / "store").as_uri())
+        src = base / "src"
+        src.mkdir()
+        torch.save({"step": 1, "w": torch.zeros(64, 1024)}, src / "ckpt.pt")
+        torch.save({"x": torch.ones(3 * CELL // 4)}, src / "extra.pt")
+        cfg = _config(base, store, "pull")
+        r = _as_nobody(["ckpt", "push", "--config", str(cfg), str(src), "--name", "job", "--tag", "v1"], node)
+        assert r.returncode == 0, r.stderr
+        (base / "train.py").write_text(TRAINER)
+        launcher = ["/bin/sh", "-c", f"exec {sys.executable} {base / 'train.py'}"]
+        r = _as_nobody(["exec", "--config", str(cfg), "--", *launcher], node)
+        assert r.returncode == 0, r.stderr
+        ckpt_dir = Path(r.stdout.split()[0])
+        runtime = ckpt_dir.parent
+        assert ckpt_dir.name.startswith("ckpt-") and r.stdout.split()[1] == "2", r.stdout + r.stderr
+        _agents_done(node)
+        r = _as_nobody(["ckpt", "ls", "--config", str(cfg), "job"], node)  # pushed: only then may the copy go
+        assert r.returncode == 0 and [ln for ln in r.stdout.splitlines() if "job" in ln and "v1" not in ln], r.stdout
+        left = sorted(p.name for p in runtime.iterdir() if "ckpt-" in p.name)
+        assert left == [], f"left on the node after the agent ended: {left}"
+        r = _as_nobody(["exec", "--config", str(cfg), "--", *launcher], node)  # resumes from the push
+        assert r.returncode == 0 and r.stdout.split()[1] == "3", r.stdout + r.stderr
+        _agents_done(node)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_pull_never_replaces_a_directory_holding_other_files(tmp_path: Path) -> None:

@@ -143,6 +143,7 @@ def serve(
         allow_other=True,
         max_read=1 << 20,
         max_threads=MAX_THREADS,  # libfuse3 serves 10 requests at a time by default: too few for a parallel reader
+        max_idle_threads=MAX_THREADS,  # else libfuse 3.12-3.14.0 logs "Ignoring invalid max threads value"
     )
 
 

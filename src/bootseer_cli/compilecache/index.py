@@ -52,6 +52,10 @@ class Index:
     entries: dict[str, Entry]
     shards: list[str]
     skipped: int = 0  # shards or entries that were unreadable or invalid
+    # Whether the run that wrote the newest shard compiled (read or built Inductor's files); None where
+    # no shard says (older ones). A key whose last run compiled nothing does not need the precompiled
+    # headers restored (~150 MB, only ever read by a compile): see publish.compiled.
+    compiled: bool | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -141,6 +145,7 @@ def _parse_shard(doc: Mapping[str, object]) -> tuple[dict[str, Entry], int] | No
 def read_index(store: Store, key: str) -> Index:
     """Every shard of `key`, merged. Unreadable shards are counted and left out (a miss, not a failure)."""
     index = Index(entries={}, shards=[])
+    newest = float("-inf")
     for rel in store.list(prefix(key)):
         if not rel.endswith(".json"):
             continue
@@ -159,13 +164,24 @@ def read_index(store: Store, key: str) -> Index:
             continue
         entries, bad = parsed
         index.skipped += bad
+        written, compiled = doc.get("written"), doc.get("compiled")
+        if isinstance(compiled, bool) and isinstance(written, int | float) and written >= newest:
+            newest, index.compiled = float(written), compiled
         index.entries = merge(index.entries, entries)
         index.shards.append(rel)
     return index
 
 
-def write_index(store: Store, key: str, node: str, entries: Mapping[str, Entry], replaces: Iterable[str]) -> str:
-    """Write `entries` as a new shard, then delete the shards it replaces (see the module docstring)."""
+def write_index(
+    store: Store,
+    key: str,
+    node: str,
+    entries: Mapping[str, Entry],
+    replaces: Iterable[str],
+    compiled: bool | None = None,
+) -> str:
+    """Write `entries` as a new shard, then delete the shards it replaces (see the module docstring);
+    `compiled`: whether the writer's run compiled (`Index.compiled`), not recorded when None."""
     rel = f"{prefix(key)}{time.time() * 1000:015.0f}-{node}-{uuid.uuid4().hex[:8]}.json"
     doc = {
         "v": INDEX_VERSION,
@@ -174,6 +190,8 @@ def write_index(store: Store, key: str, node: str, entries: Mapping[str, Entry],
         "written": time.time(),
         "entries": {r: e.as_json() for r, e in sorted(entries.items())},
     }
+    if compiled is not None:
+        doc["compiled"] = compiled
     store.put_doc(rel, doc)
     for old in replaces:
         if old != rel:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import IntegrityError
-from .index import Entry, merge, prune, read_index, write_index
+from .index import Entry, Index, merge, prune, read_index, write_index
 from .nofollow import Tree, open_file, open_tree
 from .tree import HEADERS, SHARED_ROOTS, Baseline, index_parts, walk
 
@@ -115,6 +115,19 @@ def _found_before(
     return out
 
 
+# The roots a run that compiles reads or writes: Inductor's cache (a hit reads its graphs and kernels)
+# and its precompiled headers (built by a run that loads a C++ kernel).
+COMPILE_ROOTS = frozenset({"inductor", HEADERS})
+
+
+def compiled(changed: Mapping[str, object], used: list[str]) -> bool:
+    """Whether the run compiled: it wrote or read a file of Inductor's (a job started without
+    `torch.compile` touches neither). Recorded in the index shard (`Index.compiled`), so the next start
+    of the key restores the precompiled headers only when the last run compiled. Under `noatime` a full
+    cache hit shows no read: that run counts as not compiling, and the next one builds its header (seconds)."""
+    return any(rel.partition("/")[0] in COMPILE_ROOTS for rel in (*changed, *used))
+
+
 def upload_changes(
     store: Store,
     roots: Mapping[str, Path],
@@ -177,6 +190,7 @@ def publish(store: Store, key: str, node: str, roots: Mapping[str, Path], base: 
     now = time.time()
     out = Published()
     changed, used = changes(roots, base)
+    base.compiled = base.compiled or compiled(changed, used)  # the run so far (this task publishes twice)
     fresh, out.skipped = upload_changes(store, roots, changed, base, max_bytes, now)
     out.files, out.bytes = len(fresh), sum(e.size for e in fresh.values())
     index = read_index(store, key)
@@ -186,14 +200,25 @@ def publish(store: Store, key: str, node: str, roots: Mapping[str, Path], base: 
             fresh.setdefault(rel, Entry(cur.digest, cur.size, now))
             out.refreshed += 1
     new = {r: e for r, e in fresh.items() if index.entries.get(r) is None or index.entries[r].digest != e.digest}
-    if new or out.refreshed:
+    if new or out.refreshed or _flag_changed(index, base):
         merged = merge(index.entries, fresh)
         kept = prune(merged, max_bytes)
         out.pruned = len(merged) - len(kept)
-        out.shard = write_index(store, key, node, kept, index.shards)
+        out.shard = write_index(store, key, node, kept, index.shards, compiled=base.compiled)
         out.entries, out.total_bytes = len(kept), sum(e.size for e in kept.values())
     _advance(base, roots, changed, fresh)
     return out
+
+
+def _flag_changed(index: Index, base: Baseline) -> bool:
+    """Whether a shard must be written only to change `Index.compiled` (what the next start restores):
+    a compiling run after one that did not, or a run that did not compile though it was given the
+    headers (a publisher given none, e.g. a node that restored nothing, has nothing to say)."""
+    if not index.entries:
+        return False
+    if base.compiled:
+        return index.compiled is False
+    return index.compiled is not False and any(rel.partition("/")[0] == HEADERS for rel in base.digests)
 
 
 def _advance(

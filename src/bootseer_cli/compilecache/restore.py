@@ -42,6 +42,8 @@ class Restored:
     bad: list[str] = field(default_factory=list)  # digests of blobs that failed verification
     errors: list[str] = field(default_factory=list)  # what went wrong, one line each
     stopped: str = ""  # why the restore stopped early (a full disk)
+    skipped: int = 0  # entries of the roots not to fetch (`skip`), missing here
+    skipped_bytes: int = 0
 
 
 def _download(store: Store, e: Entry, fd: int) -> int:
@@ -85,9 +87,14 @@ def _fetch(store: Store, tree: Tree, parts: list[str], e: Entry) -> int:
 
 
 def _plan(
-    index: Index, roots: Mapping[str, Path], trees: Mapping[str, Tree], max_bytes: int, out: Restored
+    index: Index,
+    roots: Mapping[str, Path],
+    trees: Mapping[str, Tree],
+    max_bytes: int,
+    out: Restored,
+    skip: frozenset[str] = frozenset(),
 ) -> list[tuple[str, Tree, list[str], Entry]]:
-    """The files to fetch: safe paths only, within the size bound, not already here."""
+    """The files to fetch: safe paths only, within the size bound, not already here, not in `skip`."""
     todo: list[tuple[str, Tree, list[str], Entry]] = []
     budget = max_bytes
     for rel, e in sorted(index.entries.items(), key=lambda kv: -kv[1].used):
@@ -105,6 +112,11 @@ def _plan(
             out.kept += 1
             out.digests[rel] = e.digest
             continue
+        if found[0] in skip:
+            out.skipped += 1
+            out.skipped_bytes += e.size
+            budget += e.size
+            continue
         todo.append((rel, tree, parts, e))
     return todo
 
@@ -119,12 +131,16 @@ def _open_trees(roots: Mapping[str, Path], out: Restored) -> dict[str, Tree]:
     return trees
 
 
-def restore(store: Store, index: Index, roots: Mapping[str, Path], max_bytes: int) -> Restored:
-    """Restore what `index` lists into `roots`; never raises for the store's or the disk's failures."""
+def restore(
+    store: Store, index: Index, roots: Mapping[str, Path], max_bytes: int, skip: frozenset[str] = frozenset()
+) -> Restored:
+    """Restore what `index` lists into `roots`; never raises for the store's or the disk's failures.
+    Files of the roots named in `skip` are kept when already here (and counted as restored, so a
+    run that reads them refreshes their entries) but not fetched."""
     out = Restored()
     trees = _open_trees(roots, out)
     try:
-        todo = _plan(index, roots, trees, max_bytes, out)
+        todo = _plan(index, roots, trees, max_bytes, out, skip)
         if todo:
             _fetch_all(store, todo, out)
     finally:

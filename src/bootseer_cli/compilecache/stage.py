@@ -26,7 +26,7 @@ from .index import Index, read_index, surely_empty
 from .jobpython import JobTorch, job_torch
 from .key import current_compile_key
 from .restore import Restored, restore
-from .tree import Baseline, cache_roots, make_dirs, take_baseline
+from .tree import HEADERS, Baseline, cache_roots, make_dirs, take_baseline
 
 if TYPE_CHECKING:
     from ..keys import Key
@@ -98,7 +98,10 @@ def _restore(ctx: StageContext, key: Key, roots: dict[str, Path]) -> tuple[Index
     except (BootseerError, OSError) as e:
         ctx.warn(f"compile: cannot read the compile cache index ({e}); starting with the cache this node has")
         return None, Restored(), f"store: {e}"
-    restored = restore(ctx.store, index, roots, ctx.settings.compile.max_bytes)
+    # The precompiled headers (~150 MB) are only read by a run that compiles: not fetched when the
+    # key's last run compiled nothing (a job started without torch.compile); one that does builds them.
+    skip = frozenset({HEADERS}) if index.compiled is False else frozenset()
+    restored = restore(ctx.store, index, roots, ctx.settings.compile.max_bytes, skip)
     for err in restored.errors[:3]:
         ctx.warn(f"compile: {err}; dropped, the rest is restored")
     if len(restored.errors) > 3:
@@ -144,6 +147,9 @@ def _result(key: Key, index: Index | None, r: Restored, why: str, publishing: st
         outcome = "hit"
         summary = f"restored {count(r.files, 'file')}, {fmt_bytes(r.bytes)}"
         summary += f", {r.kept} already here" if r.kept else ""
+        summary += (
+            f", headers not fetched ({fmt_bytes(r.skipped_bytes)}: the last run compiled nothing)" if r.skipped else ""
+        )
     else:
         outcome, summary = "miss", f"empty cache, {publishing}"
     return StageResult(
@@ -159,6 +165,8 @@ def _result(key: Key, index: Index | None, r: Restored, why: str, publishing: st
             "kept": r.kept,
             "dropped": len(r.dropped),
             "over_bound": r.over_bound,
+            "not_fetched": r.skipped,  # the headers, when the key's last run compiled nothing
+            "not_fetched_bytes": r.skipped_bytes,
             "index_entries": len(index.entries) if index else 0,
             "publish": publishing,
         },

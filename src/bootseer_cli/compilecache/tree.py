@@ -13,7 +13,8 @@ restores them there (the directory the launcher's Inductor computes: its TMPDIR 
 does not depend on what TMPDIR holds; GCC uses a header moved to another directory (checked with
 `-Winvalid-pch -H`). Header names are content hashes of the header, the compiler and its flags, and
 that directory is shared by every compile key on the node: what it held before the stage is not
-this key's to publish (see `take_baseline`).
+this key's to publish (see `take_baseline`). They are fetched only when the key's last run compiled
+(`Index.compiled`, `publish.compiled`): a job started without torch.compile never reads them.
 
 What a run added or changed is told apart from what the stage restored by a baseline: the size and
 mtime of every file when the stage ended (written to the run directory for the agent). Its atime is
@@ -200,10 +201,17 @@ class Baseline:
     files: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # rel -> (size, mtime_ns, atime_ns)
     digests: dict[str, str] = field(default_factory=dict)  # rel -> digest, for files as the index lists them
     bad: list[str] = field(default_factory=list)  # digests whose blob failed verification
+    compiled: bool = False  # the run has been seen compiling (publish.compiled), by an earlier publish too
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
-        doc = {"roots": self.roots, "files": self.files, "digests": self.digests, "bad": self.bad}
+        doc = {
+            "roots": self.roots,
+            "files": self.files,
+            "digests": self.digests,
+            "bad": self.bad,
+            "compiled": self.compiled,
+        }
         tmp.write_text(json.dumps(doc))
         os.replace(tmp, path)
 
@@ -212,7 +220,9 @@ class Baseline:
         doc = json.loads(path.read_text())
         files = {rel: (int(v[0]), int(v[1]), int(v[2])) for rel, v in doc.get("files", {}).items()}
         digests = dict(doc.get("digests", {}))
-        return cls(roots=dict(doc["roots"]), files=files, digests=digests, bad=list(doc.get("bad", [])))
+        base = cls(roots=dict(doc["roots"]), files=files, digests=digests, bad=list(doc.get("bad", [])))
+        base.compiled = doc.get("compiled") is True
+        return base
 
 
 def take_baseline(roots: Mapping[str, Path], digests: dict[str, str], bad: list[str]) -> Baseline:

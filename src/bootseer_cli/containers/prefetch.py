@@ -4,7 +4,8 @@ The hooks call it while the scheduler is still allocating the job (Slurm prolog)
 training container starts (Kubernetes init container), so the start itself finds the env snapshot,
 the hot-block record and the checkpoint stripes in the node cache instead of waiting for the store.
 It fetches exactly what the stages would, as each capability's `prefetch` hook says (the blobs named
-by `refs/hot/<image_key>`, `refs/env/<env_key>`, the stripes of `[checkpoint] name`), through
+by `refs/hot/<image_key>`, `refs/env/<env_key>`, the stripes of `[checkpoint] name` where the start
+pulls it with `[p2p] enabled`: a mount, or a pull without the swarm, reads the store, not the cache), through
 `delivery.fetch_blob` (verified, and over the swarm when `[p2p]` is on). Whatever is not published yet is reported and
 skipped: warming a cache must never be the reason a job does not start.
 """

@@ -31,11 +31,14 @@ class UnmountTask:
     mountpoint: str
     pid: int = 0  # the FUSE server's (0: unknown): stopped after the unmount
     dev: str = ""  # the mount's major:minor in mountinfo ("": whatever bootseer mount is there)
+    rundir: bool = False  # the mount point is this run's own (`ckpt-<run id>.ro`): removed once unmounted
 
 
 def unmount_task(task: UnmountTask, agent: Agent) -> None:
-    """Agent task: hold the mount while the launcher runs, unmount it (only it) when it ends."""
+    """Agent task: hold the mount while the launcher runs, unmount it (only it) when it ends; then
+    remove the run's own empty mount point and its owner file (rundirs.remove_ours)."""
     from .mount import mount_info, umount
+    from .rundirs import remove_ours
 
     mp = task.mountpoint
 
@@ -45,15 +48,18 @@ def unmount_task(task: UnmountTask, agent: Agent) -> None:
 
     while not agent.wait(5.0):
         if not still_ours():
-            return  # unmounted already (by its server, or by hand); what is there now is not ours
-    try:
-        if umount(mp, dev=task.dev):
-            agent.log(f"unmounted {mp}")
-    except BootseerError as e:
-        agent.log(f"could not unmount {mp}: {e}")
-    if task.pid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(task.pid, signal.SIGTERM)
+            break  # unmounted already (by its server, or by hand); what is there now is not ours
+    else:
+        try:
+            if umount(mp, dev=task.dev):
+                agent.log(f"unmounted {mp}")
+        except BootseerError as e:
+            agent.log(f"could not unmount {mp}: {e}")
+        if task.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(task.pid, signal.SIGTERM)
+    if task.rundir and mount_info(mp) is None:
+        remove_ours(mp)  # empty once unmounted; a directory holding anything stays
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class WritebackTask:
     root: str  # the write-back directory: journal (and, for an overlay, upper and work)
     mountpoint: str = ""  # the overlay's ("" in pull mode)
     dev: str = ""  # its major:minor: only this view is unmounted
+    rundir: str = ""  # this run's own `<runtime>/ckpt-<run id>`: removed once its contents are in the store
 
 
 def writeback_task(task: WritebackTask, agent: Agent) -> None:
@@ -91,12 +98,27 @@ def writeback_task(task: WritebackTask, agent: Agent) -> None:
             record_event(agent.run, "ckpt-writeback", t0, time.time(), "failed", reason=str(e))
             return
     took = time.time() - t0
+    if task.rundir:
+        _remove_rundir(task.rundir, agent)
     if m is None:
         agent.log("ckpt-writeback: the job wrote nothing into its checkpoint directory")
         record_event(agent.run, "ckpt-writeback", t0, time.time(), "unchanged")
         return
     agent.log(f"ckpt-writeback: pushed {m.name}:{m.tag} ({m.total_size} bytes) in {took:.1f} s; latest names it")
     record_event(agent.run, "ckpt-writeback", t0, time.time(), "pushed", bytes=m.total_size, detail=f"{m.name}:{m.tag}")
+
+
+def _remove_rundir(path: str, agent: Agent) -> None:
+    """The run's own checkpoint directory, its owner file and pull marker, now that what it holds is in
+    the store: a pulled copy is a whole checkpoint, and for a plain user without /run/user it lies on
+    the disk of the cache root until a next start would sweep it. Anything the write-back did not
+    push (rundirs.remove_ours checks the directory is empty or exactly the tag just pushed) stays."""
+    from .rundirs import remove_ours
+
+    if remove_ours(path):
+        agent.log(f"ckpt-writeback: removed {path} (its contents are in the store)")
+    elif os.path.lexists(path):
+        agent.log(f"ckpt-writeback: kept {path}: it holds files the write-back did not push")
 
 
 def _progress(agent: Agent) -> Callable[[str, int], Callable[[int], None]]:

@@ -36,6 +36,8 @@ from .mountinfo import mount_info
 
 FSTYPE = "fuse.bootseer-ckpt"
 READ_AHEAD_KB = 16384
+# libfuse's worker threads; honoured from libfuse 3.14.1 (3.12-3.14.0's fuse_main drops the option: 10)
+MAX_THREADS = 64
 
 
 def is_ours(info: dict[str, str] | None) -> bool:
@@ -297,7 +299,11 @@ def serve(spec: dict[str, Any]) -> int:
         "fsname": f"bootseer:{m.name}:{m.tag}",
         "subtype": "bootseer-ckpt",
         "max_read": MAX_READ,
-        "max_threads": 64,
+        "max_threads": MAX_THREADS,
+        # Given explicitly, because libfuse 3.12-3.14.0 (Debian 12's 3.14.0 among them) defaults it to
+        # UINT_MAX and then logs "Ignoring invalid max threads value 4294967295" on every mount. Equal
+        # to max_threads, an idle worker is never torn down, which is what that default meant.
+        "max_idle_threads": MAX_THREADS,
         "kernel_cache": True,
         "default_permissions": True,
     }

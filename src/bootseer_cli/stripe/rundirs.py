@@ -6,10 +6,12 @@ process that uses it (the launcher's pid and start time: a reused pid is not mis
 next start removes, a bounded number at a time, the directories of runs that are over: a mount is
 unmounted only when its FUSE server is gone (a writable overlay, `overlay.py`, once its owner has
 ended); a directory only when its owner has ended and it is empty, or is exactly what bootseer
-pulled or pushed (its marker says so), with that marker. A directory holding anything else (files
-the job wrote) is kept and said in one line: bootseer never deletes what a job wrote. The read-only
-layer under a run's overlay is `ckpt-<run id>.ro`, swept the same way. A live mount is never
-touched, whoever's it is.
+pulled or pushed (its marker says so), with that marker. The run's agent removes its own pulled
+copy or mount point the same way as soon as its write-back is in the store (agent_tasks.py), so a
+pulled copy does not wait on the node for the user's next start (a plain user's runtime directory
+may be on disk). A directory holding anything else (files the job wrote) is kept and said in one
+line: bootseer never deletes what a job wrote. The read-only layer under a run's overlay is
+`ckpt-<run id>.ro`, swept the same way. A live mount is never touched, whoever's it is.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def sweep(base: Path, keep: str, info: Callable[[str], None], warn: Callable[[st
         stale = stale or was_mounted
         if not was_mounted and _owner_alive(p):
             continue  # a pull (or a mount about to be made) of a run that is still going
-        if _remove_ours(p):
+        if remove_ours(p):
             removed += 1
         elif os.path.isdir(p):
             kept.append(p)
@@ -119,9 +121,10 @@ def _take_down(p: str) -> bool | None:
     return None if mount_info(p) is not None else True
 
 
-def _remove_ours(p: str) -> bool:
+def remove_ours(p: str) -> bool:
     """Remove `p` (and its owner file and pull marker) when it is empty or exactly bootseer's own pull;
-    False (nothing removed) when it holds anything else."""
+    False (nothing removed) when it holds anything else. The sweep calls it for ended runs, and the
+    agent for its own run once the write-back has put the directory's contents in the store."""
     from .pull import is_current_tree, marker_path
 
     marker = marker_path(Path(p))

@@ -129,7 +129,7 @@ def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> St
         ctx.warn(f"checkpoint: no writable view at {mp} ({e}); pulling {m.name}:{m.tag} instead")
         return None
     _hand_over(ctx, m, "overlay", dirs.root, str(dirs.upper), mountpoint=mp, dev=dev)
-    ctx.add_agent_task(UnmountTask(mountpoint=lower, pid=pid, dev=lower_dev))
+    ctx.add_agent_task(UnmountTask(mountpoint=lower, pid=pid, dev=lower_dev, rundir=True))
     ctx.exports["BOOTSEER_CKPT_DIR"] = mp
     # no line of its own: exec prints one summary line (the job finds the path in $BOOTSEER_CKPT_DIR,
     # `bootseer report` in the event)
@@ -176,7 +176,11 @@ def _hand_over(
     name: str = "",
 ) -> None:
     """Write the write-back journal, and give the agent the task that pushes what the job writes
-    (`m` None: a first start, no parent tag)."""
+    (`m` None: a first start, no parent tag). A pulled copy or an overlay's mount point, when it is
+    this run's own `<runtime>/ckpt-<run id>` (no `mountpoint` configured), is the agent's to remove
+    after the push; a configured one is the user's and stays, and so does a first start's directory
+    (the job's own first save, left where the job put it)."""
+    from ..paths import default_mountpoint
     from .push import default_tag
     from .rundirs import owner_stamp
     from .writeback import Journal, begin
@@ -184,7 +188,9 @@ def _hand_over(
     owner = owner_stamp(os.getpid())
     parent = (m.name, m.tag) if m is not None else (name, "")
     begin(root, Journal(kind, *parent, default_tag(), path, owner=owner, mountpoint=mountpoint))
-    ctx.add_agent_task(WritebackTask(root=str(root), mountpoint=mountpoint, dev=dev))
+    own = ctx.settings.checkpoint.mountpoint == default_mountpoint() and kind != "new"
+    rundir = (mountpoint or path) if own else ""
+    ctx.add_agent_task(WritebackTask(root=str(root), mountpoint=mountpoint, dev=dev, rundir=rundir))
 
 
 def _finish_pending(ctx: StageContext, name: str) -> None:

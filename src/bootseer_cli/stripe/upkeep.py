@@ -54,9 +54,28 @@ def gc_keep(store: Store, policy: Policy, scan: Scan) -> None:
 
 
 def prefetch(settings: Settings, store: Store, cache: BlobCache, keys: Keys) -> list[Item]:
-    if not settings.checkpoint.name:
+    """The stripes of `[checkpoint] name`, only where the start will read them from the node cache.
+
+    Only a pull with `[p2p] enabled` does (whole stripes through `delivery.fetch_blob`, stage.py); a
+    mounted checkpoint is read from the store by the FUSE server, and a pull without the swarm through
+    the same read engine (reader.py), never from the node cache: prefetching for them would fill the
+    cache (and evict the env snapshot) with bytes nobody reads. Mount mode pulls where this node
+    cannot mount (stripe/stage.py), so that case counts as a pull.
+    """
+    ck = settings.checkpoint
+    if not ck.name:
         return []
-    return [_prefetch_checkpoint(settings, store, cache, settings.checkpoint.name)]
+    pulls = ck.mode == "pull"
+    if not pulls:
+        from .overlay import overlay_missing
+        from .stage import fuse_missing
+
+        pulls = bool(fuse_missing() or overlay_missing())
+    if not (pulls and settings.p2p.enabled):
+        how = "a pull without [p2p] enabled" if pulls else 'mode = "mount"'
+        detail = f"{how} reads the stripes from the store, not the node cache"
+        return [Item("checkpoint", f"{ck.name}:{ck.tag}", status="skipped", detail=detail)]
+    return [_prefetch_checkpoint(settings, store, cache, ck.name)]
 
 
 def _prefetch_checkpoint(settings: Settings, store: Store, cache: BlobCache, name: str) -> Item:
