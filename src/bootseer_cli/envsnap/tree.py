@@ -1,0 +1,130 @@
+"""One env tree as one value: its roots, bootseer's own files in it, and what it carries, read once.
+
+Before, `roots: list[str]` went through every module, and each one that needed what the tree carries
+(`.bootseer-env.paths`: a row per env path, ~30 MB of JSON for 200k paths) read and parsed it again:
+a start that found a stale stamp and restored a layered env read it five times (the stamp check,
+the chain's prefix, the parent's check, the layer's base, the switch). An `EnvTree` reads it on the
+first ask and keeps it until bootseer itself changes it: every write or removal of the file goes
+through `write_own`/`unlink_own` here, which drop what was kept. The one other writer of a tree is
+the user's setup, and nothing reads the carried document between a setup and the stamp that follows
+it (which writes it); a later process (the agent, `bootseer restore`) makes a tree of its own.
+
+The file I/O itself is `treefiles.py`'s, unchanged: opened from a descriptor of the first root,
+no link followed, regular files only, size-capped, written by unguessable temporary and rename.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import treefiles
+from .manifest import CARRIED_NAME, JOURNAL_NAME, STAMP_NAME
+from .treefiles import CARRIED_MAX
+
+_UNREAD: dict[str, Any] = {}  # marks "not read yet" (a parsed document is never this very object)
+
+
+class EnvTree:
+    """The roots of one env tree (the first holds bootseer's files) and its carried document, cached.
+
+    The carried document returned by `carried()` is shared by every caller of this tree: read it,
+    never change it (a merged stamp makes new rows: `stamp.merged_carried`)."""
+
+    __slots__ = ("_carried", "_roots", "carried_reads")
+
+    def __init__(self, roots: Sequence[str]) -> None:
+        self._roots = list(roots)
+        self._carried: dict[str, Any] | None = _UNREAD
+        self.carried_reads = 0  # how many times the carried file was read and parsed (tests count it)
+
+    @property
+    def roots(self) -> list[str]:
+        """The configured roots, in their configured order (a copy: the tree's stay as they are)."""
+        return list(self._roots)
+
+    def __repr__(self) -> str:
+        return f"EnvTree({self._roots!r})"
+
+    @property
+    def stamp_path(self) -> str:
+        return os.path.join(self._roots[0], STAMP_NAME)
+
+    @property
+    def carried_path(self) -> str:
+        return os.path.join(self._roots[0], CARRIED_NAME)
+
+    @property
+    def journal_path(self) -> Path:
+        return Path(self._roots[0]) / JOURNAL_NAME
+
+    def lock_path(self, euid: int | None = None) -> str:
+        """Where this tree's node-local lock lives for this user (lock.py)."""
+        from .lock import lock_path
+
+        return lock_path(self._roots, euid)
+
+    def read_own(self, name: str, cap: int) -> bytes:
+        """bootseer's file `name` at the top of the first root (treefiles.read_own)."""
+        return treefiles.read_own(self._roots, name, cap)
+
+    def write_own(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        """Replace bootseer's file `name` (treefiles.write_own); the carried document is read again after."""
+        if name == CARRIED_NAME:
+            self.forget_carried()
+        treefiles.write_own(self._roots, name, data, mode)
+
+    def unlink_own(self, name: str) -> None:
+        """Remove bootseer's file `name` (treefiles.unlink_own); the carried document is read again after."""
+        if name == CARRIED_NAME:
+            self.forget_carried()
+        treefiles.unlink_own(self._roots, name)
+
+    def keep_carried(self, doc: dict[str, Any]) -> None:
+        """`doc` is what bootseer just wrote to the carried file (`stamp.write_drafted_stamp`): kept as
+        read, so the next layer of a chain applies over it without parsing it back."""
+        self._carried = doc
+
+    def forget_carried(self) -> None:
+        """Drop the kept carried document: the next `carried()` reads the file again."""
+        self._carried = _UNREAD
+
+    def carried(self) -> dict[str, Any] | None:
+        """What bootseer put into this tree beyond the image: {"blob", "entries", "deletions"}, or None.
+
+        `entries` rows are `[path, kind, size, mtime_s, link]` as the env left them (a symlink's target,
+        a hardlink's size and mtime are its target's), so that what someone changed since can be told
+        from what bootseer wrote. A file written by an older bootseer lists bare `paths`: nothing of it
+        can be checked, so nothing of it is ever removed. Read on the first call, then kept."""
+        if self._carried is _UNREAD:
+            self.carried_reads += 1
+            self._carried = _parse_carried(self._roots)
+        return self._carried
+
+
+def _parse_carried(roots: list[str]) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(treefiles.read_own(roots, CARRIED_NAME, CARRIED_MAX))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    rows = doc.get("entries")
+    if isinstance(rows, list):
+        doc["entries"] = [r for r in rows if isinstance(r, list) and len(r) == 5 and isinstance(r[0], str)]
+    elif isinstance(doc.get("paths"), list):
+        doc["entries"] = [[p, "?", 0, 0, ""] for p in doc["paths"] if isinstance(p, str)]
+    else:
+        return None
+    return doc
+
+
+def as_tree(roots: EnvTree | Sequence[str]) -> EnvTree:
+    """`roots` as a tree: the caller's own (its carried document kept), or a new one for plain roots.
+
+    For the entry points that callers outside the env stage (verbs, tests, the agent) still call with
+    a list of roots."""
+    return roots if isinstance(roots, EnvTree) else EnvTree(roots)
