@@ -84,8 +84,6 @@ def baseline_here(settings: Settings, say: Say, warn: Say) -> BaselineTaken:
     it, and run as if it were the env. `snapshot_here` stamps the tree again."""
     from ..identity import keys_for
     from . import manifest
-    from .journal import recover
-    from .lock import tree_lock
     from .setup import baseline_path, take_baseline
     from .stamp import carried_note, has_stamp
     from .tree import EnvTree
@@ -93,8 +91,7 @@ def baseline_here(settings: Settings, say: Say, warn: Say) -> BaselineTaken:
     roots = settings.env.resolve_roots()
     tree = EnvTree(roots)
     key = keys_for(settings).env.digest
-    with tree_lock(roots, say, warn):
-        recover(roots, say)
+    with tree.locked(say, warn):
         carried = carried_note(tree)
         stamped = has_stamp(tree)
         m = take_baseline(tree, settings.store, say, strip=False)
@@ -167,8 +164,6 @@ def restore_here(settings: Settings, say: Say, warn: Say) -> RestoreHere:
     from ..identity import keys_for
     from ..store.cache import cache_for
     from ..store.core import open_store_for
-    from .journal import recover
-    from .lock import tree_lock
     from .restore import restore
     from .stamp import stamp_state
     from .tree import EnvTree
@@ -176,8 +171,7 @@ def restore_here(settings: Settings, say: Say, warn: Say) -> RestoreHere:
     roots = settings.env.resolve_roots()
     tree = EnvTree(roots)
     key = keys_for(settings).env.digest
-    with tree_lock(roots, say, warn):
-        recover(roots, say)
+    with tree.locked(say, warn):
         ok, why = stamp_state(tree, key)
         if ok:
             return RestoreHere(key, present=True, restored=None)

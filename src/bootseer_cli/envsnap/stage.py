@@ -72,20 +72,16 @@ def _restored_result(r: Restored, note: str = "") -> StageResult:
 
 
 def run_stage(ctx: StageContext) -> StageResult:
-    from .journal import recover
-    from .lock import tree_lock
     from .tree import EnvTree
 
-    roots = ctx.settings.env.resolve_roots()
-    tree = EnvTree(roots)  # one value from here on: its carried document is read at most once
+    tree = EnvTree(ctx.settings.env.resolve_roots())  # one value from here on: its carried document read once
     try:
         key = ctx.keys.env.digest
     except StageFatal:
         raise
     except Exception as e:  # the key's inputs (a `-r` file …) cannot be read: the setup decides
         return _setup_as_without_bootseer(ctx, tree, e)
-    with tree_lock(roots, ctx.info, ctx.warn):
-        recover(roots, ctx.info)
+    with tree.locked(ctx.info, ctx.warn):
         return _locked_stage(ctx, tree, key)
 
 

@@ -2,12 +2,14 @@
 
 Before, `roots: list[str]` went through every module, and each one that needed what the tree carries
 (`.bootseer-env.paths`: a row per env path, ~30 MB of JSON for 200k paths) read and parsed it again:
-a start that found a stale stamp and restored a layered env read it five times (the stamp check,
-the chain's prefix, the parent's check, the layer's base, the switch). An `EnvTree` reads it on the
+a start that found a stale tree read it three times (the stamp check, the chain's prefix, the switch),
+a layered restore once more per layer, a build over a parent twice more. An `EnvTree` reads it on the
 first ask and keeps it until bootseer itself changes it: every write or removal of the file goes
-through `write_own`/`unlink_own` here, which drop what was kept. The one other writer of a tree is
-the user's setup, and nothing reads the carried document between a setup and the stamp that follows
-it (which writes it); a later process (the agent, `bootseer restore`) makes a tree of its own.
+through `write_own`/`unlink_own` here, which drop what was kept, and a stamp just written is kept as
+written (`keep_carried`). The one other writer of a tree is the user's setup, and nothing reads the
+carried document between a setup and the stamp that follows it (which writes it); a later process
+(the agent, `bootseer restore`) makes a tree of its own. `locked` is the lock and the journal's
+recovery that every command changing the tree starts with (lock.py, journal.py: both per roots).
 
 The file I/O itself is `treefiles.py`'s, unchanged: opened from a descriptor of the first root,
 no link followed, regular files only, size-capped, written by unguessable temporary and rename.
@@ -15,14 +17,13 @@ no link followed, regular files only, size-capped, written by unguessable tempor
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import treefiles
-from .manifest import CARRIED_NAME, JOURNAL_NAME, STAMP_NAME
+from .manifest import CARRIED_NAME
 from .treefiles import CARRIED_MAX
 
 _UNREAD: dict[str, Any] = {}  # marks "not read yet" (a parsed document is never this very object)
@@ -49,23 +50,18 @@ class EnvTree:
     def __repr__(self) -> str:
         return f"EnvTree({self._roots!r})"
 
-    @property
-    def stamp_path(self) -> str:
-        return os.path.join(self._roots[0], STAMP_NAME)
+    @contextlib.contextmanager
+    def locked(self, info: Callable[[str], None], warn: Callable[[str], None]) -> Iterator[EnvTree]:
+        """Hold the tree's node-local lock (lock.py), then put back a restore that died part way
+        (journal.py): what the env stage, `restore` and `baseline` do before they look at the tree.
+        The carried document is read after that, never before (recovery may change the tree)."""
+        from .journal import recover
+        from .lock import tree_lock
 
-    @property
-    def carried_path(self) -> str:
-        return os.path.join(self._roots[0], CARRIED_NAME)
-
-    @property
-    def journal_path(self) -> Path:
-        return Path(self._roots[0]) / JOURNAL_NAME
-
-    def lock_path(self, euid: int | None = None) -> str:
-        """Where this tree's node-local lock lives for this user (lock.py)."""
-        from .lock import lock_path
-
-        return lock_path(self._roots, euid)
+        with tree_lock(self._roots, info, warn):
+            recover(self._roots, info)
+            self.forget_carried()
+            yield self
 
     def read_own(self, name: str, cap: int) -> bytes:
         """bootseer's file `name` at the top of the first root (treefiles.read_own)."""
