@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,8 @@ from bootseer_cli.envsnap import stamp
 from bootseer_cli.envsnap.format import ArchiveEntry
 from bootseer_cli.envsnap.manifest import CARRIED_NAME
 from bootseer_cli.envsnap.tree import EnvTree
+from tests.envsnap.conftest import run_cli
+from tests.envsnap.test_layers import Job, write_wheel
 from tests.support import pkgindex
 
 
@@ -62,6 +63,15 @@ def test_the_checks_of_one_start_read_the_carried_file_once(tmp_path: Path) -> N
     assert tree.carried_reads == 1
 
 
+def _opens(log: Path) -> list[str]:
+    """The opens of the carried file for reading in an `strace -e trace=openat` log (writes go by temporary)."""
+    return [line for line in log.read_text().splitlines() if f'"{CARRIED_NAME}", O_RDONLY' in line]
+
+
+def _traced(log: Path) -> tuple[str, ...]:
+    return ("strace", "-f", "-qq", "-e", "trace=openat", "-o", str(log))
+
+
 @pytest.mark.integration
 @pytest.mark.skipif(not shutil.which("strace"), reason="strace counts the opens")
 def test_a_restart_over_a_stale_tree_opens_the_carried_file_once(tmp_path: Path) -> None:
@@ -74,19 +84,49 @@ def test_a_restart_over_a_stale_tree_opens_the_carried_file_once(tmp_path: Path)
     (tmp_path / "bootseer.toml").write_text(
         f'[store]\nuri = "{store.as_uri()}"\n[exec]\nagent = false\n[env]\nroots = ["{venv}"]\nsetup = ["{make}"]\n'
     )
-    env = {k: v for k, v in pkgindex.clean_env().items() if not k.startswith("BOOTSEER_")}
-    env.update({"XDG_CACHE_HOME": str(cache), "BOOTSEER_EXEC_AGENT": "0"})
-    argv = [sys.executable, "-m", "bootseer_cli", "exec", "--", "true"]
-    first = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    argv = ["exec", "--", "true"]
+    first = run_cli(argv, tmp_path, cache)
     assert first.returncode == 0 and "published 40 files" in first.stderr, first.stderr
     sentinels = json.loads((venv / ".bootseer-env.json").read_text())["sentinels"]
     victim = next(p for p in sorted(map(str, (venv / "lib" / "pkg").iterdir())) if p not in sentinels)
     Path(victim).write_text("changed by hand")
     log = tmp_path / "trace.log"
-    traced = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(log), *argv]
-    again = subprocess.run(traced, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    again = run_cli(argv, tmp_path, cache, prefix=_traced(log))
     assert again.returncode == 0, again.stderr
     assert f"stale stamp: {victim} changed" in again.stderr and "restored 40 files" in again.stderr, again.stderr
     assert Path(victim).read_text() == f"v{os.path.basename(victim)[1:3]}"
-    opens = [line for line in log.read_text().splitlines() if f'"{CARRIED_NAME}", O_RDONLY' in line]
-    assert len(opens) == 1, opens
+    assert len(_opens(log)) == 1, _opens(log)
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pkgindex.PackageIndex]:
+    """Small real wheels and `bslayer` 1.0 and 1.1 (test_layers.py's project), on loopback."""
+    root = tmp_path_factory.mktemp("reads-index")
+    pkgindex.wheelhouse(root, pkgindex.SMALL_WHEELS)
+    for v in ("1.0", "1.1"):
+        files = {"bslayer/__init__.py": f"VERSION = {v!r}\n", "bslayer/core.py": f"X = {v!r}\n"}
+        write_wheel(root, "bslayer", v, files)
+    with pkgindex.PackageIndex(root) as idx:
+        yield idx
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not shutil.which("strace"), reason="strace counts the opens")
+def test_a_layer_is_built_and_restored_with_one_read_of_the_carried_file(
+    tmp_path: Path, index: pkgindex.PackageIndex
+) -> None:
+    """A bump builds over the parent the tree carries (its check read the carried file three times and
+    set it aside a fourth), then a fresh node restores the two links (the second applied over what the
+    first one's stamp wrote, read back before): one parse each, and the set-aside copy of its bytes."""
+    job = Job(tmp_path, index)
+    job.reqs("bslayer==1.0", "six==1.17.0")
+    job.exec("n1")
+    job.reqs("bslayer==1.1", "six==1.17.0")
+    check = ["exec", "--", str(job.venv / "bin" / "python"), "-c", "import bslayer; print(bslayer.VERSION)"]
+    built = run_cli(check, tmp_path, tmp_path / "n1-cache", job.env, prefix=_traced(tmp_path / "built.log"))
+    assert built.returncode == 0 and "(layer 1)" in built.stderr, built.stderr
+    assert len(_opens(tmp_path / "built.log")) == 2, _opens(tmp_path / "built.log")  # the parse, the set-aside copy
+    job.fresh_node()
+    fresh = run_cli(check, tmp_path, tmp_path / "n2-cache", job.env, prefix=_traced(tmp_path / "fresh.log"))
+    assert fresh.returncode == 0 and fresh.stdout.strip() == "1.1" and "(layer 1" in fresh.stderr, fresh.stderr
+    assert len(_opens(tmp_path / "fresh.log")) == 1, _opens(tmp_path / "fresh.log")  # none there yet: one look
