@@ -1,15 +1,15 @@
 """One env tree as one value: its roots, bootseer's own files in it, and what it carries, read once.
 
 Before, `roots: list[str]` went through every module, and each one that needed what the tree carries
-(`.bootseer-env.paths`: a row per env path, ~30 MB of JSON for 200k paths) read and parsed it again:
-a start that found a stale tree read it three times (the stamp check, the chain's prefix, the switch),
-a layered restore once more per layer, the check of a parent to build over three times. An `EnvTree`
-reads it on the first ask and keeps it until bootseer itself changes it: every write or removal of
-the file goes through `write_own`/`unlink_own` here, which drop what was kept, and a stamp just
-written is kept as written (`keep_carried`). The one other writer of a tree is the user's setup, and nothing reads the
-carried document between a setup and the stamp that follows it (which writes it); a later process
-(the agent, `bootseer restore`) makes a tree of its own. `locked` is the lock and the journal's
-recovery that every command changing the tree starts with (lock.py, journal.py: both per roots).
+(`.bootseer-env.paths`: a row per env path, ~30 MB of JSON for 200k paths) read and parsed it again: a
+start that found a stale tree read it three times (the stamp check, the chain's prefix, the switch), a
+layered restore once more per layer, the check of a parent to build over three times. An `EnvTree` reads
+it on the first ask and keeps it until bootseer itself changes it: every write or removal of the file
+goes through `write_own`/`unlink_own` here, which drop what was kept, and a stamp just written is kept
+as written (`keep_carried`). The one other writer of a tree is the user's setup, and nothing reads the
+carried document between a setup and the stamp that follows it (which writes it); a later process (the
+agent, `bootseer restore`) makes a tree of its own. `locked` is the lock and the journal's recovery that
+every command changing the tree starts with (lock.py, journal.py: both per roots).
 
 The file I/O itself is `treefiles.py`'s, unchanged: opened from a descriptor of the first root,
 no link followed, regular files only, size-capped, written by unguessable temporary and rename.
