@@ -65,19 +65,19 @@ class EnvTree:
 
     def read_own(self, name: str, cap: int) -> bytes:
         """bootseer's file `name` at the top of the first root (treefiles.read_own)."""
-        return treefiles.read_own(self._roots, name, cap)
+        return treefiles.read_own(self._roots[0], name, cap)
 
     def write_own(self, name: str, data: bytes, mode: int = 0o644) -> None:
         """Replace bootseer's file `name` (treefiles.write_own); the carried document is read again after."""
         if name == CARRIED_NAME:
             self.forget_carried()
-        treefiles.write_own(self._roots, name, data, mode)
+        treefiles.write_own(self._roots[0], name, data, mode)
 
     def unlink_own(self, name: str) -> None:
         """Remove bootseer's file `name` (treefiles.unlink_own); the carried document is read again after."""
         if name == CARRIED_NAME:
             self.forget_carried()
-        treefiles.unlink_own(self._roots, name)
+        treefiles.unlink_own(self._roots[0], name)
 
     def keep_carried(self, doc: dict[str, Any]) -> None:
         """`doc` is what bootseer just wrote to the carried file (`stamp.write_drafted_stamp`): kept as
@@ -103,7 +103,7 @@ class EnvTree:
 
 def _parse_carried(roots: list[str]) -> dict[str, Any] | None:
     try:
-        doc = json.loads(treefiles.read_own(roots, CARRIED_NAME, CARRIED_MAX))
+        doc = json.loads(treefiles.read_own(roots[0], CARRIED_NAME, CARRIED_MAX))
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict):
