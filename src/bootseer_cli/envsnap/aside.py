@@ -23,14 +23,15 @@ start, as an interrupted restore is put back. Then:
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError
 from .manifest import CARRIED_NAME, STAMP_NAME, Diff, Manifest, diff, scan, under
 from .tree import EnvTree
-from .treefiles import CARRIED_MAX, STAMP_MAX
+from .treefiles import STAMP_MAX
 
 if TYPE_CHECKING:
     from .undo import Undo
@@ -40,11 +41,12 @@ Say = Callable[[str], None]
 
 @dataclass
 class Previous:
-    """What the tree carried before a setup: the stamp's and paths file's bytes, the paths moved aside."""
+    """What the tree carried before a setup: the stamp's bytes, the carried document (the tree's, as read
+    once: written back from it, not from a second read of the file), the paths moved aside."""
 
     tree: EnvTree
     stamp: bytes | None
-    paths: bytes | None
+    carried: dict[str, Any] | None
     undo: Undo | None
     stripped: bool
 
@@ -78,8 +80,9 @@ class Previous:
             d.changed = [p for p in d.changed if not under(p, tops)]
         changed = d.changed + d.deleted
         with contextlib.suppress(OSError):
-            if self.paths is not None:
-                self.tree.write_own(CARRIED_NAME, self.paths)
+            if self.carried is not None:
+                self.tree.write_own(CARRIED_NAME, json.dumps(self.carried, check_circular=False).encode())
+                self.tree.keep_carried(self.carried)
             if self.stamp is not None and not changed:
                 self.tree.write_own(STAMP_NAME, self.stamp)
         put = f"; {back} path(s) of the previous env put back" if back else ""
@@ -103,10 +106,10 @@ def set_aside(tree: EnvTree, info: Say, strip: bool) -> Previous:
     from .stamp import remove_stamp, strip_carried
 
     stamp = _read(tree, STAMP_NAME, STAMP_MAX)
-    paths = _read(tree, CARRIED_NAME, CARRIED_MAX)
+    carried = tree.carried()
     remove_stamp(tree)
-    prev = Previous(tree, stamp, paths, None, stripped=strip)
-    if not strip or paths is None:
+    prev = Previous(tree, stamp, carried, None, stripped=strip)
+    if not strip or carried is None:
         return prev
     try:
         prev.undo = _move_aside(tree, info)
