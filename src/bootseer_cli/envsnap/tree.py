@@ -97,13 +97,13 @@ class EnvTree:
         can be checked, so nothing of it is ever removed. Read on the first call, then kept."""
         if self._carried is _UNREAD:
             self.carried_reads += 1
-            self._carried = _parse_carried(self._roots)
+            self._carried = _parse_carried(self._roots[0])
         return self._carried
 
 
-def _parse_carried(roots: list[str]) -> dict[str, Any] | None:
+def _parse_carried(root: str) -> dict[str, Any] | None:
     try:
-        doc = json.loads(treefiles.read_own(roots[0], CARRIED_NAME, CARRIED_MAX))
+        doc = json.loads(treefiles.read_own(root, CARRIED_NAME, CARRIED_MAX))
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict):
