@@ -20,7 +20,7 @@ from ..errors import BootseerError, IntegrityError
 from .catalog import FORMAT, REF_KIND
 from .manifest import under
 from .stamp import StampDraft, remove_stamp, switch_deletions, write_drafted_stamp
-from .tree import EnvTree, as_tree
+from .tree import EnvTree
 
 if TYPE_CHECKING:
     from ..settings import P2PSettings
@@ -53,13 +53,13 @@ def restore(
     store: Store,
     cache: BlobCache,
     env_key: str,
-    roots: EnvTree | list[str],
+    tree: EnvTree,
     ref: dict[str, Any] | None = None,
     progress: bool | None = None,
     extra_keys: tuple[str, ...] = (),
 ) -> Restored | None:
-    """Restore the snapshot for `env_key` under `roots` (the caller's tree, whose carried document it
-    then reads no more than once, or plain roots); None when the store has none.
+    """Restore the snapshot for `env_key` into `tree` (the caller's: what the tree carries is read at
+    most once between its stamp check and the new stamp); None when the store has none.
 
     Raises IntegrityError/UnsafeArchive/NoSpace/RestoreError when the snapshot cannot be used (any
     other exception a malformed ref or blob provokes is turned into an IntegrityError); the tree is
@@ -74,7 +74,7 @@ def restore(
     if not isinstance(digest, str) or ref.get("format") != FORMAT:
         raise IntegrityError(f"ref env/{env_key[:16]} is malformed or of an unknown format")
     try:
-        return _restore_chain(p2p, store, cache, env_key, as_tree(roots), ref, progress, extra_keys)
+        return _restore_chain(p2p, store, cache, env_key, tree, ref, progress, extra_keys)
     except BootseerError:
         raise
     except Exception as e:  # whatever a malformed ref or blob provokes: the snapshot is unusable

@@ -116,11 +116,3 @@ def _parse_carried(root: str) -> dict[str, Any] | None:
     else:
         return None
     return doc
-
-
-def as_tree(roots: EnvTree | Sequence[str]) -> EnvTree:
-    """`roots` as a tree: the caller's own (its carried document kept), or a new one for plain roots.
-
-    For the entry points that callers outside the env stage (verbs, tests, the agent) still call with
-    a list of roots."""
-    return roots if isinstance(roots, EnvTree) else EnvTree(roots)
