@@ -12,7 +12,8 @@ when bootseer wrote it) and deleted. The list serves two rules:
 Both files live in a tree a plain user may write while root reads them: they are read and written
 only through `treefiles.py` (no link followed, no FIFO or device read, size-capped, unguessable
 temporaries), and a path the paths file names is removed only through no-follow directory
-descriptors from the roots (`dirfd.py`), never by path.
+descriptors from the roots (`dirfd.py`), never by path. Every function here takes the tree as one
+value (`tree.py`'s `EnvTree`), which reads the paths file once and keeps it until bootseer changes it.
 """
 
 from __future__ import annotations
