@@ -45,15 +45,21 @@ def tree_state(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple]:
 
 
 def run_cli(
-    args: list[str], cwd: Path, cache: Path, env: dict[str, str] | None = None, timeout: float = 180
+    args: list[str],
+    cwd: Path,
+    cache: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+    prefix: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """`bootseer ARGS` in a subprocess with its own node cache (XDG_CACHE_HOME), as a node would run it."""
+    """`bootseer ARGS` in a subprocess with its own node cache (XDG_CACHE_HOME), as a node would run it
+    (under `prefix`: `strace …`, say)."""
     full = pkgindex.clean_env({**S3_ENV, **(env or {})})
     for k in [k for k in full if k.startswith("BOOTSEER_")]:
         del full[k]
     full.update({"XDG_CACHE_HOME": str(cache), "BOOTSEER_EXEC_AGENT": "0"})
     return subprocess.run(
-        [sys.executable, "-m", "bootseer_cli", *args],
+        [*prefix, sys.executable, "-m", "bootseer_cli", *args],
         cwd=cwd,
         env=full,
         capture_output=True,

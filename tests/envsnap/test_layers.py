@@ -428,6 +428,7 @@ def test_a_store_that_does_not_answer_gives_up_the_parent_search_at_its_deadline
 
     from bootseer_cli.config import load
     from bootseer_cli.envsnap.layers import setup_over
+    from bootseer_cli.envsnap.tree import EnvTree
     from bootseer_cli.settings import Settings
     from bootseer_cli.store.cache import BlobCache
     from bootseer_cli.store.core import Store
@@ -450,8 +451,8 @@ def test_a_store_that_does_not_answer_gives_up_the_parent_search_at_its_deadline
     try:
         t0 = time.monotonic()
         got = setup_over(
-            settings, Store(uri), BlobCache(tmp_path / "cache", 1 << 30), rule_keys(), [str(tmp_path / "venv")],
-            lambda m: None, warned.append,
+            settings, Store(uri), BlobCache(tmp_path / "cache", 1 << 30), rule_keys(),
+            EnvTree([str(tmp_path / "venv")]), lambda m: None, warned.append,
         )  # fmt: skip
         took = time.monotonic() - t0
     finally:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bootseer_cli.envsnap import stamp
 from bootseer_cli.envsnap.format import ArchiveEntry
+from bootseer_cli.envsnap.tree import EnvTree
 
 
 def _tree(root: Path) -> list[ArchiveEntry]:
@@ -43,14 +44,14 @@ def test_a_draft_made_beside_the_workers_writes_what_write_stamp_writes(tmp_path
     for root in (a, b):
         root.mkdir()
     ea, eb = _tree(a), _tree(b)
-    stamp.write_stamp([str(a)], ["k1", "k1", "k2"], "d" * 64, ea, [f"{a}/gone"])
+    stamp.write_stamp(EnvTree([str(a)]), ["k1", "k1", "k2"], "d" * 64, ea, [f"{a}/gone"])
     draft = stamp.StampDraft("d" * 64, eb, [f"{b}/gone"])
     draft.start()  # on its thread, as while a restore's workers run
     for root in (b, a):  # written after the draft was made
         (root / "lib" / "pkg-1.0.dist-info" / "RECORD").write_text("a.py,,\nb.py,,\n")
         os.utime(root / "lib" / "pkg-1.0.dist-info" / "RECORD", (9, 9))
-    stamp.write_stamp([str(a)], ["k1", "k1", "k2"], "d" * 64, ea, [f"{a}/gone"])
-    stamp.write_drafted_stamp([str(b)], ["k1", "k1", "k2"], draft)
+    stamp.write_stamp(EnvTree([str(a)]), ["k1", "k1", "k2"], "d" * 64, ea, [f"{a}/gone"])
+    stamp.write_drafted_stamp(EnvTree([str(b)]), ["k1", "k1", "k2"], draft)
     (sa, pa), (sb, pb) = _files(a), _files(b)
     assert json.dumps(pa).replace(str(a), "@") == json.dumps(pb).replace(str(b), "@")
     assert json.dumps(sa).replace(str(a), "@") == json.dumps(sb).replace(str(b), "@")
@@ -62,7 +63,7 @@ def test_a_draft_made_beside_the_workers_writes_what_write_stamp_writes(tmp_path
 def test_a_draft_never_started_is_made_when_the_stamp_is_written(tmp_path: Path) -> None:
     entries = _tree(tmp_path)
     draft = stamp.StampDraft("e" * 64, entries)
-    stamp.write_drafted_stamp([str(tmp_path)], ["k"], draft)
-    assert stamp.stamped_blob([str(tmp_path)], "k") == "e" * 64
+    stamp.write_drafted_stamp(EnvTree([str(tmp_path)]), ["k"], draft)
+    assert stamp.stamped_blob(EnvTree([str(tmp_path)]), "k") == "e" * 64
     rows = json.loads((tmp_path / ".bootseer-env.paths").read_text())["entries"]
     assert [r[0] for r in rows] == [e.path for e in entries]

@@ -22,6 +22,7 @@ import pytest
 from bootseer_cli import delivery
 from bootseer_cli.envsnap import capture, format, manifest, publish, reader, segments
 from bootseer_cli.envsnap import restore as restore_mod
+from bootseer_cli.envsnap.tree import EnvTree
 from bootseer_cli.settings import P2PSettings, StoreSettings
 from bootseer_cli.store.cache import BlobCache
 from bootseer_cli.store.core import Store, blob_path
@@ -72,7 +73,7 @@ def make_world(tmp_path: Path, uri: str) -> dict:
 
 
 def restore(w: dict, cache: BlobCache, key: str = KEY) -> restore_mod.Restored:
-    r = restore_mod.restore(P2PSettings(), w["store"], cache, key, [str(w["root"])])
+    r = restore_mod.restore(P2PSettings(), w["store"], cache, key, EnvTree([str(w["root"])]))
     assert r is not None
     return r
 
@@ -136,11 +137,11 @@ def test_the_restore_of_a_local_store_imports_no_pyarrow(world: dict) -> None:
     code = (
         "import sys\n"
         "from pathlib import Path\nfrom bootseer_cli.store.cache import BlobCache\n"
-        "from bootseer_cli.envsnap import restore\n"
+        "from bootseer_cli.envsnap import restore\nfrom bootseer_cli.envsnap.tree import EnvTree\n"
         "from bootseer_cli.settings import P2PSettings\n"
         "from bootseer_cli.store.core import Store\n"
         f"r = restore.restore(P2PSettings(), Store({world['store'].uri!r}), BlobCache(Path(sys.argv[1]), 1 << 40),"
-        f" {KEY!r}, [{str(world['root'])!r}])\n"
+        f" {KEY!r}, EnvTree([{str(world['root'])!r}]))\n"
         "print(r.files, 'pyarrow' in sys.modules)\n"
     )
     out = subprocess.run(

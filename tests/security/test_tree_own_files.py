@@ -21,7 +21,8 @@ import pytest
 from bootseer_cli.envsnap import journal
 from bootseer_cli.envsnap.format import ArchiveEntry
 from bootseer_cli.envsnap.manifest import CARRIED_NAME, JOURNAL_NAME, STAMP_NAME
-from bootseer_cli.envsnap.stamp import read_carried, stamp_state, strip_carried, write_stamp
+from bootseer_cli.envsnap.stamp import stamp_state, strip_carried, write_stamp
+from bootseer_cli.envsnap.tree import EnvTree
 from tests.envsnap.conftest import run_cli
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the attacks are on root (CI runs as root)")
@@ -100,7 +101,7 @@ def test_a_planted_paths_file_removes_nothing_outside_the_roots(tmp_path: Path) 
     ]
     _plant(root / CARRIED_NAME, json.dumps({"blob": "b" * 64, "entries": rows, "deletions": []}))
     said: list[str] = []
-    strip_carried([str(root)], said.append)
+    strip_carried(EnvTree([str(root)]), said.append)
     assert _everything(outside) == before
     assert not (root / "lib" / "mod.py").exists(), "the tree's own listed file still goes"
     assert not (root / CARRIED_NAME).exists()
@@ -120,10 +121,10 @@ def test_links_at_the_temporary_names_are_not_followed(tmp_path: Path, target: s
     journal.write(roots, {"v": 1, "committed": False, "new": [], "moves": []})
     journal.remove(roots)
     entry = ArchiveEntry(f"{root}/lib/mod.py", "f", 0o644, 6, int(os.stat(root / "lib" / "mod.py").st_mtime), "")
-    write_stamp(roots, ["k" * 64], "b" * 64, [entry])
+    write_stamp(EnvTree(roots), ["k" * 64], "b" * 64, [entry])
     assert _everything(outside) == before
     assert (outside / "victim_file").read_text() == "root's file\n"
-    assert read_carried(roots) is not None and stamp_state(roots, "k" * 64) == (True, "")
+    assert EnvTree(roots).carried() is not None and stamp_state(EnvTree(roots), "k" * 64) == (True, "")
 
 
 @pytest.mark.timeout(120)
@@ -134,7 +135,7 @@ def test_a_fifo_stamp_does_not_hang_the_start(tmp_path: Path) -> None:
     for name in (STAMP_NAME, CARRIED_NAME, JOURNAL_NAME):
         os.mkfifo(root / name)
         os.chown(root / name, USER, USER)
-    assert stamp_state([str(root)], "k" * 64)[0] is False
+    assert stamp_state(EnvTree([str(root)]), "k" * 64)[0] is False
     _config(tmp_path, root)
     r = run_cli(["baseline", "--config", str(tmp_path / "bootseer.toml")], tmp_path, tmp_path / "cache")
     assert r.returncode == 0, r.stderr
@@ -159,9 +160,11 @@ def test_a_stamp_linked_to_dev_zero_is_not_read(tmp_path: Path) -> None:
         f.truncate(4 << 30)
     code = (
         "import sys\n"
-        "from bootseer_cli.envsnap.stamp import stamp_state, carried_note, read_carried\n"
+        "from bootseer_cli.envsnap.stamp import stamp_state, carried_note\n"
+        "from bootseer_cli.envsnap.tree import EnvTree\n"
         "for r in sys.argv[1:]:\n"
-        "    print(stamp_state([r], 'k' * 64), repr(carried_note([r])), read_carried([r]))\n"
+        "    t = EnvTree([r])\n"
+        "    print(stamp_state(t, 'k' * 64), repr(carried_note(t)), t.carried())\n"
     )
     r = subprocess.run(
         [sys.executable, "-c", code, str(root), str(sparse)],

@@ -84,18 +84,17 @@ def baseline_here(settings: Settings, say: Say, warn: Say) -> BaselineTaken:
     it, and run as if it were the env. `snapshot_here` stamps the tree again."""
     from ..identity import keys_for
     from . import manifest
-    from .journal import recover
-    from .lock import tree_lock
     from .setup import baseline_path, take_baseline
     from .stamp import carried_note, has_stamp
+    from .tree import EnvTree
 
     roots = settings.env.resolve_roots()
+    tree = EnvTree(roots)
     key = keys_for(settings).env.digest
-    with tree_lock(roots, say, warn):
-        recover(roots, say)
-        carried = carried_note(roots)
-        stamped = has_stamp(roots)
-        m = take_baseline(roots, settings.store, say, strip=False)
+    with tree.locked(say, warn):
+        carried = carried_note(tree)
+        stamped = has_stamp(tree)
+        m = take_baseline(tree, settings.store, say, strip=False)
     manifest.save(m, baseline_path(roots), roots, {"env_key": key, "carried": carried})
     return BaselineTaken(len(m), tuple(roots), carried, stamped)
 
@@ -116,6 +115,7 @@ def snapshot_here(settings: Settings, warn: Say) -> Published:
     from .publish import publish
     from .setup import baseline_path
     from .stamp import write_stamp
+    from .tree import EnvTree
 
     roots = settings.env.resolve_roots()
     path = baseline_path(roots)
@@ -142,7 +142,7 @@ def snapshot_here(settings: Settings, warn: Say) -> Published:
 
         extra.update(image_for_publish(roots, excluded_paths(settings.store), cache, warn))
     publish(settings.p2p, st, cache, cap, key, roots, extra=extra)
-    write_stamp(roots, [key, now], cap.digest, cap.entries, cap.deletion_paths)
+    write_stamp(EnvTree(roots), [key, now], cap.digest, cap.entries, cap.deletion_paths)
     return Published(key, cap.digest, cap.size, cap.files, cap.deletions, time.monotonic() - t0)
 
 
@@ -164,21 +164,20 @@ def restore_here(settings: Settings, say: Say, warn: Say) -> RestoreHere:
     from ..identity import keys_for
     from ..store.cache import cache_for
     from ..store.core import open_store_for
-    from .journal import recover
-    from .lock import tree_lock
     from .restore import restore
     from .stamp import stamp_state
+    from .tree import EnvTree
 
     roots = settings.env.resolve_roots()
+    tree = EnvTree(roots)
     key = keys_for(settings).env.digest
-    with tree_lock(roots, say, warn):
-        recover(roots, say)
-        ok, why = stamp_state(roots, key)
+    with tree.locked(say, warn):
+        ok, why = stamp_state(tree, key)
         if ok:
             return RestoreHere(key, present=True, restored=None)
         if why.startswith("stale"):
             warn(why)
-        r = restore(settings.p2p, open_store_for(settings), cache_for(settings.store), key, roots)
+        r = restore(settings.p2p, open_store_for(settings), cache_for(settings.store), key, tree)
     return RestoreHere(key, present=False, restored=r)
 
 

@@ -23,13 +23,15 @@ start, as an interrupted restore is put back. Then:
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BootseerError
 from .manifest import CARRIED_NAME, STAMP_NAME, Diff, Manifest, diff, scan, under
-from .treefiles import CARRIED_MAX, STAMP_MAX, read_own, unlink_own, write_own
+from .tree import EnvTree
+from .treefiles import STAMP_MAX
 
 if TYPE_CHECKING:
     from .undo import Undo
@@ -39,11 +41,12 @@ Say = Callable[[str], None]
 
 @dataclass
 class Previous:
-    """What the tree carried before a setup: the stamp's and paths file's bytes, the paths moved aside."""
+    """What the tree carried before a setup: the stamp's bytes, the carried document (the tree's, as read
+    once: written back from it, not from a second read of the file), the paths moved aside."""
 
-    roots: list[str]
+    tree: EnvTree
     stamp: bytes | None
-    paths: bytes | None
+    carried: dict[str, Any] | None
     undo: Undo | None
     stripped: bool
 
@@ -53,33 +56,35 @@ class Previous:
         from . import journal
 
         if self.undo is not None:
-            journal.remove(self.roots)
+            journal.remove(self.tree.roots)
             self.undo.discard()
         if self.stripped:
-            unlink_own(self.roots, CARRIED_NAME)
+            self.tree.unlink_own(CARRIED_NAME)
 
     def failed(self, baseline: Manifest | None, exclude: list[str], info: Say, warn: Say) -> None:
         """The setup failed: put the previous env back, and its stamp too if the setup changed nothing
         (`baseline` None: it never ran, the tree is only put back)."""
         from . import journal
 
-        d = diff(baseline, scan(self.roots, exclude)) if baseline is not None else Diff()
+        roots = self.tree.roots
+        d = diff(baseline, scan(roots, exclude)) if baseline is not None else Diff()
         back = 0
         if self.undo is not None:
             moved = list(self.undo.moved)
-            missed = journal.undo_paths(self.roots, [], moved)
+            missed = journal.undo_paths(roots, [], moved)
             back = len(moved) - missed
             self.undo.discard()
-            journal.remove(self.roots)
+            journal.remove(roots)
             # what the setup wrote where the previous env's paths were is replaced by them again
             tops = [p for p, _ in moved]
             d.changed = [p for p in d.changed if not under(p, tops)]
         changed = d.changed + d.deleted
         with contextlib.suppress(OSError):
-            if self.paths is not None:
-                write_own(self.roots, CARRIED_NAME, self.paths)
+            if self.carried is not None:
+                self.tree.write_own(CARRIED_NAME, json.dumps(self.carried, check_circular=False).encode())
+                self.tree.keep_carried(self.carried)
             if self.stamp is not None and not changed:
-                write_own(self.roots, STAMP_NAME, self.stamp)
+                self.tree.write_own(STAMP_NAME, self.stamp)
         put = f"; {back} path(s) of the previous env put back" if back else ""
         if not changed:
             if self.stamp is not None:
@@ -92,7 +97,7 @@ class Previous:
         )
 
 
-def set_aside(roots: list[str], info: Say, strip: bool) -> Previous:
+def set_aside(tree: EnvTree, info: Say, strip: bool) -> Previous:
     """Before a setup: keep the stamp and paths file, drop the stamp (the tree is about to change) and,
     with `strip`, move what the carried env added and nobody changed since into an undo directory.
 
@@ -100,31 +105,32 @@ def set_aside(roots: list[str], info: Say, strip: bool) -> Previous:
     removes those paths as before (`strip_carried`)."""
     from .stamp import remove_stamp, strip_carried
 
-    stamp = _read(roots, STAMP_NAME, STAMP_MAX)
-    paths = _read(roots, CARRIED_NAME, CARRIED_MAX)
-    remove_stamp(roots)
-    prev = Previous(roots, stamp, paths, None, stripped=strip)
-    if not strip or paths is None:
+    stamp = _read(tree, STAMP_NAME, STAMP_MAX)
+    carried = tree.carried()
+    remove_stamp(tree)
+    prev = Previous(tree, stamp, carried, None, stripped=strip)
+    if not strip or carried is None:
         return prev
     try:
-        prev.undo = _move_aside(roots, info)
+        prev.undo = _move_aside(tree, info)
     except (OSError, BootseerError) as e:
         info(f"env: the previous env could not be set aside ({e}); removing its paths")
-        strip_carried(roots, info)
+        strip_carried(tree, info)
     return prev
 
 
-def _move_aside(roots: list[str], info: Say) -> Undo | None:
+def _move_aside(tree: EnvTree, info: Say) -> Undo | None:
     """Rename the carried env's removable paths (the top-most of each subtree) aside, journaled first."""
     from . import journal
     from .format import UnsafeArchive
-    from .stamp import read_carried, removable, say_removal
+    from .stamp import removable, say_removal
     from .undo import Undo
 
-    doc = read_carried(roots)
+    doc = tree.carried()
     if doc is None:
         return None
-    gone = removable(roots, doc)
+    roots = tree.roots
+    gone = removable(tree, doc)
     say_removal(info, gone, "the tree carries another env (set aside until the setup succeeds)")
     chosen = set(gone.paths)
     tops = [p for p in gone.paths if not _below_any(p, chosen)]  # a directory moves with what it holds
@@ -154,8 +160,8 @@ def _below_any(path: str, dirs: set[str]) -> bool:
     return False
 
 
-def _read(roots: list[str], name: str, cap: int) -> bytes | None:
+def _read(tree: EnvTree, name: str, cap: int) -> bytes | None:
     try:
-        return read_own(roots, name, cap)
+        return tree.read_own(name, cap)
     except (OSError, ValueError):
         return None

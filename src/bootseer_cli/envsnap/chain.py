@@ -16,6 +16,7 @@ from typing import Any
 from ..digests import is_digest
 from ..errors import IntegrityError
 from .stamp import stamped_blob
+from .tree import EnvTree
 
 MAX_CHAIN = 64  # links a ref may list, whatever it says: bounds the work a forged-but-signed ref can cause
 
@@ -69,11 +70,11 @@ def chain_of(parent_key: str, parent_ref: dict[str, Any], fmt: int) -> list[dict
     return [link.doc() for link in links(parent_key, parent_ref, fmt)]
 
 
-def present_prefix(roots: list[str], chain: list[Link]) -> int:
+def present_prefix(tree: EnvTree, chain: list[Link]) -> int:
     """How many links of `chain` this tree already carries intact: the stamp names the key of link
     i-1 with its blob (a restore killed between two links, or a node that holds the parent env)."""
     for i in range(len(chain), 0, -1):
-        if stamped_blob(roots, chain[i - 1].key) == chain[i - 1].blob:
+        if stamped_blob(tree, chain[i - 1].key) == chain[i - 1].blob:
             return i
     return 0
 

@@ -53,7 +53,7 @@ def journal_path(roots: list[str]) -> Path:
 def _is_live(roots: list[str]) -> bool:
     """Some process holds the flock of the journal of `roots`: its restore is still running."""
     try:
-        with root_dir(roots) as dfd:
+        with root_dir(roots[0]) as dfd:
             fd = open_regular_at(dfd, JOURNAL_NAME)
     except OSError:
         return False
@@ -81,7 +81,7 @@ def write(roots: list[str], doc: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if str(path) not in _held and _is_live(roots):
         raise LiveJournal(f"another process is restoring {', '.join(roots)} (its journal {path} is live)")
-    with root_dir(roots) as dfd:
+    with root_dir(roots[0]) as dfd:
         tmp, fd = create_temp(dfd, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else can hold it
@@ -107,7 +107,7 @@ def _release(path: Path) -> None:
 
 def remove(roots: list[str]) -> None:
     """Remove the journal, then drop its flock (this process's restore is over)."""
-    with contextlib.suppress(FileNotFoundError), root_dir(roots) as dfd:
+    with contextlib.suppress(FileNotFoundError), root_dir(roots[0]) as dfd:
         os.unlink(JOURNAL_NAME, dir_fd=dfd)
     _release(journal_path(roots))
 
@@ -117,7 +117,7 @@ def _take(roots: list[str]) -> int | None:
 
     Raises BlockingIOError when its writer still holds it. The flock is taken before the journal is
     read, and the name is checked to still be that file (a writer renames each version in)."""
-    with root_dir(roots) as dfd:
+    with root_dir(roots[0]) as dfd:
         while True:
             try:
                 fd = open_regular_at(dfd, JOURNAL_NAME)
@@ -227,7 +227,7 @@ def _recover(roots: list[str], doc: dict[str, Any], info: Callable[[str], None])
             info(f"env: an interrupted restore could not be fully undone ({errors} path(s) left)")
         else:
             info("env: an interrupted restore was undone; the tree is as it was before it")
-    with contextlib.suppress(OSError), root_dir(roots) as dfd:
+    with contextlib.suppress(OSError), root_dir(roots[0]) as dfd:
         os.unlink(JOURNAL_NAME, dir_fd=dfd)
     _sweep_undo_dirs(roots)
 
@@ -240,7 +240,7 @@ def _sweep_undo_dirs(roots: list[str]) -> None:
     if _is_live(roots):
         return
     for root in roots:
-        with contextlib.suppress(OSError), root_dir([root]) as dfd:
+        with contextlib.suppress(OSError), root_dir(root) as dfd:
             for name in os.listdir(dfd):
                 if name.startswith(UNDO_PREFIX):
                     _remove_undo_dir(dfd, name)

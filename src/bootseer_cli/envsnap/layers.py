@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ..store.core import Store
     from .setup import SetupRun
     from .stamp import Carried
+    from .tree import EnvTree
 
 Say = Callable[[str], None]
 
@@ -74,7 +75,7 @@ def setup_over(
     store: Store,
     cache: BlobCache,
     keys: Keys,
-    roots: list[str],
+    tree: EnvTree,
     info: Say,
     warn: Say,
     on_start: Callable[[], None] | None = None,
@@ -86,11 +87,11 @@ def setup_over(
     from .chain import chain_of
     from .restore import restore
     from .setup import guarded_setup
-    from .stamp import read_carried, remove_stamp, stamped_blob, strip_carried
+    from .stamp import remove_stamp, stamped_blob, strip_carried
 
     env = settings.env
     try:
-        choice = choose(store, keys, roots, setup_inputs(env), env.max_layers, FORMAT, env.parent_search_s, warn)
+        choice = choose(store, keys, tree.roots, setup_inputs(env), env.max_layers, FORMAT, env.parent_search_s, warn)
     except Exception as e:  # listing the store failed: build from the image
         warn(f"env: no parent looked for ({e}); setting up from the image")
         return None
@@ -99,19 +100,19 @@ def setup_over(
     blob = str(choice.ref["blob"])
     try:
         chain = chain_of(choice.key, choice.ref, FORMAT)
-        if stamped_blob(roots, choice.key) != blob:
-            remove_stamp(roots)
-            strip_carried(roots, info)
-            restore(settings.p2p, store, cache, choice.key, roots, ref=choice.ref)
+        if stamped_blob(tree, choice.key) != blob:
+            remove_stamp(tree)
+            strip_carried(tree, info)
+            restore(settings.p2p, store, cache, choice.key, tree, ref=choice.ref)
     except Exception as e:  # a missing, corrupt or unverifiable link: a miss, the setup runs from the image
         warn(f"env: parent {choice.key[:12]} could not be restored ({e}); setting up from the image")
         return None
-    carried = read_carried(roots)
+    carried = tree.carried()
     if carried is None or carried.get("blob") != blob:
         warn(f"env: parent {choice.key[:12]} is not what the tree carries; setting up from the image")
         return None
     info(f"env: setting up over {choice.key[:12]} (layer {len(chain)}): {choice.why()}")
     # the tree is about to change: the stamp is set aside (back if the setup fails and changed nothing);
     # the paths file stays (the merged stamp needs it)
-    prev = set_aside(roots, info, strip=False)
-    return guarded_setup(env, settings.store, roots, prev, info, warn, on_start), Over(choice, chain, carried)
+    prev = set_aside(tree, info, strip=False)
+    return guarded_setup(env, settings.store, prev, info, warn, on_start), Over(choice, chain, carried)

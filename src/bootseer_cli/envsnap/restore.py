@@ -20,6 +20,7 @@ from ..errors import BootseerError, IntegrityError
 from .catalog import FORMAT, REF_KIND
 from .manifest import under
 from .stamp import StampDraft, remove_stamp, switch_deletions, write_drafted_stamp
+from .tree import EnvTree
 
 if TYPE_CHECKING:
     from ..settings import P2PSettings
@@ -52,12 +53,13 @@ def restore(
     store: Store,
     cache: BlobCache,
     env_key: str,
-    roots: list[str],
+    tree: EnvTree,
     ref: dict[str, Any] | None = None,
     progress: bool | None = None,
     extra_keys: tuple[str, ...] = (),
 ) -> Restored | None:
-    """Restore the snapshot for `env_key` under `roots`; None when the store has none.
+    """Restore the snapshot for `env_key` into `tree` (the caller's: what the tree carries is read at
+    most once between its stamp check and the new stamp); None when the store has none.
 
     Raises IntegrityError/UnsafeArchive/NoSpace/RestoreError when the snapshot cannot be used (any
     other exception a malformed ref or blob provokes is turned into an IntegrityError); the tree is
@@ -72,7 +74,7 @@ def restore(
     if not isinstance(digest, str) or ref.get("format") != FORMAT:
         raise IntegrityError(f"ref env/{env_key[:16]} is malformed or of an unknown format")
     try:
-        return _restore_chain(p2p, store, cache, env_key, roots, ref, progress, extra_keys)
+        return _restore_chain(p2p, store, cache, env_key, tree, ref, progress, extra_keys)
     except BootseerError:
         raise
     except Exception as e:  # whatever a malformed ref or blob provokes: the snapshot is unusable
@@ -84,7 +86,7 @@ def _restore_chain(
     store: Store,
     cache: BlobCache,
     env_key: str,
-    roots: list[str],
+    tree: EnvTree,
     ref: dict[str, Any],
     progress: bool | None,
     extra_keys: tuple[str, ...],
@@ -96,20 +98,19 @@ def _restore_chain(
     place is used as it is. A layer is applied over its parent without the switch's removals (the
     parent's files are the layer's base); the stamp lists what the whole chain put into the tree."""
     from .chain import links, present_prefix
-    from .stamp import read_carried
 
     chain = links(env_key, ref, FORMAT)
-    start = present_prefix(roots, chain)
+    start = present_prefix(tree, chain)
     if start == len(chain):  # the tree carries this very env (a caller that did not check): restore it all again
         start = 0
     done: list[Restored] = []
     for i in range(start, len(chain)):
         link = chain[i]
-        over = read_carried(roots) if i > 0 else None
+        over = tree.carried() if i > 0 else None  # what link i-1's stamp wrote: kept, not read back
         if i > 0 and (over is None or over.get("blob") != chain[i - 1].blob):
             raise IntegrityError(f"layer {link.blob[:12]}: its parent env is not in the tree")
         keys = (env_key, *extra_keys) if i == len(chain) - 1 else (link.key,)
-        done.append(_restore(p2p, store, cache, keys[0], roots, link.ref, link.blob, progress, keys[1:], over))
+        done.append(_restore(p2p, store, cache, keys[0], tree, link.ref, link.blob, progress, keys[1:], over))
     # the node cache evicts the least recently touched blob first: touch the child first and the base
     # last, so a child goes before the parent that it and its siblings build on
     for link in reversed(chain[:-1] if len(chain) > 1 else []):
@@ -144,7 +145,7 @@ def _restore(
     store: Store,
     cache: BlobCache,
     env_key: str,
-    roots: list[str],
+    tree: EnvTree,
     ref: dict[str, Any],
     digest: str,
     progress: bool | None,
@@ -165,7 +166,7 @@ def _restore(
             # the metadata, the plan, the workers' reports and the stamp: tens of thousands of objects
             # that form no cycles (see gcpause.py)
             with collector_paused():
-                restored, draft = _restore_from(b, roots, ref, digest, progress, t0, over)
+                restored, draft = _restore_from(b, tree, ref, digest, progress, t0, over)
             link_into_cache(cache, b, digest)
             if isinstance(b.verifier, Download):
                 b.verifier.keep(cache)
@@ -185,14 +186,14 @@ def _restore(
         finally:
             b.close()
         with collector_paused():
-            write_drafted_stamp(roots, [env_key, *extra_keys], draft)
+            write_drafted_stamp(tree, [env_key, *extra_keys], draft)
         return restored
     raise DigestMismatch(f"blob {digest[:12]} does not match its digest")
 
 
 def _restore_from(
     b: Blob,
-    roots: list[str],
+    tree: EnvTree,
     ref: dict[str, Any],
     digest: str,
     progress: bool | None,
@@ -209,13 +210,14 @@ def _restore_from(
     v = b.verifier
     # the hash starts once the metadata's bytes are read: it runs beside their decoding and the plan, on
     # a core those leave idle, and reads the blob into the page cache ahead of the workers
+    roots = tree.roots
     meta = read_meta(v.tail if isinstance(v, Download) else b.fd, entries_hint(ref), v.start if v else None)
     if any(not under(r, roots) for r in meta.roots):
         raise IntegrityError(
             f"the snapshot was captured for roots {', '.join(meta.roots)}, which this node's roots "
             f"({', '.join(roots)}) do not contain; nothing restored"
         )
-    switch = switch_deletions(roots, meta, digest) if over is None else []
+    switch = switch_deletions(tree, meta, digest) if over is None else []
     draft = StampDraft(digest, meta.entries, meta.deletions, over=over)
 
     def beside_workers() -> None:  # called once the workers are forked: no thread here at a fork
@@ -223,7 +225,7 @@ def _restore_from(
             v.start()  # (started at the metadata's read already, but for a download)
         draft.start()
 
-    remove_stamp(roots)
+    remove_stamp(tree)
     planned = replace(meta, deletions=(*meta.deletions, *switch)) if switch else meta
     raw = ref.get("bytes")
     with byte_bar(raw if isinstance(raw, int) and raw > 0 else None, "restore", enabled=progress) as advance:

@@ -31,6 +31,7 @@ from .stamp import remove_stamp, strip_carried
 if TYPE_CHECKING:
     from .aside import Previous
     from .setupwrites import SetupWrites, Written
+    from .tree import EnvTree
 
 
 def excluded_paths(store: StoreSettings) -> list[str]:
@@ -58,14 +59,14 @@ def baseline_path(roots: list[str]) -> Path:
     return cache_root() / "env-baseline" / f"{tag}.manifest"
 
 
-def take_baseline(roots: list[str], store: StoreSettings, info: Callable[[str], None], strip: bool = True) -> Manifest:
+def take_baseline(tree: EnvTree, store: StoreSettings, info: Callable[[str], None], strip: bool = True) -> Manifest:
     """Before a setup: drop the stamp (the tree is about to change), remove what a previously carried
     env added and nobody changed since (so the baseline is the image again; only with `strip`: `exec`
     runs the setup itself and knows the tree is to hold one env), and scan the tree."""
-    remove_stamp(roots)
+    remove_stamp(tree)
     if strip:
-        strip_carried(roots, info)
-    return scan(roots, excluded_paths(store))
+        strip_carried(tree, info)
+    return scan(tree.roots, excluded_paths(store))
 
 
 def setup_environ() -> dict[str, str]:
@@ -125,7 +126,7 @@ class SetupRun:
 def fresh_setup(
     env: EnvSettings,
     store: StoreSettings,
-    roots: list[str],
+    tree: EnvTree,
     info: Callable[[str], None],
     on_start: Callable[[], None] | None = None,
     warn: Callable[[str], None] | None = None,
@@ -133,27 +134,26 @@ def fresh_setup(
     """stamp and carried env set aside → baseline → setup. `on_start` is told once the setup itself begins."""
     from .aside import set_aside
 
-    prev = set_aside(roots, info, strip=True)
-    return guarded_setup(env, store, roots, prev, info, warn or info, on_start)
+    prev = set_aside(tree, info, strip=True)
+    return guarded_setup(env, store, prev, info, warn or info, on_start)
 
 
 def guarded_setup(
     env: EnvSettings,
     store: StoreSettings,
-    roots: list[str],
     prev: Previous,
     info: Callable[[str], None],
     warn: Callable[[str], None],
     on_start: Callable[[], None] | None = None,
 ) -> SetupRun:
-    """Baseline → setup, the previous env (`prev`) set aside: dropped once the setup succeeded, put
-    back (with its stamp, if the setup changed nothing) when it fails or is interrupted."""
+    """Baseline → setup of `prev.tree`, the previous env (`prev`) set aside: dropped once the setup
+    succeeded, put back (with its stamp, if the setup changed nothing) when it fails or is interrupted."""
     from .setupwrites import SetupWrites
 
     baseline: Manifest | None = None
     tracked = SetupWrites.start()
     try:
-        baseline = scan(roots, excluded_paths(store))
+        baseline = scan(prev.tree.roots, excluded_paths(store))
         t0 = time.time()
         if on_start is not None:
             on_start()

@@ -56,12 +56,14 @@ def _full_capture(
     from .manifest import scan
     from .segments import write_blob
     from .setup import excluded_paths
-    from .stamp import _as_written, read_carried, stamp_state
+    from .stamp import _as_written, stamp_state
+    from .tree import EnvTree
 
     roots = task.roots
+    tree = EnvTree(roots)
     with contextlib.nullcontext() if held else tree_lock(roots, say, say):
-        ok, why = stamp_state(roots, task.env_key)
-        doc = read_carried(roots)
+        ok, why = stamp_state(tree, task.env_key)
+        doc = tree.carried()
         if not ok or doc is None or doc.get("blob") != task.layer:
             raise BootseerError(f"the tree no longer carries layer {task.layer[:12]} ({why or 'another blob'})")
         rows = doc["entries"]
@@ -102,7 +104,8 @@ def squash(
 
     `held`: the caller holds the tree lock already (the env stage without an agent)."""
     from .publish import publish
-    from .stamp import read_carried, write_stamp
+    from .stamp import write_stamp
+    from .tree import EnvTree
 
     cap = _full_capture(settings, cache, task, say, held)
     extra = {k: v for k, v in task.ref_extra.items() if k not in ("parent", "chain", "depth")}
@@ -116,9 +119,10 @@ def squash(
     from .lock import tree_lock
 
     with contextlib.nullcontext() if held else tree_lock(task.roots, say, say):
-        doc = read_carried(task.roots)
+        tree = EnvTree(task.roots)
+        doc = tree.carried()
         if doc is not None and doc.get("blob") == task.layer:  # the stamp now names the full blob (same tree)
-            write_stamp(task.roots, [task.env_key], cap.digest, cap.entries, cap.deletion_paths)
+            write_stamp(tree, [task.env_key], cap.digest, cap.entries, cap.deletion_paths)
     say(f"env: squashed the chain of {task.env_key[:12]} into one snapshot {cap.digest[:12]}")
     return cap.digest
 
@@ -164,7 +168,7 @@ def squash_task(task: SquashTask, agent: Agent) -> None:
 
 def _gone(task: SquashTask) -> bool:
     """Whether the tree no longer carries the layer (nothing left to squash from)."""
-    from .stamp import read_carried
+    from .tree import EnvTree
 
-    doc = read_carried(task.roots) if all(os.path.isdir(r) for r in task.roots) else None
+    doc = EnvTree(task.roots).carried() if all(os.path.isdir(r) for r in task.roots) else None
     return doc is None or doc.get("blob") != task.layer

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .restore import Restored
     from .setup import SetupRun
     from .setupwrites import Written
+    from .tree import EnvTree
 
 POLL_S = 1.0
 # Tries at the build lease when the store refuses the attempt (an error, not another holder), POLL_S
@@ -71,40 +72,38 @@ def _restored_result(r: Restored, note: str = "") -> StageResult:
 
 
 def run_stage(ctx: StageContext) -> StageResult:
-    from .journal import recover
-    from .lock import tree_lock
+    from .tree import EnvTree
 
-    roots = ctx.settings.env.resolve_roots()
+    tree = EnvTree(ctx.settings.env.resolve_roots())  # one value from here on: its carried document read once
     try:
         key = ctx.keys.env.digest
     except StageFatal:
         raise
     except Exception as e:  # the key's inputs (a `-r` file …) cannot be read: the setup decides
-        return _setup_as_without_bootseer(ctx, roots, e)
-    with tree_lock(roots, ctx.info, ctx.warn):
-        recover(roots, ctx.info)
-        return _locked_stage(ctx, roots, key)
+        return _setup_as_without_bootseer(ctx, tree, e)
+    with tree.locked(ctx.info, ctx.warn):
+        return _locked_stage(ctx, tree, key)
 
 
-def _setup_as_without_bootseer(ctx: StageContext, roots: list[str], e: Exception) -> StageResult:
+def _setup_as_without_bootseer(ctx: StageContext, tree: EnvTree, e: Exception) -> StageResult:
     """No env key: no snapshot can be found or made. Run the setup exactly as without bootseer (on the
     tree as it is), so a setup that cannot work fails the start with its own message and status."""
     from .setup import run_setup
     from .stamp import remove_stamp
 
     ctx.warn(f"env: no env key ({e}); running the setup as without bootseer")
-    remove_stamp(roots)  # the tree is about to change: whatever it carried is no longer known
+    remove_stamp(tree)  # the tree is about to change: whatever it carried is no longer known
     t0 = time.time()
     run_setup(ctx.settings.env, ctx.info)
     return StageResult("setup", summary=f"setup {time.time() - t0:.1f} s (no env key)", cache="miss", reason=str(e))
 
 
-def _locked_stage(ctx: StageContext, roots: list[str], key: str) -> StageResult:
+def _locked_stage(ctx: StageContext, tree: EnvTree, key: str) -> StageResult:
     """Stamp → restore → single flight, holding the tree lock."""
     from .catalog import REF_KIND
     from .stamp import stamp_state
 
-    ok, why = stamp_state(roots, key)
+    ok, why = stamp_state(tree, key)
     if ok:
         return StageResult(outcome="present", summary="env present (stamp)", cache="hit")
     if why.startswith("stale"):
@@ -114,16 +113,16 @@ def _locked_stage(ctx: StageContext, roots: list[str], key: str) -> StageResult:
         ref = store.read_ref(REF_KIND, key)
     except Exception as e:  # the store (or its client library) failed in any way: set up locally
         ctx.warn(f"env: store unreachable ({e}); running the setup locally")
-        return _local_setup(ctx, roots, key, reason="store unreachable")
+        return _local_setup(ctx, tree, key, reason="store unreachable")
     note, failed = "", ""
     if ref is not None:
-        result = _try_restore(ctx, store, key, roots, ref)
+        result = _try_restore(ctx, store, key, tree, ref)
         if result is not None:
             return result
         note, failed = "restore failed", str(ref.get("blob", ""))
     ran = {"setup": False}
     try:
-        return _single_flight(ctx, store, key, roots, note, ran, failed)
+        return _single_flight(ctx, store, key, tree, note, ran, failed)
     except StageFatal:
         raise
     # Broad on purpose: whatever bootseer's own machinery throws half way (store, cache, archive),
@@ -133,12 +132,10 @@ def _locked_stage(ctx: StageContext, roots: list[str], key: str) -> StageResult:
             ctx.warn(f"env: setup done, but the snapshot step failed: {e}")
             return StageResult("setup", summary="setup ran (snapshot step failed)", cache="miss", reason=str(e))
         ctx.warn(f"env: {e}; running the setup locally")
-        return _local_setup(ctx, roots, key, reason="store failed")
+        return _local_setup(ctx, tree, key, reason="store failed")
 
 
-def _try_restore(
-    ctx: StageContext, store: Store, key: str, roots: list[str], ref: dict[str, Any]
-) -> StageResult | None:
+def _try_restore(ctx: StageContext, store: Store, key: str, tree: EnvTree, ref: dict[str, Any]) -> StageResult | None:
     from ..gc import touch_used
     from .catalog import REF_KIND
     from .restore import restore
@@ -147,13 +144,13 @@ def _try_restore(
     if ctx.settings.env.mode == "mount":  # the image mounted at the roots (envmount/), else extracted, saying why
         from ..envmount.stage import try_mount
 
-        mounted, why = try_mount(ctx, store, key, roots, ref)
+        mounted, why = try_mount(ctx, store, key, tree.roots, ref)
         if mounted is not None:
             touch_used(store, REF_KIND, key, ref)
             return mounted
         note = f"not mounted: {why}"
     try:
-        r = restore(ctx.settings.p2p, store, ctx.cache, key, roots, ref=ref)
+        r = restore(ctx.settings.p2p, store, ctx.cache, key, tree, ref=ref)
     except StageFatal:
         raise
     except Exception as e:  # restore() normalises to BootseerError; anything else is still not the user's
@@ -174,7 +171,7 @@ def _replaced(ref: dict[str, Any], failed: str) -> bool:
 
 
 def _single_flight(
-    ctx: StageContext, store: Store, key: str, roots: list[str], note: str, ran: dict[str, bool], failed: str = ""
+    ctx: StageContext, store: Store, key: str, tree: EnvTree, note: str, ran: dict[str, bool], failed: str = ""
 ) -> StageResult:
     """Take the lease and build, or wait for the holder's snapshot (then restore it, or set up here)."""
     from .catalog import REF_KIND
@@ -196,33 +193,33 @@ def _single_flight(
                 time.sleep(POLL_S)
                 continue
             ctx.warn(f"env: cannot take the build lease ({e}); running the setup locally")
-            return _local_setup(ctx, roots, key, reason="lease failed")
+            return _local_setup(ctx, tree, key, reason="lease failed")
         if lease is not None:
-            return _build(ctx, store, key, roots, lease, note, ran, failed)
+            return _build(ctx, store, key, tree, lease, note, ran, failed)
         if not announced:
             ctx.info(f"env: another node is building env {key[:12]}; waiting up to {wait_s:.0f} s for its snapshot")
             announced = True
         if time.monotonic() >= deadline:
             ctx.warn(f"env: no snapshot published within [env] wait_s = {wait_s:.0f} s; running the setup here")
-            return _local_setup(ctx, roots, key, reason="wait timed out")
+            return _local_setup(ctx, tree, key, reason="wait timed out")
         time.sleep(min(POLL_S, max(0.05, deadline - time.monotonic())))
         try:
             ref = store.read_ref(REF_KIND, key)
         except Exception:  # a read that failed is a poll that saw nothing yet
             ref = None
         if ref is not None and _replaced(ref, failed):
-            result = _try_restore(ctx, store, key, roots, ref)
+            result = _try_restore(ctx, store, key, tree, ref)
             if result is not None:
                 result.summary += " (waited for the builder)"
                 return result
-            return _local_setup(ctx, roots, key, reason="restore failed")
+            return _local_setup(ctx, tree, key, reason="restore failed")
 
 
 def _build(
     ctx: StageContext,
     store: Store,
     key: str,
-    roots: list[str],
+    tree: EnvTree,
     lease: Lease,
     note: str,
     ran: dict[str, bool],
@@ -238,34 +235,32 @@ def _build(
         # The lease may have been taken just after another node published: check once more.
         ref = store.read_ref(REF_KIND, key)
         if ref is not None and _replaced(ref, failed):
-            result = _try_restore(ctx, store, key, roots, ref)
+            result = _try_restore(ctx, store, key, tree, ref)
             if result is not None:
                 return result
-        built = _setup_over(ctx, store, roots, ran) if ctx.settings.env.layers else None
+        built = _setup_over(ctx, store, tree, ran) if ctx.settings.env.layers else None
         run, over = built if built is not None else (None, None)
         if run is None:
             run = fresh_setup(
                 ctx.settings.env,
                 ctx.settings.store,
-                roots,
+                tree,
                 ctx.info,
                 on_start=lambda: ran.update(setup=True),
                 warn=ctx.warn,
             )
-        b = Built(key, roots, run.baseline, run.started, run.seconds, note, over, run.writes)
+        b = Built(key, tree, run.baseline, run.started, run.seconds, note, over, run.writes)
         if ctx.settings.exec.agent:
             return _capture_and_hand_over(ctx, keeper, b)
         return _capture_and_publish(ctx, store, b)
 
 
-def _setup_over(
-    ctx: StageContext, store: Store, roots: list[str], ran: dict[str, bool]
-) -> tuple[SetupRun, Over] | None:
+def _setup_over(ctx: StageContext, store: Store, tree: EnvTree, ran: dict[str, bool]) -> tuple[SetupRun, Over] | None:
     """The setup over the nearest published snapshot (layers.py), or None: set up from the image."""
     from .layers import setup_over
 
     return setup_over(
-        ctx.settings, store, ctx.cache, ctx.keys, roots, ctx.info, ctx.warn, on_start=lambda: ran.update(setup=True)
+        ctx.settings, store, ctx.cache, ctx.keys, tree, ctx.info, ctx.warn, on_start=lambda: ran.update(setup=True)
     )
 
 
@@ -274,7 +269,7 @@ class Built:
     """What the lease holder's setup left for the capture: the baseline, the timing, the parent (a layer)."""
 
     key: str
-    roots: list[str]
+    tree: EnvTree
     baseline: Manifest
     started: float
     setup_s: float
@@ -282,12 +277,16 @@ class Built:
     over: Over | None
     writes: Written | None = None  # what the setup's processes wrote (setupwrites.py)
 
+    @property
+    def roots(self) -> list[str]:
+        return self.tree.roots
+
     def stamp(self, ctx: StageContext, cap: Captured, keys: list[str] | None = None) -> None:
         """Stamp the tree with the capture (merged over the parent's paths for a layer)."""
         from .stamp import write_stamp
 
         merged = self.over.merged([*cap.entries, *cap.unchanged], cap.deletion_paths) if self.over is not None else None
-        write_stamp(self.roots, keys or [self.key], cap.digest, cap.entries, cap.deletion_paths, carried=merged)
+        write_stamp(self.tree, keys or [self.key], cap.digest, cap.entries, cap.deletion_paths, carried=merged)
 
     def ref_extra(self, ctx: StageContext) -> dict[str, Any]:
         from .layers import ref_fields
@@ -328,7 +327,7 @@ def _capture(ctx: StageContext, b: Built) -> Captured | StageResult:
         raise
     except BootseerError as e:
         ctx.warn(f"env: setup done, but not captured: {e}")
-        _stamp_after_setup(ctx, b.roots, b.key, b.baseline, b.over)
+        _stamp_after_setup(ctx, b.tree, b.key, b.baseline, b.over)
         summary = f"{b.what(b.setup_s)} (not captured)"
         return StageResult("setup", summary=summary, cache="miss", reason=str(e))
 
@@ -438,7 +437,7 @@ def _keys_now(ctx: StageContext, key: str) -> list[str]:
 
 
 def _stamp_after_setup(
-    ctx: StageContext, roots: list[str], key: str, baseline: Manifest, over: Over | None = None
+    ctx: StageContext, tree: EnvTree, key: str, baseline: Manifest, over: Over | None = None
 ) -> None:
     """Stamp a tree set up without a snapshot (what changed since the baseline is the env, over the
     parent's paths when the setup ran over a parent)."""
@@ -446,11 +445,11 @@ def _stamp_after_setup(
     from .setup import excluded_paths
     from .stamp import entries_of, write_stamp
 
-    after = scan(roots, excluded_paths(ctx.settings.store))
+    after = scan(tree.roots, excluded_paths(ctx.settings.store))
     d = diff(baseline, after)
     entries = entries_of(after, d.changed, baseline)
     merged = over.merged(entries, d.deleted) if over is not None else None
-    write_stamp(roots, [key], None, entries, d.deleted, carried=merged)
+    write_stamp(tree, [key], None, entries, d.deleted, carried=merged)
 
 
 def _squash_when_due(ctx: StageContext, b: Built, cap: Captured, agent: bool) -> None:
@@ -470,12 +469,12 @@ def _squash_when_due(ctx: StageContext, b: Built, cap: Captured, agent: bool) ->
         ctx.warn(f"env: chain of {b.key[:12]} not squashed: {e}")
 
 
-def _local_setup(ctx: StageContext, roots: list[str], key: str, reason: str) -> StageResult:
+def _local_setup(ctx: StageContext, tree: EnvTree, key: str, reason: str) -> StageResult:
     """The slow path without the store: run the setup here and stamp the tree."""
     from .setup import fresh_setup
 
-    run = fresh_setup(ctx.settings.env, ctx.settings.store, roots, ctx.info, warn=ctx.warn)
-    _stamp_after_setup(ctx, roots, key, run.baseline)
+    run = fresh_setup(ctx.settings.env, ctx.settings.store, tree, ctx.info, warn=ctx.warn)
+    _stamp_after_setup(ctx, tree, key, run.baseline)
     return StageResult(
         outcome="setup", summary=f"setup {time.time() - run.started:.1f} s ({reason})", cache="miss", reason=reason
     )

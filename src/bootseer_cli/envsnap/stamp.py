@@ -12,7 +12,8 @@ when bootseer wrote it) and deleted. The list serves two rules:
 Both files live in a tree a plain user may write while root reads them: they are read and written
 only through `treefiles.py` (no link followed, no FIFO or device read, size-capped, unguessable
 temporaries), and a path the paths file names is removed only through no-follow directory
-descriptors from the roots (`dirfd.py`), never by path.
+descriptors from the roots (`dirfd.py`), never by path. Every function here takes the tree as one
+value (`tree.py`'s `EnvTree`), which reads the paths file once and keeps it until bootseer changes it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from ..errors import IntegrityError
 from .dirfd import DirFds, fd_budget
 from .format import HARDLINK, ArchiveEntry, Meta, UnsafeArchive
 from .manifest import CARRIED_NAME, DIR, FILE, STAMP_NAME, SYMLINK, Manifest, under
-from .treefiles import CARRIED_MAX, STAMP_MAX, read_own, unlink_own, write_own
+from .tree import EnvTree
+from .treefiles import STAMP_MAX
 
 MAX_SENTINELS = 512
 
@@ -45,29 +47,6 @@ def _sentinels(entries: Sequence[ArchiveEntry]) -> list[str]:
         step = max(1, len(files) // 16)
         picks += [p for p in files[::step] if p not in picks][: 16 - len(picks)]
     return picks
-
-
-def read_carried(roots: list[str]) -> dict[str, Any] | None:
-    """What bootseer put into this tree beyond the image: {"blob", "entries", "deletions"}, or None.
-
-    `entries` rows are `[path, kind, size, mtime_s, link]` as the env left them (a symlink's target,
-    a hardlink's size and mtime are its target's), so that what someone changed since can be told
-    from what bootseer wrote. A file written by an older bootseer lists bare `paths`: nothing of it
-    can be checked, so nothing of it is ever removed."""
-    try:
-        doc = json.loads(read_own(roots, CARRIED_NAME, CARRIED_MAX))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(doc, dict):
-        return None
-    rows = doc.get("entries")
-    if isinstance(rows, list):
-        doc["entries"] = [r for r in rows if isinstance(r, list) and len(r) == 5 and isinstance(r[0], str)]
-    elif isinstance(doc.get("paths"), list):
-        doc["entries"] = [[p, "?", 0, 0, ""] for p in doc["paths"] if isinstance(p, str)]
-    else:
-        return None
-    return doc
 
 
 def carried_rows(entries: Sequence[ArchiveEntry]) -> list[list[Any]]:
@@ -126,8 +105,9 @@ class Removable:
     kept: int
 
 
-def removable(roots: list[str], doc: dict[str, Any], keep: set[str] | frozenset[str] = frozenset()) -> Removable:
+def removable(tree: EnvTree, doc: dict[str, Any], keep: set[str] | frozenset[str] = frozenset()) -> Removable:
     """The carried env's paths (of `doc`, not in `keep`) that may go without removing anything of a user's."""
+    roots = tree.roots
     rows = [r for r in doc["entries"] if r[0] not in keep and under(r[0], roots) and r[0] not in roots]
     ok: set[str] = set()
     kept = 0
@@ -168,7 +148,7 @@ def _stderr(msg: str) -> None:
     print(f"bootseer: {msg}", file=sys.stderr, flush=True)
 
 
-def strip_carried(roots: list[str], info: Callable[[str], None]) -> None:
+def strip_carried(tree: EnvTree, info: Callable[[str], None]) -> None:
     """Before a setup on a tree that carries another env: remove what that env added and nobody
     changed since (so the new baseline is the image again where it can be, and the new snapshot does
     not lean on the old env's files). Anything a user changed or added stays.
@@ -176,12 +156,12 @@ def strip_carried(roots: list[str], info: Callable[[str], None]) -> None:
     Files and links go first; then the directories the env created, deepest first, each once it is
     empty (bytecode caches Python wrote into them since count as the env's).
     """
-    doc = read_carried(roots)
+    doc = tree.carried()
     if doc is None:
         return
-    gone = removable(roots, doc)
+    gone = removable(tree, doc)
     say_removal(info, gone, "the tree carries another env")
-    fds = DirFds(roots, fd_budget())
+    fds = DirFds(tree.roots, fd_budget())
     try:
         dirs = []
         for p in gone.paths:
@@ -196,7 +176,7 @@ def strip_carried(roots: list[str], info: Callable[[str], None]) -> None:
             _remove_if_empty(fds, d)
     finally:
         fds.close()
-    unlink_own(roots, CARRIED_NAME)
+    tree.unlink_own(CARRIED_NAME)
 
 
 def _remove_if_empty(fds: DirFds, d: str) -> bool:
@@ -222,14 +202,14 @@ def _remove_if_empty(fds: DirFds, d: str) -> bool:
     return False
 
 
-def switch_deletions(roots: list[str], meta: Meta, digest: str, say: Callable[[str], None] = _stderr) -> list[str]:
+def switch_deletions(tree: EnvTree, meta: Meta, digest: str, say: Callable[[str], None] = _stderr) -> list[str]:
     """Paths of the env the tree carries now that the snapshot being restored does not have, and
     that nobody changed since bootseer wrote them (said in one line before they go).
 
     Raises IntegrityError when the old env deleted files of the image that the new one keeps: they
     cannot be brought back from a snapshot (the setup must run instead).
     """
-    doc = read_carried(roots)
+    doc = tree.carried()
     if doc is None or doc.get("blob") == digest:
         return []
     new_paths = {e.path for e in meta.entries}
@@ -241,23 +221,14 @@ def switch_deletions(roots: list[str], meta: Meta, digest: str, say: Callable[[s
             f"this tree carries another env that deleted {len(lost)} file(s) of the image (e.g. {lost[0]}), "
             "which the snapshot cannot bring back"
         )
-    gone = removable(roots, doc, new_paths)
+    gone = removable(tree, doc, new_paths)
     say_removal(say, gone, "switching envs")
     return gone.paths
 
 
-def _replace_json(roots: list[str], name: str, doc: dict[str, Any]) -> None:
-    """Write by temporary name and rename, so a reader sees the old file or the new one."""
-    _replace_text(roots, name, json.dumps(doc, check_circular=False))  # plain rows: 30 % faster unchecked
-
-
-def _replace_text(roots: list[str], name: str, text: str) -> None:
-    write_own(roots, name, text.encode())
-
-
-def _read_stamp(roots: list[str]) -> object:
+def _read_stamp(tree: EnvTree) -> object:
     """The stamp's JSON (FileNotFoundError when there is none; OSError or ValueError when unusable)."""
-    return json.loads(read_own(roots, STAMP_NAME, STAMP_MAX))
+    return json.loads(tree.read_own(STAMP_NAME, STAMP_MAX))
 
 
 def merged_carried(prev: dict[str, Any], entries: Sequence[ArchiveEntry], deletions: Sequence[str]) -> Carried:
@@ -309,6 +280,7 @@ class StampDraft:
         self._thread: threading.Thread | None = None
         self._made = False
         self.text = ""
+        self.doc: dict[str, Any] = {}  # what `text` encodes: the tree keeps it as its carried document
         self.sentinel_paths: list[str] = []
 
     def start(self) -> None:
@@ -323,8 +295,8 @@ class StampDraft:
             carried = merged_carried(over, entries, deletions or ())
         rows = carried.rows if carried is not None else carried_rows(entries)
         dels = carried.deletions if carried is not None else list(deletions or [])
-        # a tree of plain rows: 30 % faster unchecked
-        self.text = json.dumps({"blob": self.digest, "entries": rows, "deletions": dels}, check_circular=False)
+        self.doc = {"blob": self.digest, "entries": rows, "deletions": dels}
+        self.text = json.dumps(self.doc, check_circular=False)  # a tree of plain rows: 30 % faster unchecked
         files = (
             [ArchiveEntry(r[0], FILE, 0, 0, 0, "") for r in rows if r[1] == FILE] if carried is not None else entries
         )
@@ -339,7 +311,7 @@ class StampDraft:
 
 
 def write_stamp(
-    roots: list[str],
+    tree: EnvTree,
     keys: list[str],
     digest: str | None,
     entries: Sequence[ArchiveEntry],
@@ -349,32 +321,34 @@ def write_stamp(
     """Say, last of all, that this tree carries the env for `keys` (and what the env put in it).
 
     `carried` replaces what `entries`/`deletions` say the env put there (a layer over its parent)."""
-    write_drafted_stamp(roots, keys, StampDraft(digest, entries, deletions, carried=carried))
+    write_drafted_stamp(tree, keys, StampDraft(digest, entries, deletions, carried=carried))
 
 
-def write_drafted_stamp(roots: list[str], keys: list[str], draft: StampDraft) -> None:
+def write_drafted_stamp(tree: EnvTree, keys: list[str], draft: StampDraft) -> None:
     """`write_stamp` from a draft: the paths file, then the stamp with its sentinels as they are now."""
     draft.finish()
-    if os.path.isdir(roots[0]):
-        _replace_text(roots, CARRIED_NAME, draft.text)
+    if os.path.isdir(tree.roots[0]):
+        tree.write_own(CARRIED_NAME, draft.text.encode())
+        tree.keep_carried(draft.doc)  # what a layer applied next goes over: never read back
     sentinels: dict[str, list[int]] = {}
     for p in draft.sentinel_paths:
         with contextlib.suppress(OSError):
             st = os.lstat(p)
             sentinels[p] = [st.st_size, st.st_mtime_ns]
     doc = {"env_keys": list(dict.fromkeys(keys)), "blob": draft.digest, "written": time.time(), "sentinels": sentinels}
-    if os.path.isdir(roots[0]):
-        _replace_json(roots, STAMP_NAME, doc)
+    if os.path.isdir(tree.roots[0]):
+        # by temporary name and rename (a reader sees the old stamp or the new one); plain rows: unchecked
+        tree.write_own(STAMP_NAME, json.dumps(doc, check_circular=False).encode())
 
 
-def remove_stamp(roots: list[str]) -> None:
-    unlink_own(roots, STAMP_NAME)
+def remove_stamp(tree: EnvTree) -> None:
+    tree.unlink_own(STAMP_NAME)
 
 
-def has_stamp(roots: list[str]) -> bool:
+def has_stamp(tree: EnvTree) -> bool:
     """Whether the tree has a stamp at all (readable or not): what `bootseer baseline` would remove."""
     try:
-        _read_stamp(roots)
+        _read_stamp(tree)
     except FileNotFoundError:
         return False
     except (OSError, ValueError):
@@ -382,51 +356,53 @@ def has_stamp(roots: list[str]) -> bool:
     return True
 
 
-def stamped_blob(roots: list[str], env_key: str) -> str | None:
+def stamped_blob(tree: EnvTree, env_key: str) -> str | None:
     """The blob of the env `env_key` when this tree carries it intact (stamp and paths file agree), else None."""
-    ok, _ = stamp_state(roots, env_key)
+    stamp, ok, _ = _stamp_state(tree, env_key)
     if not ok:
         return None
-    doc = read_carried(roots)
-    try:
-        stamp = _read_stamp(roots)
-    except (OSError, ValueError):
-        return None
+    doc = tree.carried()
     blob = stamp.get("blob") if isinstance(stamp, dict) else None
     if not isinstance(blob, str) or doc is None or doc.get("blob") != blob:
         return None
     return blob
 
 
-def stamp_state(roots: list[str], env_key: str) -> tuple[bool, str]:
+def stamp_state(tree: EnvTree, env_key: str) -> tuple[bool, str]:
     """(True, "") when the tree carries `env_key` and every file the env wrote is still as written
     (the sentinels of a stamp without a paths file); else the reason, "stale …" when the tree changed."""
+    _, ok, why = _stamp_state(tree, env_key)
+    return ok, why
+
+
+def _stamp_state(tree: EnvTree, env_key: str) -> tuple[object, bool, str]:
+    """`stamp_state`, with the stamp's JSON it read (None when it has none or cannot read it)."""
     try:
-        doc = _read_stamp(roots)
+        doc = _read_stamp(tree)
     except FileNotFoundError:
-        return False, "no stamp"
+        return None, False, "no stamp"
     except (OSError, ValueError):
-        return False, "unreadable stamp"
+        return None, False, "unreadable stamp"
     if not isinstance(doc, dict) or env_key not in (doc.get("env_keys") or []):
-        return False, "stamp for another env key"
+        return doc, False, "stamp for another env key"
     for p, (size, mtime_ns) in (doc.get("sentinels") or {}).items():
         try:
             st = os.lstat(p)
         except OSError:
-            return False, f"stale stamp: {p} is gone"
+            return doc, False, f"stale stamp: {p} is gone"
         if st.st_size != size or st.st_mtime_ns != mtime_ns:
-            return False, f"stale stamp: {p} changed"
-    carried = read_carried(roots)
+            return doc, False, f"stale stamp: {p} changed"
+    carried = tree.carried()
     if carried is not None and carried.get("blob") == doc.get("blob"):
         for row in carried["entries"]:
             if row[1] == DIR:
                 continue  # a directory's mtime moves whenever Python writes bytecode beside its modules
             state = _as_written(row)
             if state is None:
-                return False, f"stale stamp: {row[0]} is gone"
+                return doc, False, f"stale stamp: {row[0]} is gone"
             if state is False and row[1] != "?":
-                return False, f"stale stamp: {row[0]} changed"
-    return True, ""
+                return doc, False, f"stale stamp: {row[0]} changed"
+    return doc, True, ""
 
 
 def entries_of(after: Manifest, changed: list[str], before: Manifest) -> list[ArchiveEntry]:
@@ -440,14 +416,14 @@ def entries_of(after: Manifest, changed: list[str], before: Manifest) -> list[Ar
     ]
 
 
-def carried_note(roots: list[str]) -> str:
+def carried_note(tree: EnvTree) -> str:
     """What bootseer put into this tree ("env <blob> (stamp for <key>)"), or "" when nothing.
 
     A tree with a stamp or a paths file holds an env that a restore or a setup under `exec` wrote;
     a baseline taken over it is not the image's clean state."""
-    doc = read_carried(roots)
+    doc = tree.carried()
     try:
-        stamp = _read_stamp(roots)
+        stamp = _read_stamp(tree)
     except (OSError, ValueError):
         stamp = None
     if doc is None and not isinstance(stamp, dict):

@@ -31,12 +31,12 @@ JOURNAL_MAX = 256 << 20  # the new paths' tops and the moves: a few MB at most
 
 
 @contextlib.contextmanager
-def root_dir(roots: list[str]) -> Iterator[int]:
-    """A descriptor of the first root (by path: an admin may have made it a link), checked to be a directory."""
-    fd = os.open(roots[0], ROOT_FLAGS)
+def root_dir(root: str) -> Iterator[int]:
+    """A descriptor of `root`, a tree's first (by path: an admin may have made it a link), checked to be a directory."""
+    fd = os.open(root, ROOT_FLAGS)
     try:
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            raise OSError(errno.ENOTDIR, "not a directory", roots[0])
+            raise OSError(errno.ENOTDIR, "not a directory", root)
         yield fd
     finally:
         os.close(fd)
@@ -65,10 +65,10 @@ def read_fd(fd: int, cap: int, name: str = "") -> bytes:
     return b"".join(chunks)
 
 
-def read_own(roots: list[str], name: str, cap: int) -> bytes:
-    """The bytes of bootseer's file `name` at the top of the first root (FileNotFoundError when absent;
+def read_own(root: str, name: str, cap: int) -> bytes:
+    """The bytes of bootseer's file `name` at the top of `root` (a tree's first) (FileNotFoundError when absent;
     OSError when it is a link, not a regular file, or bigger than `cap`)."""
-    with root_dir(roots) as dfd:
+    with root_dir(root) as dfd:
         fd = open_regular_at(dfd, name)
         try:
             return read_fd(fd, cap, name)
@@ -91,9 +91,9 @@ def create_temp(dir_fd: int, mode: int) -> tuple[str, int]:
             continue
 
 
-def write_own(roots: list[str], name: str, data: bytes, mode: int = 0o644) -> None:
-    """Replace bootseer's file `name` at the top of the first root: a new temporary, renamed into place."""
-    with root_dir(roots) as dfd:
+def write_own(root: str, name: str, data: bytes, mode: int = 0o644) -> None:
+    """Replace bootseer's file `name` at the top of `root`: a new temporary, renamed into place."""
+    with root_dir(root) as dfd:
         tmp, fd = create_temp(dfd, mode)
         try:
             try:
@@ -114,7 +114,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def unlink_own(roots: list[str], name: str) -> None:
-    """Remove bootseer's file `name` from the top of the first root (whatever it is now; never through a link)."""
-    with contextlib.suppress(FileNotFoundError), root_dir(roots) as dfd:
+def unlink_own(root: str, name: str) -> None:
+    """Remove bootseer's file `name` from the top of `root` (whatever it is now; never through a link)."""
+    with contextlib.suppress(FileNotFoundError), root_dir(root) as dfd:
         os.unlink(name, dir_fd=dfd)
