@@ -24,6 +24,7 @@ from bootseer_cli.settings import P2PSettings
 from bootseer_cli.store.cache import BlobCache
 from bootseer_cli.store.core import Store
 from tests.p2p.nodes import port_range, random_file, swarm_secret_file
+from tests.support.slowdown import scaled
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -190,12 +191,18 @@ def test_the_copier_follows_the_piece_map_the_fetch_loop_offers(helper: Any, tmp
 
     cache = BlobCache(tmp_path / "cache", 1 << 30)
     handle, digest, real = _download(helper, tmp_path)
+    # the file goes in once libtorrent has checked what it had (nothing): a check that ran after the
+    # write (it did, under load) found every piece, and the copy no longer depended on the offered map
+    checked_by = time.monotonic() + scaled(30)
+    while handle.status().checking and time.monotonic() < checked_by:
+        time.sleep(0.02)
+    assert not handle.status().checking, "the helper was still checking its files"
     _helper_file(helper, handle).write_bytes(real)
     copier = PrefixCopier(helper, handle, cache, digest)
     n = handle.torrent_file().num_pieces()
     copier.offer([True] * (n - 1) + [False])
     copier.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while copier.next < n - 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert copier.next == n - 1 and not handle.status(pieces=True).pieces[0]

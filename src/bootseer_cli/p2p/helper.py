@@ -139,7 +139,13 @@ class Helper:
         from .swarm import QUERY_PIECES
 
         st = self._handle(h).status(QUERY_PIECES if h.get("pieces") else 0)
+        lt = self.swarm.lt if self.swarm is not None else None
+        checking = lt is not None and st.state in (
+            lt.torrent_status.checking_files,
+            lt.torrent_status.checking_resume_data,
+        )
         return {
+            "checking": bool(checking),  # the files are still being checked: pieces may yet appear
             "total_wanted_done": int(st.total_wanted_done),
             "num_pieces": int(st.num_pieces),
             "num_peers": int(st.num_peers),

@@ -80,6 +80,7 @@ class Status:
     total_payload_download: int
     total_payload_upload: int
     pieces: list[bool]
+    checking: bool = False  # libtorrent still checks the files it has (pieces may yet turn up)
 
 
 @dataclass(frozen=True)
@@ -336,6 +337,7 @@ class RemoteHandle:
             int(r["total_payload_download"]),
             int(r["total_payload_upload"]),
             have,
+            bool(r.get("checking", False)),
         )
 
     def have_piece(self, i: int) -> bool:
