@@ -246,22 +246,28 @@ def test_plain_user_saves_into_the_mounted_checkpoint(tmp_path: Path) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _plain_user_round(base: Path) -> None:
-    node = _node(base, "plain")
+def _plain_user_job(base: Path, node: dict[str, str], owned: list[str], mode: str) -> tuple[Path, list[str]]:
+    """The plain user's store (and `owned` node directories, chowned to the user), its first checkpoint
+    pushed as job:v1 by the user, and the trainer; (config, launcher)."""
     (base / "store").mkdir()
-    for d in [*node.values(), str(base / "store")]:
+    for d in [*owned, str(base / "store")]:
         os.chown(d, NOBODY, NOBODY)
     store = Store((base / "store").as_uri())
     src = base / "src"
     src.mkdir()
     torch.save({"step": 1, "w": torch.zeros(64, 1024)}, src / "ckpt.pt")
     torch.save({"x": torch.ones(3 * CELL // 4)}, src / "extra.pt")
-    cfg = _config(base, store, "mount")
+    cfg = _config(base, store, mode)
     r = _as_nobody(["ckpt", "push", "--config", str(cfg), str(src), "--name", "job", "--tag", "v1"], node)
     assert r.returncode == 0, r.stderr
     (base / "train.py").write_text(TRAINER)
     # the launcher through /bin/sh: bootseer checks it with access(2), which the plain user's python fails
-    launcher = ["/bin/sh", "-c", f"exec {sys.executable} {base / 'train.py'}"]
+    return cfg, ["/bin/sh", "-c", f"exec {sys.executable} {base / 'train.py'}"]
+
+
+def _plain_user_round(base: Path) -> None:
+    node = _node(base, "plain")
+    cfg, launcher = _plain_user_job(base, node, list(node.values()), "mount")
     r = _as_nobody(["exec", "--config", str(cfg), "--", *launcher], node)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[1:] == ["2", str(3 * CELL // 4)] and "pulling" not in r.stderr, r.stderr
@@ -288,19 +294,7 @@ def test_plain_user_pull_leaves_nothing_on_the_node_after_the_agent(tmp_path: Pa
     try:
         node = _node(base, "plain")
         del node["XDG_RUNTIME_DIR"]  # a batch job's user often has none: the runtime dir is on disk
-        (base / "store").mkdir()
-        for d in [node["XDG_CACHE_HOME"], str(base / "store")]:
-            os.chown(d, NOBODY, NOBODY)
-        store = Store((base / "store").as_uri())
-        src = base / "src"
-        src.mkdir()
-        torch.save({"step": 1, "w": torch.zeros(64, 1024)}, src / "ckpt.pt")
-        torch.save({"x": torch.ones(3 * CELL // 4)}, src / "extra.pt")
-        cfg = _config(base, store, "pull")
-        r = _as_nobody(["ckpt", "push", "--config", str(cfg), str(src), "--name", "job", "--tag", "v1"], node)
-        assert r.returncode == 0, r.stderr
-        (base / "train.py").write_text(TRAINER)
-        launcher = ["/bin/sh", "-c", f"exec {sys.executable} {base / 'train.py'}"]
+        cfg, launcher = _plain_user_job(base, node, [node["XDG_CACHE_HOME"]], "pull")
         r = _as_nobody(["exec", "--config", str(cfg), "--", *launcher], node)
         assert r.returncode == 0, r.stderr
         ckpt_dir = Path(r.stdout.split()[0])
