@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.hotblocks.conftest import bootseer, wait_for, write_config
+from tests.support.slowdown import scaled
 
 pytestmark = pytest.mark.integration
 
@@ -127,6 +128,37 @@ def test_agent_uploads_the_run_events(cfg: Path, isolated_cache: Path) -> None:
     _assert_agent_gone(run_dir)
     store = isolated_cache / "bootseer" / "store"
     assert list(store.rglob("events/*/*.parquet"))
+
+
+QUIET_UNTIL_READY = (
+    "import glob, os, sys, time\n"
+    "import bootseer_cli\n"
+    "d, store, limit = os.environ['BOOTSEER_RUN_DIR'], sys.argv[1], float(sys.argv[2])\n"
+    "uploaded = lambda: glob.glob(os.path.join(store, '**', 'events', '*', '*.parquet'), recursive=True)\n"
+    "deadline = time.time() + limit\n"
+    "while not os.path.exists(os.path.join(d, 'agent.pid')) and time.time() < deadline:\n"
+    "    time.sleep(0.05)\n"
+    "time.sleep(2.0)\n"  # the agent's tasks are running: it used to upload here, beside the import
+    "print('before ready:', len(uploaded()), 'upload(s)', flush=True)\n"
+    "bootseer_cli.ready()\n"
+    "while not uploaded() and time.time() < deadline:\n"
+    "    time.sleep(0.1)\n"
+    "print('after ready:', len(uploaded()), 'upload(s)', flush=True)\n"
+)
+
+
+def test_the_agent_uploads_nothing_until_the_first_step(cfg: Path, isolated_cache: Path) -> None:
+    """Issue 44 (a restart no slower than without bootseer): while the launcher imports its framework,
+    the agent does not upload (pyarrow, the store, Parquet cost ~0.15 s of CPU on the job's cores); it
+    uploads once the start is over, and again when the launcher ends."""
+    store = isolated_cache / "bootseer" / "store"
+    limit = scaled(30.0)
+    program = [sys.executable, "-c", QUIET_UNTIL_READY, str(store), str(limit)]
+    r = bootseer("exec", "-c", str(cfg), "--", *program, timeout=limit + 60)
+    assert r.returncode == 0, r.stderr
+    assert "before ready: 0 upload(s)" in r.stdout, r.stdout + r.stderr
+    assert "after ready: 1 upload(s)" in r.stdout, r.stdout + r.stderr
+    _assert_agent_gone(_run_dir(isolated_cache))
 
 
 def test_agent_settings_come_from_its_spec(tmp_path: Path) -> None:

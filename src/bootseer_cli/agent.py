@@ -2,8 +2,8 @@
 
 `bootseer exec` writes `agent.json` into the run directory (the launcher's pid, the settings exec ran
 with, a list of tasks) and starts `bootseer agent --run-dir D` in its own session. The agent runs each
-task in a thread, uploads the run's stage events early and again at the end, and when the launcher's
-pid ends (normally, by failure or by SIGKILL) tells every task to stop, waits for them to clean up
+task in a thread, uploads the run's stage events once the start is over (and again at the end), and
+when the launcher's pid ends (normally, by failure or by SIGKILL) tells every task to stop, waits for them to clean up
 (unmount, stop seeding) and exits.
 
 A task is `{"kind": K, **fields}`: the capability table (capabilities.py) declares each kind once, with
@@ -215,16 +215,28 @@ def _write_pid(run_dir: Path) -> None:
 
 
 READY_SETTLE_S = 2.0  # after the first rank's ready, the node's other local ranks record theirs
+UNREADY_UPLOAD_S = 60.0  # a start that has not reached its first step by then is shown as it stands
 
 
 def upload_at_ready(agent: Agent) -> None:
-    """Upload the events again once the start is over (`ready`: a ready() call or the first optimizer
-    step), so that `bootseer report` shows a long job's startup while it trains, not only after it ends."""
+    """Upload the events once the start is over (`ready`: a ready() call or the first optimizer step),
+    so that `bootseer report` shows a long job's startup while it trains, not only after it ends.
+
+    Not before: the launcher is importing its framework then, and on a node with few cores the upload
+    (pyarrow, the store, Parquet: ~0.15 s of CPU) came out of the restart's time to its first step
+    (issue 44). A start still not ready after UNREADY_UPLOAD_S is uploaded as it stands, so that a
+    start that hangs shows in the report while it hangs; the final upload follows the launcher's end."""
+    waited = 0.0
+    uploaded = False
     while not agent.wait(1.0):
+        waited += 1.0
         if agent.ready_file.exists():
             if not agent.wait(READY_SETTLE_S):
                 agent.upload_events()
             return
+        if not uploaded and waited >= UNREADY_UPLOAD_S:
+            agent.upload_events()
+            uploaded = True
 
 
 def main(run_dir: Path) -> int:
@@ -239,7 +251,6 @@ def main(run_dir: Path) -> int:
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, _on_term)
     threads = [started for doc in agent.spec.get("tasks", []) if (started := _start_task(agent, doc))]
-    agent.upload_events()
     at_ready = threading.Thread(target=upload_at_ready, args=(agent,), name="upload-at-ready", daemon=True)
     at_ready.start()
     threads.append((at_ready, False))  # joined before the final upload, which must be the last one
