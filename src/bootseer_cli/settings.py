@@ -249,6 +249,11 @@ class CheckpointSettings:
     stripes: int = integer(4, "Stripes a pushed checkpoint is cut into.", minimum=1)
     cell_size: int = integer(1 << 20, "Bytes dealt to one stripe at a time.", unit="B", minimum=1)
     allow_other: bool = flag(False, "FUSE allow_other: other local users may read the mount.")
+    keep_local: bool = flag(
+        True,
+        "Keep what a run saved on the node after the write-back pushed it (one save per checkpoint), so "
+        "a restart here reads it from local disk, not the store.",
+    )
 
     def wanted(self) -> bool:
         return bool(self.name)

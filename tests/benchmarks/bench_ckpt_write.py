@@ -11,7 +11,9 @@ differ only in the path under test). Each round, in alternating order:
   save          `torch.save` + fsync of a new state of the same size into a local-disk directory (the
                 baseline) and over `ckpt.pt` in the writable view (the trainer's save; copy-up): >= 90 %
   push          `ckpt push` of a local directory holding such a checkpoint into an empty store (the
-                baseline) and the agent's write-back push of the view's save (writeback.finish): >= 90 %
+                baseline) and the agent's write-back push of the view's save (writeback.finish, until
+                the tag is in the store: the staging copy it then sets aside is removed untimed, as
+                the baseline's local directory is left in place): >= 90 %
 
 With --mixed, also: the job keeps `ckpt.pt` and saves `checkpoint-2/ckpt.pt` beside it, so the
 write-back re-pushes the kept file from the parent's stripes (`ckpt push` of the same two files is the
@@ -112,7 +114,7 @@ def _round(work: Path, store, m, size: int, i: int, rows: dict[str, list[float]]
     from bootseer_cli.store.core import Store
     from bootseer_cli.stripe.push import push
     from bootseer_cli.stripe.rundirs import owner_stamp
-    from bootseer_cli.stripe.writeback import Journal, begin, finish
+    from bootseer_cli.stripe.writeback import Journal, begin, discard_done, finish
 
     state = _state(size, 100 + i)
     order = ["base", "view"] if i % 2 == 0 else ["view", "base"]
@@ -134,6 +136,8 @@ def _round(work: Path, store, m, size: int, i: int, rows: dict[str, list[float]]
         begin(root, Journal("overlay", "bench", m.tag, f"wb{i}", str(root / "upper"), owner=owner_stamp(1)))
         settings = CheckpointSettings(stripes=4, cell_size=CELL)
         rows["push: write-back"].append(_timed(lambda s=settings: finish(store, s, root, print)))
+        discard_done()  # the staging copy the push set aside: the agent's, after the push (untimed, as the
+        # baseline's local copy is left where it is)
     if "push: write-back, half kept" in rows:
         _mixed_round(work, store, m, size, i, rows)
 
@@ -146,7 +150,7 @@ def _mixed_round(work: Path, store, m, size: int, i: int, rows: dict[str, list[f
     from bootseer_cli.store.core import Store
     from bootseer_cli.stripe.push import push
     from bootseer_cli.stripe.rundirs import owner_stamp
-    from bootseer_cli.stripe.writeback import Journal, begin, finish
+    from bootseer_cli.stripe.writeback import Journal, begin, discard_done, finish
 
     state = _state(size, 200 + i)
     local = work / f"mixed-local-{i}"
@@ -161,6 +165,7 @@ def _mixed_round(work: Path, store, m, size: int, i: int, rows: dict[str, list[f
     settings = CheckpointSettings(stripes=4, cell_size=CELL)
     _warm(Path(store.uri.removeprefix("file://")))
     rows["push: write-back, half kept"].append(_timed(lambda: finish(store, settings, root, print)))
+    discard_done()
 
 
 def main() -> int:

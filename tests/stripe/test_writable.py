@@ -133,6 +133,53 @@ def test_mounted_checkpoint_takes_a_save_which_is_pushed_as_latest(tmp_path: Pat
     _resumes_on_a_fresh_node(tmp_path, store, "mount", 3)
 
 
+def _last_checkpoint_event(node: dict[str, str]) -> dict[str, object]:
+    runs = sorted((Path(node["XDG_CACHE_HOME"]) / "bootseer" / "runs").iterdir())
+    events = [json.loads(ln) for ln in (runs[-1] / "events.jsonl").read_text().splitlines()]
+    [ev] = [e for e in events if e["stage"] == "checkpoint"]
+    return {**ev, **json.loads(ev.get("extra") or "{}")}
+
+
+def _kept(node: dict[str, str]) -> list[Path]:
+    return sorted((Path(node["XDG_CACHE_HOME"]) / "bootseer" / "ckpt-kept").iterdir())
+
+
+def test_a_restart_on_the_same_node_reads_its_own_save_from_local_disk(tmp_path: Path, mounts: Path) -> None:
+    """What a run saved stays on the node once pushed (kept.py): the next start here stacks it over the
+    stripes of the tag it became, so the resume reads local disk, not the store. One copy per checkpoint;
+    a copy changed since its push is not used."""
+    store = file_store(tmp_path)
+    _first_checkpoint(tmp_path, store)
+    node = _node(tmp_path, "a")
+    cfg = _config(tmp_path, store, "mount")
+    r = _exec(cfg, tmp_path, node)
+    assert r.returncode == 0 and r.stdout.split()[1] == "2", r.stderr
+    assert _last_checkpoint_event(node)["local_copy"] is False  # the first start: only the store's v1
+    _agents_done(node)
+    [entry] = _kept(node)
+    assert sorted(str(p.relative_to(entry / "upper")) for p in (entry / "upper").rglob("*.pt")) == [
+        "checkpoint-2/state.pt",
+        "ckpt.pt",
+    ]
+
+    r = _exec(cfg, tmp_path, node)  # a restart: resumes from step 2, the save kept here
+    assert r.returncode == 0 and r.stdout.split()[1:] == ["3", str(3 * CELL // 4)], r.stderr
+    ev = _last_checkpoint_event(node)
+    assert ev["local_copy"] is True and "from local disk" in str(ev["detail"]), ev
+    _agents_done(node)
+    [newer] = _kept(node)  # the copy of step 3's tag; step 2's (used under that run's view) retired
+    assert newer != entry and not entry.exists()
+
+    pt = newer / "upper" / "ckpt.pt"
+    os.utime(pt, ns=(pt.stat().st_atime_ns, pt.stat().st_mtime_ns + 10**9))  # changed since its push
+    r = _exec(cfg, tmp_path, node)
+    assert r.returncode == 0 and r.stdout.split()[1] == "4", r.stderr  # step 3's save, read from the store
+    assert _last_checkpoint_event(node)["local_copy"] is False
+    _agents_done(node)
+    assert not list((Path(node["XDG_CACHE_HOME"]) / "bootseer" / "ckpt-write").iterdir())
+    _resumes_on_a_fresh_node(tmp_path, store, "mount", 5)
+
+
 def test_pulled_checkpoint_takes_a_save_which_is_pushed_as_latest(tmp_path: Path) -> None:
     store = file_store(tmp_path)
     _first_checkpoint(tmp_path, store)
@@ -279,6 +326,7 @@ def _plain_user_round(base: Path) -> None:
     assert r.returncode == 0 and len([ln for ln in r.stdout.splitlines() if "v1" not in ln and "job" in ln]) >= 1
     r = _as_nobody(["exec", "--config", str(cfg), "--", *launcher], node)
     assert r.returncode == 0 and r.stdout.split()[1] == "3", r.stderr
+    assert _last_checkpoint_event(node)["local_copy"] is True  # its own save, under fuse-overlayfs
     _agents_done(node)
 
 

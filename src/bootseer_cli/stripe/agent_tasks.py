@@ -72,14 +72,17 @@ class WritebackTask:
     mountpoint: str = ""  # the overlay's ("" in pull mode)
     dev: str = ""  # its major:minor: only this view is unmounted
     rundir: str = ""  # this run's own `<runtime>/ckpt-<run id>`: removed once its contents are in the store
+    kept_fd: int = -1  # the shared lock on the kept copy stacked under the view (kept.py): released once
+    # the view is down, so that the push may retire that copy for the one it keeps
 
 
 def writeback_task(task: WritebackTask, agent: Agent) -> None:
     """Hold the journal's lock while the launcher runs; then unmount the view and push, with progress
     in agent.log and a "ckpt-writeback" event (bytes, seconds). A failure keeps the journal and the
     job's files: the next start of this checkpoint pushes them."""
+    from .mountinfo import mount_info
     from .overlay import umount_overlay
-    from .writeback import finish, locked
+    from .writeback import discard_done, finish, locked
 
     root = Path(task.root)
     with locked(root, wait=True):
@@ -90,6 +93,9 @@ def writeback_task(task: WritebackTask, agent: Agent) -> None:
                 umount_overlay(task.mountpoint, dev=task.dev)
             except BootseerError as e:
                 agent.log(f"ckpt-writeback: {e}; pushing from the upper directory anyway")
+        if task.kept_fd >= 0 and not (task.mountpoint and mount_info(task.mountpoint)):
+            with contextlib.suppress(OSError):
+                os.close(task.kept_fd)  # inherited from exec under this number (launch.py)
         t0 = time.time()
         try:
             m = finish(agent.store, agent.settings.checkpoint, root, agent.log, _progress(agent))
@@ -97,7 +103,8 @@ def writeback_task(task: WritebackTask, agent: Agent) -> None:
             agent.log(f"ckpt-writeback: not pushed ({e}); the next start of this checkpoint pushes it")
             record_event(agent.run, "ckpt-writeback", t0, time.time(), "failed", reason=str(e))
             return
-    took = time.time() - t0
+    took = time.time() - t0  # the push: until the tag is in the store and the journal gone
+    discard_done()  # the staging copy the push renamed aside (and any an earlier start's push left)
     if task.rundir:
         _remove_rundir(task.rundir, agent)
     if m is None:
@@ -105,7 +112,7 @@ def writeback_task(task: WritebackTask, agent: Agent) -> None:
         record_event(agent.run, "ckpt-writeback", t0, time.time(), "unchanged")
         return
     agent.log(f"ckpt-writeback: pushed {m.name}:{m.tag} ({m.total_size} bytes) in {took:.1f} s; latest names it")
-    record_event(agent.run, "ckpt-writeback", t0, time.time(), "pushed", bytes=m.total_size, detail=f"{m.name}:{m.tag}")
+    record_event(agent.run, "ckpt-writeback", t0, t0 + took, "pushed", bytes=m.total_size, detail=f"{m.name}:{m.tag}")
 
 
 def _remove_rundir(path: str, agent: Agent) -> None:

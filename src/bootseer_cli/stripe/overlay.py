@@ -91,17 +91,18 @@ def is_overlay(info: dict[str, str] | None) -> bool:
     return bool(info) and (info["source"].startswith(SOURCE) or info["fstype"] == FUSE_OVERLAY)  # type: ignore[index]
 
 
-def mount_overlay(lower: str, dirs: WriteDirs, mountpoint: str) -> str:
+def mount_overlay(lower: str, dirs: WriteDirs, mountpoint: str, above: tuple[str, ...] = ()) -> str:
     """Mount the writable view at `mountpoint`; returns the mount's device number (mountinfo major:minor).
+    `above`: read-only directories stacked over `lower`, the first on top (kept.py's local copy).
 
     Root tries the kernel's overlayfs first, then fuse-overlayfs where installed (the kernel refuses an
     upper directory on an overlayfs, e.g. a container's root filesystem; fuse-overlayfs takes it).
     Paths go into one comma-separated option string, so a path holding ',' or ':' is refused rather
     than quoted (they are ours: the runtime and cache directories, and the configured mount point)."""
-    paths = [lower, str(dirs.upper), str(dirs.work), mountpoint]
+    paths = [*above, lower, str(dirs.upper), str(dirs.work), mountpoint]
     if any(c in p for p in paths for c in ",:"):
         raise BootseerError(f"cannot overlay {mountpoint}: a path holds ',' or ':'")
-    opts = f"lowerdir={lower},upperdir={dirs.upper},workdir={dirs.work}"
+    opts = f"lowerdir={':'.join([*above, lower])},upperdir={dirs.upper},workdir={dirs.work}"
     attempts = [["fuse-overlayfs", "-o", opts, mountpoint]]
     if os.geteuid() == 0:
         kernel = ["mount", "-t", "overlay", "-o", f"{opts},{KERNEL_OPTIONS}", SOURCE, mountpoint]

@@ -9,7 +9,8 @@ directory in `$BOOTSEER_CKPT_DIR`.
 
 The directory is writable (a trainer resumes from `out_dir/ckpt.pt` and saves the next one there): in
 mount mode an overlay (overlay.py) whose lower layer is the read-only stripe mount, at
-`<runtime>/ckpt-<run id>.ro`, and whose upper layer is on local disk; in pull mode the pulled directory
+`<runtime>/ckpt-<run id>.ro` (with, on the node whose run saved the tag, that save's own local copy
+stacked over it: kept.py), and whose upper layer is on local disk; in pull mode the pulled directory
 itself. Either way a journal is written first and the agent's "ckpt-writeback" task pushes what the
 job wrote as a new tag after the launcher ends (writeback.py); a write-back an earlier run's agent
 left unfinished is pushed here, before `latest` is resolved. Where no overlay can be made (no
@@ -120,20 +121,38 @@ def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> St
         ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {lower} ({e}); pulling it instead")
         return None
     lower_dev = (mount_info(lower) or {}).get("dev", "")
+    local = _kept_copy(ctx, m)
     try:
         dirs = write_dirs(ctx.run.run)
-        dev = mount_overlay(lower, dirs, mp)
+        dev = mount_overlay(lower, dirs, mp, above=(str(local),) if local else ())
     except (BootseerError, OSError) as e:
         with contextlib.suppress(BootseerError):
             umount(lower, dev=lower_dev)
         ctx.warn(f"checkpoint: no writable view at {mp} ({e}); pulling {m.name}:{m.tag} instead")
         return None
-    _hand_over(ctx, m, "overlay", dirs.root, str(dirs.upper), mountpoint=mp, dev=dev)
+    kept_fd = ctx.agent_fds[-1] if local else -1
+    _hand_over(ctx, m, "overlay", dirs.root, str(dirs.upper), mountpoint=mp, dev=dev, kept_fd=kept_fd)
     ctx.add_agent_task(UnmountTask(mountpoint=lower, pid=pid, dev=lower_dev, rundir=True))
     ctx.exports["BOOTSEER_CKPT_DIR"] = mp
     # no line of its own: exec prints one summary line (the job finds the path in $BOOTSEER_CKPT_DIR,
     # `bootseer report` in the event)
-    return StageResult("mounted", summary=f"mounted {m.name}:{m.tag}", extra={**extra, "mountpoint": mp})
+    summary = f"mounted {m.name}:{m.tag}" + (", its newest save from local disk" if local else "")
+    return StageResult("mounted", summary=summary, extra={**extra, "mountpoint": mp, "local_copy": bool(local)})
+
+
+def _kept_copy(ctx: StageContext, m: Manifest) -> Path | None:
+    """This node's own copy of what the run that pushed `m` saved (kept.py), held for this run (its
+    shared lock goes to the agent, which keeps it until the launcher has ended); None: none usable."""
+    from .kept import hold_for
+
+    if not ctx.settings.checkpoint.keep_local or not ctx.settings.exec.agent:
+        return None
+    held = hold_for(m)
+    if held is None:
+        return None
+    upper, fd = held
+    ctx.agent_fds.append(fd)
+    return upper
 
 
 def _lower_mountpoint(ctx: StageContext) -> str:
@@ -174,6 +193,7 @@ def _hand_over(
     mountpoint: str = "",
     dev: str = "",
     name: str = "",
+    kept_fd: int = -1,
 ) -> None:
     """Write the write-back journal, and give the agent the task that pushes what the job writes
     (`m` None: a first start, no parent tag). A pulled copy or an overlay's mount point, when it is
@@ -190,7 +210,7 @@ def _hand_over(
     begin(root, Journal(kind, *parent, default_tag(), path, owner=owner, mountpoint=mountpoint))
     own = ctx.settings.checkpoint.mountpoint == default_mountpoint() and kind != "new"
     rundir = (mountpoint or path) if own else ""
-    ctx.add_agent_task(WritebackTask(root=str(root), mountpoint=mountpoint, dev=dev, rundir=rundir))
+    ctx.add_agent_task(WritebackTask(root=str(root), mountpoint=mountpoint, dev=dev, rundir=rundir, kept_fd=kept_fd))
 
 
 def _finish_pending(ctx: StageContext, name: str) -> None:

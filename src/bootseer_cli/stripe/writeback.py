@@ -19,7 +19,8 @@ unchanged files are therefore re-pushed, read through the parent's verified read
 local copy), and the typical save (`ckpt.pt` replaced, or a new `checkpoint-N/`) is mostly local.
 
 Nothing a job wrote is deleted before it is in the store: the overlay's upper directory (bootseer's
-own staging copy of the job's writes) is removed only after the tag's manifest is written.
+own staging copy of the job's writes) is renamed aside only after the tag's manifest is written, and
+removed by the agent after that (`discard_done`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ SCAN_LIMIT = 1024  # journal directories read per start (a few hundred bytes eac
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque", "user.fuseoverlayfs.opaque")
 WHITEOUT = ".wh."  # fuse-overlayfs's whiteout files where it cannot make a 0/0 device (a plain user)
 OPAQUE_FILE = ".wh..wh..opq"
+DONE_PREFIX = ".done-"  # a finished write-back's directory, renamed aside until `discard_done` removes it
 
 View = tuple[list[tuple[str, Origin, int]], list[str], bool]  # files (sorted), dirs, changed
 
@@ -262,6 +264,10 @@ def finish(
             lower.close()
     if j.kind in ("pull", "new"):
         write_marker(Path(j.path), m)  # the directory now holds this tag: clean again, and current
+    elif settings.keep_local:  # the next start on this node reads this save from local disk (kept.py)
+        from .kept import keep
+
+        keep(Path(j.path), j.name, m.tag, retire_to=root.parent)
     _done(root, j)
     return m
 
@@ -293,13 +299,35 @@ def _push(
 
 
 def _done(root: Path, j: Journal) -> None:
-    """The write-back is in the store (or there was none): the overlay's staging copy and the journal go."""
-    if j.kind == "overlay":
-        shutil.rmtree(root, ignore_errors=True)  # upper (now a tag), work, journal
-    else:
-        with contextlib.suppress(OSError):
-            (root / "journal.json").unlink()
+    """The write-back is in the store (or there was none): the journal goes, and the directory (for an
+    overlay, its upper directory: bootseer's staging copy of what is now a tag) is renamed aside for
+    `discard_done` to remove.
+
+    Not removed here: unlinking a checkpoint the job fsync-ed costs ~0.3 s per GB on ext4, which is no
+    part of the push (the tag is in the store already) and, for an earlier run's write-back finished by
+    a start (`finish_pending`), would hold that start; the agent removes it once its event is recorded."""
+    del j  # every kind alike: the journal says what is pending, the rename takes the rest out of sight
+    with contextlib.suppress(OSError):
+        (root / "journal.json").unlink()
+    aside = root.parent / f"{DONE_PREFIX}{root.name}-{os.urandom(4).hex()}"
+    try:
+        os.rename(root, aside)
+    except OSError:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def discard_done() -> int:
+    """Remove the write-back directories `_done` renamed aside (this user's, under `write_root()`);
+    the number removed. `shutil.rmtree` walks them by directory fd, following no link."""
+    from .overlay import write_root
+
+    gone = 0
+    with contextlib.suppress(OSError), os.scandir(write_root()) as it:
+        for e in list(it):
+            if e.name.startswith(DONE_PREFIX) and e.is_dir(follow_symlinks=False):
+                shutil.rmtree(e.path, ignore_errors=True)
+                gone += 1
+    return gone
 
 
 def owner_alive(j: Journal) -> bool:
@@ -328,7 +356,8 @@ def pending(name: str) -> list[Path]:
 
     found = []
     with contextlib.suppress(OSError), os.scandir(write_root()) as it:
-        for e in sorted(it, key=lambda e: e.name)[:SCAN_LIMIT]:  # run ids sort by time: oldest first
+        runs = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+        for e in runs[:SCAN_LIMIT]:  # run ids sort by time: oldest first
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 j = Journal.load(Path(e.path) / "journal.json")
                 if j.name == name and not owner_alive(j):

@@ -1,0 +1,189 @@
+"""The files a run wrote into its checkpoint directory, kept on the node after the write-back pushed them.
+
+A job that restarts on the same node resumes from the save it just wrote there. Without this copy the
+next start reads that save back through the stripe mount, from the store, although the bytes are on
+local disk: for a checkpoint of hundreds of GB, a restart would fetch it again. So when the write-back
+has pushed an overlay's upper directory as tag T, the upper directory is not removed but renamed into
+`<cache root>/ckpt-kept/<entry>/upper` (`keep`), beside a `tag.json` naming (checkpoint, T); and the
+next start that mounts exactly T on this node stacks it as the top lower layer of the writable view,
+over the stripe mount (`usable_for`): the merged view is T's, its newest files read from local disk.
+
+When the copy is used: every regular file in it has the size and mtime (in ns) that T's signed manifest
+records for that path, every directory is a directory of T, and it holds nothing else than the
+overlay's whiteouts (0/0 character devices, for paths T does not have) and, for a plain user's view
+(fuse-overlayfs), fuse-overlayfs's own marker files. Anything else (a file changed since the push, a
+link, a path T lacks, marker files under root's kernel overlay) and the copy is not used: the view is
+T's stripes alone, as without a copy. This is the env stamp's rule (size and mtime of files only this
+user can write: the copy lies in the user's private cache), not a digest check.
+
+How many: one per checkpoint name. `keep` retires the name's older copies, except one a live run still
+has under its view: each start that stacks a copy holds a shared lock on the copy's `lock` file (handed
+to its agent, released when the agent ends) and a copy is retired only under an exclusive one.
+`[checkpoint] keep_local = false` keeps nothing (the staging copy is removed as before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .layout import FileEntry, Manifest
+
+TAG_FILE = "tag.json"
+LOCK_FILE = "lock"
+WHITEOUT = ".wh."  # fuse-overlayfs's marker files (writeback.py reads them alike)
+OPAQUE_FILE = ".wh..wh..opq"
+
+
+def kept_root() -> Path:
+    """Where the kept copies live: the node cache root, on the same disk as the write-back's staging."""
+    from ..paths import cache_root
+
+    return cache_root() / "ckpt-kept"
+
+
+def _prefix(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()[:16] + "-"
+
+
+def keep(upper: Path, name: str, tag: str, retire_to: Path) -> Path | None:
+    """Move `upper` (pushed as `name:tag`) into a new kept entry, then retire the name's other entries
+    that no run holds (renamed into `retire_to`, the caller's directory of things to remove). Returns
+    the entry, or None when it could not be made (the caller removes `upper` as before)."""
+    from ..paths import make_private_dir
+
+    try:
+        base = make_private_dir(kept_root())
+        entry = base / f"{_prefix(name)}{os.urandom(6).hex()}"
+        os.mkdir(entry, 0o700)
+        _write_tag(entry, name, tag)
+        os.rename(upper, entry / "upper")
+    except OSError:
+        return None
+    for other in _entries(name):
+        if other != entry:
+            _retire(other, retire_to)
+    return entry
+
+
+def _write_tag(entry: Path, name: str, tag: str) -> None:
+    fd = os.open(entry / TAG_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"name": name, "tag": tag}, f)
+
+
+def _entries(name: str) -> list[Path]:
+    """The kept entries of checkpoint `name` (any tag)."""
+    prefix = _prefix(name)
+    with contextlib.suppress(OSError), os.scandir(kept_root()) as it:
+        return [Path(e.path) for e in it if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False)]
+    return []
+
+
+def _tag_of(entry: Path) -> tuple[str, str] | None:
+    try:
+        fd = os.open(entry / TAG_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as f:
+            doc = json.load(f)
+        return str(doc["name"]), str(doc["tag"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _lock(entry: Path, how: int) -> int | None:
+    """An fd holding `how` (LOCK_SH or LOCK_EX, never waiting) on the entry's lock file, or None."""
+    try:
+        fd = os.open(entry / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _retire(entry: Path, retire_to: Path) -> None:
+    """Take `entry` out of use unless a live run holds it (its shared lock)."""
+    fd = _lock(entry, fcntl.LOCK_EX)
+    if fd is None:
+        return
+    try:
+        os.rename(entry, retire_to / f".done-kept-{entry.name}")
+    except OSError:
+        import shutil
+
+        shutil.rmtree(entry, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def hold_for(m: Manifest) -> tuple[Path, int] | None:
+    """The kept copy of exactly `m.name:m.tag`, usable over `m`'s stripes, with an fd holding its shared
+    lock (the caller hands it to the agent: the copy stays while the run's view stands); else None."""
+    for entry in _entries(m.name):
+        if _tag_of(entry) != (m.name, m.tag):
+            continue
+        fd = _lock(entry, fcntl.LOCK_SH)
+        if fd is None:
+            continue
+        if os.path.isdir(entry) and usable_for(entry / "upper", m):  # still there after the lock: not retired
+            return entry / "upper", fd
+        os.close(fd)
+    return None
+
+
+def usable_for(upper: Path, m: Manifest, fuse_markers: bool | None = None) -> bool:
+    """Whether stacking `upper` over `m`'s stripes shows exactly `m` (see the module's docstring).
+    `fuse_markers`: whether fuse-overlayfs will read it (a plain user's view; default: not root),
+    which understands its own `.wh.` marker files where the kernel's overlay would show them."""
+    markers = os.geteuid() != 0 if fuse_markers is None else fuse_markers
+    files = {f.path: f for f in m.files}
+    dirs = set(m.dirs)
+    stack = [""]
+    try:
+        while stack:
+            rel_dir = stack.pop()
+            with os.scandir(upper / rel_dir if rel_dir else upper) as it:
+                for e in it:
+                    rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+                    st = e.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        if rel not in dirs:
+                            return False
+                        stack.append(rel)
+                    elif not _shows(rel, e.name, st, files, dirs, markers):
+                        return False
+    except OSError:
+        return False
+    return True
+
+
+def _shows(rel: str, name: str, st: os.stat_result, files: dict[str, FileEntry], dirs: set[str], markers: bool) -> bool:
+    """Whether a non-directory `rel` of the copy agrees with the manifest.
+
+    The copy is a subset of T (the write-back pushed the view it was part of), so stacked over T's
+    stripes it can only show T, as long as every file in it is T's (same size and mtime) and each
+    whiteout hides a path T lacks anyway. Opaque directories need no check: below the copy, T's own
+    directory holds exactly what the copy's does. fuse-overlayfs's marker files (`.wh.NAME`,
+    `.wh..wh..opq`) are whiteouts and opaque marks to fuse-overlayfs only (`markers`): the kernel's
+    overlay (root's) would show them as files, so there they make the copy unusable."""
+    if stat.S_ISREG(st.st_mode) and name.startswith(WHITEOUT):
+        if not markers:
+            return False
+        hidden = rel[: len(rel) - len(name)] + name[len(WHITEOUT) :]
+        return name == OPAQUE_FILE or (hidden not in files and hidden not in dirs)
+    if stat.S_ISREG(st.st_mode):
+        f = files.get(rel)
+        return f is not None and f.size == st.st_size and f.mtime_ns == st.st_mtime_ns
+    if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout, in both overlays
+        return rel not in files and rel not in dirs
+    return False

@@ -1,0 +1,89 @@
+"""kept.py's rule: a node's copy of a save is stacked over tag T only if it can show nothing but T."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from bootseer_cli.stripe.kept import hold_for, keep, kept_root, usable_for
+from bootseer_cli.stripe.layout import FileEntry, Manifest
+
+
+def _copy(tmp_path: Path) -> tuple[Path, Manifest]:
+    """An upper directory as a run left it, and the manifest of the tag it was pushed as."""
+    up = tmp_path / "upper"
+    (up / "checkpoint-2").mkdir(parents=True)
+    (up / "ckpt.pt").write_bytes(b"new")
+    (up / "checkpoint-2" / "state.pt").write_bytes(b"state")
+    entries = []
+    for rel, off in (("checkpoint-2/state.pt", 0), ("ckpt.pt", 5), ("extra.pt", 8)):
+        p = up / rel
+        size = p.stat().st_size if p.exists() else 4
+        entries.append(FileEntry(rel, off, size, "0" * 64, p.stat().st_mtime_ns if p.exists() else 1))
+    return up, Manifest("job", "t2", 512, [], entries, [], ["checkpoint-2"])
+
+
+def test_a_copy_of_the_tag_is_usable(tmp_path: Path) -> None:
+    up, m = _copy(tmp_path)
+    assert usable_for(up, m)
+
+
+def test_a_file_changed_since_the_push_is_not(tmp_path: Path) -> None:
+    up, m = _copy(tmp_path)
+    st = (up / "ckpt.pt").stat()
+    os.utime(up / "ckpt.pt", ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert not usable_for(up, m)
+
+
+def test_a_path_the_tag_lacks_or_a_link_is_not(tmp_path: Path) -> None:
+    for extra in ("stray.pt", "link"):
+        up, m = _copy(tmp_path / extra)
+        if extra == "link":
+            os.symlink("ckpt.pt", up / "link")
+        else:
+            (up / extra).write_bytes(b"x")
+        assert not usable_for(up, m, fuse_markers=True), extra
+
+
+def test_fuse_overlayfs_markers_only_under_fuse_overlayfs(tmp_path: Path) -> None:
+    """fuse-overlayfs marks the directories it creates opaque with a `.wh..wh..opq` file: its own view
+    (a plain user's) reads it as a mark, the kernel's overlay (root's) would show it as a file."""
+    up, m = _copy(tmp_path)
+    (up / "checkpoint-2" / ".wh..wh..opq").write_bytes(b"")
+    (up / ".wh.old.pt").write_bytes(b"")  # a deletion of a path T lacks
+    assert usable_for(up, m, fuse_markers=True)
+    assert not usable_for(up, m, fuse_markers=False)
+    (up / ".wh.extra.pt").write_bytes(b"")  # hides a file T has: not T's view
+    assert not usable_for(up, m, fuse_markers=True)
+
+
+def test_a_whiteout_of_a_path_the_tag_lacks_is_fine(tmp_path: Path) -> None:
+    up, m = _copy(tmp_path)
+    os.mknod(up / "gone.pt", 0o600 | 0o020000, os.makedev(0, 0))  # the kernel overlay's whiteout (root)
+    assert usable_for(up, m)
+    os.unlink(up / "gone.pt")
+    os.mknod(up / "extra.pt", 0o600 | 0o020000, os.makedev(0, 0))  # hides a file T has: not T's view
+    assert not usable_for(up, m)
+
+
+def test_one_copy_per_checkpoint_and_never_one_a_run_holds(tmp_path: Path, isolated_cache: Path) -> None:
+    retired = tmp_path / "retired"
+    retired.mkdir()
+    up, m = _copy(tmp_path / "a")
+    first = keep(up, "job", "t2", retired)
+    assert first is not None and not up.exists()
+    held = hold_for(m)
+    assert held is not None and held[0] == first / "upper"
+    up2, _ = _copy(tmp_path / "b")
+    second = keep(up2, "job", "t3", retired)
+    assert sorted(kept_root().iterdir()) == sorted([first, second])  # the held copy stays
+    assert hold_for(Manifest("job", "t9", 512, [], [], [], [])) is None  # another tag: no copy
+    os.close(held[1])
+    up3, _ = _copy(tmp_path / "c")
+    third = keep(up3, "job", "t4", retired)
+    assert list(kept_root().iterdir()) == [third]  # both older ones retired, once no run holds them
+    assert len(list(retired.iterdir())) == 2
+    fd = os.open(third / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nothing holds the newest
+    os.close(fd)
