@@ -15,6 +15,7 @@ import pytest
 from bootseer_cli.settings import P2PSettings
 from tests.support.s3server import S3Server
 from tests.support.silentendpoint import SilentEndpoint, StallingProxy
+from tests.support.slowdown import scaled
 
 DEADLINE_S = P2PSettings().deadline_s  # the bound a start waits for anything (issue 29: + 5 s)
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -314,13 +315,14 @@ def test_ctrl_c_is_honoured_while_the_store_does_not_answer(tmp_path: Path) -> N
         assert p.poll() is None, "env ls returned before the signal: the store answered?"
         t0 = time.monotonic()
         p.send_signal(signal.SIGINT)
-        rc = p.wait(timeout=10)
+        rc = p.wait(timeout=scaled(30.0))  # the client alone retries for minutes
         took = time.monotonic() - t0
     finally:
         p.kill()
         p.wait()
     err = p.stderr.read() if p.stderr else ""
-    assert rc == 130 and took < 1.0, f"{took:.2f} s, rc {rc}: {err}"
+    # the watchdog's grace (errors.INTERRUPT_GRACE_S, 0.5 s) is the behaviour: its scale is the suite's knob
+    assert rc == 130 and took < scaled(1.0), f"{took:.2f} s, rc {rc}: {err}"
     assert "interrupted" in err and "Traceback" not in err
 
 
