@@ -69,3 +69,34 @@ def test_a_stalled_taker_and_its_successor_never_both_hold(s3_server: S3Server, 
     again = Store(uri, settle_s=0.5).try_lease("env-x", TTL)
     assert again is not None, "a released lease is free again"
     again.release()
+
+
+class _TearsClaims(Store):
+    """A store whose first `tears` reads of other takers' claims come back half written: what `rclone
+    serve s3` (whose PUT is not atomic) returned under load while a claim was rewritten from `choosing`
+    to its number (95 of 190 bytes, seen here)."""
+
+    def __init__(self, uri: str, tears: int) -> None:
+        super().__init__(uri, settle_s=0.5)
+        self.tears = tears
+
+    def get_bytes(self, rel: str) -> bytes | None:
+        data = super().get_bytes(rel)
+        if ".claims/" in rel and data and self.tears > 0:
+            self.tears -= 1
+            return data[: len(data) // 2]
+        return data
+
+
+def test_a_claim_read_half_written_is_waited_for_not_passed(s3_server: S3Server) -> None:
+    """Issue 46 (two nodes ran one setup on S3 under load): B read A's claim torn, took it for nobody's,
+    and won beside A. A claim that is listed but not whole now counts as still choosing until it reads
+    whole: B sees A's lower number and stays behind."""
+    from bootseer_cli.store.leases import _claim
+
+    uri = s3_server.uri(f"torn-{time.monotonic_ns()}")
+    a = Store(uri, settle_s=0.5)
+    _claim(a, "env-x", "0-a", TTL, 1)  # A has its number: it ranks before any taker that takes 1 too
+    b = _TearsClaims(uri, tears=2)  # torn when B chooses its number (so B takes 1) and when B decides
+    assert b.try_lease("env-x", TTL) is None, "B passed A's claim while it read half written"
+    assert b.tears == 0

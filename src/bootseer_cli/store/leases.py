@@ -205,15 +205,27 @@ def _claim(store: LeaseStore, key: str, owner: str, ttl_s: float, number: int | 
     store.put_bytes(rel, json.dumps(store.trust.sign(store.domain, rel, doc)).encode())
 
 
-def _others(store: LeaseStore, key: str, owner: str, ttl_s: float) -> list[dict[str, Any]]:
-    """The live claims of other takers (expired ones are removed: their takers are gone)."""
+def _others(
+    store: LeaseStore, key: str, owner: str, ttl_s: float, unsure: dict[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """The live claims of other takers (expired ones are removed: their takers are gone).
+
+    With `unsure` (step 4: the first time each claim could not be read), a claim that is listed but
+    reads absent or not whole counts as `choosing` until it reads whole, for at most a TTL. A store
+    whose PUT is not atomic (rclone's `serve s3` under load, HDFS) shows a claim being rewritten from
+    `choosing` to its number half written or briefly gone; read as nobody's claim, it let the taker
+    that read it win beside the one that wrote it (issue 46: two nodes ran one setup, seen under load).
+    A claim that was dropped leaves the listing, so this costs a poll; one that never reads whole (not
+    a claim at all) holds the others back for one TTL, as an expired claim would."""
     out = []
     now = time.time()
     for rel in store.list(claims_dir(store, key)):
         if rel.rsplit("/", 1)[-1] == owner:
             continue
-        doc = _read(store, rel)
+        doc, whole = _read(store, rel)
         if doc is None:
+            if unsure is not None and not whole and now - unsure.setdefault(rel, now) < ttl_s:
+                out.append({"owner": rel.rsplit("/", 1)[-1], "choosing": True})
             continue
         expires, ttl = doc.get("expires"), doc.get("ttl")
         if not isinstance(expires, (int, float)) or not isinstance(ttl, (int, float)):
@@ -229,15 +241,20 @@ def _others(store: LeaseStore, key: str, owner: str, ttl_s: float) -> list[dict[
     return out
 
 
-def _read(store: LeaseStore, rel: str) -> dict[str, Any] | None:
+def _read(store: LeaseStore, rel: str) -> tuple[dict[str, Any] | None, bool]:
+    """(the claim, True), or (None, whole): whole is False when the object was absent or not a whole
+    JSON document (mid-rewrite, see `_others`), True when it was whole but not a claim this domain's
+    readers accept (unsigned where signatures are required: nobody's claim)."""
     data = store.get_bytes(rel)
     try:
         doc = json.loads(data) if data else None
     except ValueError:
-        return None
-    if not isinstance(doc, dict) or store.trust.check(store.domain, rel, doc):
-        return None  # torn, or not signed as this domain's readers require: nobody's claim
-    return doc
+        return None, False
+    if not isinstance(doc, dict):
+        return None, False
+    if store.trust.check(store.domain, rel, doc):
+        return None, True
+    return doc, True
 
 
 def _rank(doc: dict[str, Any]) -> tuple[int, str]:
@@ -272,8 +289,9 @@ def _won(store: LeaseStore, key: str, owner: str, ttl_s: float, number: int, t_n
     within a TTL); any gap of a TTL since our last claim was written means it may have lapsed for the
     others: we give up rather than decide on it."""
     give_up = t_num + 2 * (ttl_s + LEASE_SKEW_S)
+    unsure: dict[str, float] = {}
     while time.monotonic() < give_up:
-        others = _others(store, key, owner, ttl_s)
+        others = _others(store, key, owner, ttl_s, unsure)
         if time.monotonic() - t_num >= ttl_s:
             return False
         if not any(d.get("choosing") for d in others):
@@ -290,7 +308,7 @@ def _won(store: LeaseStore, key: str, owner: str, ttl_s: float, number: int, t_n
 
 def renew_claim(store: LeaseStore, key: str, owner: str, ttl_s: float) -> None:
     """Keep the holder's claim alive with its lease (same number: a taker that read it stays behind)."""
-    doc = _read(store, f"{claims_dir(store, key)}/{owner}") or {}
+    doc = _read(store, f"{claims_dir(store, key)}/{owner}")[0] or {}
     number = doc.get("number")
     if isinstance(number, int):
         _claim(store, key, owner, ttl_s, number)
