@@ -87,3 +87,28 @@ def test_one_copy_per_checkpoint_and_never_one_a_run_holds(tmp_path: Path, isola
     fd = os.open(third / "lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nothing holds the newest
     os.close(fd)
+
+
+def test_cache_info_counts_them_and_prune_to_nothing_removes_the_unheld(tmp_path: Path, isolated_cache: Path) -> None:
+    """A job that moved to other nodes leaves its last save here: `cache info` shows it, `cache prune
+    --max-size 0` removes it, never a copy a running job stacks under its checkpoint directory."""
+    import subprocess
+    import sys
+
+    up, m = _copy(tmp_path / "a")
+    keep(up, "job", "t2", tmp_path)
+    up2, _ = _copy(tmp_path / "b")
+    other = keep(up2, "other-job", "t1", tmp_path)
+    held = hold_for(m)
+    assert held is not None and other is not None
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "bootseer_cli", *args], capture_output=True, text=True, timeout=60)
+
+    info = cli("cache", "info")
+    assert info.returncode == 0 and "kept    2 checkpoint save(s)" in info.stdout, info.stdout + info.stderr
+    r = cli("cache", "prune", "--max-size", "0")
+    assert r.returncode == 0 and "removed 1 kept checkpoint save(s)" in r.stdout, r.stdout + r.stderr
+    assert list(kept_root().iterdir()) == [held[0].parent]  # the held one stays
+    assert not other.exists()
+    os.close(held[1])

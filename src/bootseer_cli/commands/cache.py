@@ -57,9 +57,13 @@ def info(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = Fa
     oldest = min((t for t, _, _ in entries), default=None)
     # Entries hard-linked with the local store are one copy on disk: counted once, under the store.
     linked, linked_bytes = c.linked()
+    from ..stripe.kept import usage
+
+    kept, kept_bytes = usage()
     if as_json:
         doc = {"dir": str(c.root), "blobs": len(entries), "bytes": total, "max_bytes": c.max_bytes}
         doc |= {"linked": linked, "linked_bytes": linked_bytes, "disk_bytes": total - linked_bytes}
+        doc |= {"kept_checkpoints": kept, "kept_checkpoint_bytes": kept_bytes}
         typer.echo(json.dumps(doc | {"least_recent_use": oldest}, indent=2))
         return
     typer.echo(f"dir     {c.root}")
@@ -70,6 +74,8 @@ def info(config: ConfigOpt = None, store: StoreOpt = None, as_json: JsonOpt = Fa
         typer.echo(f"disk    {fmt_bytes(total - linked_bytes)} beyond the store's copies")
     if oldest is not None:
         typer.echo(f"oldest  last used {fmt_age(oldest)} ago")
+    if kept:
+        typer.echo(f"kept    {kept} checkpoint save(s), {fmt_bytes(kept_bytes)}: a restart here reads them locally")
 
 
 def _plan(c: BlobCache, max_bytes: int) -> list[tuple[int, Path]]:
@@ -96,7 +102,8 @@ def prune(
     store: StoreOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Remove least recently used blobs until the cache fits SIZE; the next start refetches what it needs."""
+    """Remove least recently used blobs until the cache fits SIZE; the next start refetches what it needs.
+    With SIZE 0, also the checkpoint saves kept on this node that no running job uses."""
     from ..store.cache import BlobCache
 
     c = _node_cache(config, store)
@@ -109,8 +116,10 @@ def prune(
     if not dry_run:
         freed = BlobCache(c.root, limit).evict()
         left = c.total_bytes()
+    kept = _prune_kept(dry_run) if limit == 0 else (0, 0)  # to nothing: the kept checkpoint saves go too
     if as_json:
         doc = {"dry_run": dry_run, "removed": len(plan), "freed_bytes": freed, "left_bytes": left}
+        doc |= {"kept_checkpoints_removed": kept[0], "kept_checkpoint_bytes_freed": kept[1]}
         typer.echo(json.dumps(doc | {"shared": len(shared), "max_bytes": limit}, indent=2))
         return
     verb = "would remove" if dry_run else "removed"
@@ -118,6 +127,14 @@ def prune(
     typer.echo(
         f"{verb} {len(plan)} blob(s), {fmt_bytes(freed)} freed{also}; {fmt_bytes(left)} left (max {fmt_bytes(limit)})"
     )
+    if kept[0]:
+        typer.echo(f"{verb} {kept[0]} kept checkpoint save(s), {fmt_bytes(kept[1])} (none a running job uses)")
+
+
+def _prune_kept(dry_run: bool) -> tuple[int, int]:
+    from ..stripe.kept import drop_unheld, usage
+
+    return usage() if dry_run else drop_unheld()
 
 
 def _links(p: Path) -> int:

@@ -19,7 +19,8 @@ user can write: the copy lies in the user's private cache), not a digest check.
 How many: one per checkpoint name. `keep` retires the name's older copies, except one a live run still
 has under its view: each start that stacks a copy holds a shared lock on the copy's `lock` file (handed
 to its agent, released when the agent ends) and a copy is retired only under an exclusive one.
-`[checkpoint] keep_local = false` keeps nothing (the staging copy is removed as before).
+`[checkpoint] keep_local = false` keeps nothing (the staging copy is removed as before); `bootseer
+cache info` counts the copies and `bootseer cache prune --max-size 0` removes every one no run holds.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -119,11 +121,48 @@ def _retire(entry: Path, retire_to: Path) -> None:
     try:
         os.rename(entry, retire_to / f".done-kept-{entry.name}")
     except OSError:
-        import shutil
-
         shutil.rmtree(entry, ignore_errors=True)
     finally:
         os.close(fd)
+
+
+def usage() -> tuple[int, int]:
+    """(copies, bytes) kept on this node, every checkpoint's (for `bootseer cache info`)."""
+    count = size = 0
+    with contextlib.suppress(OSError), os.scandir(kept_root()) as it:
+        for e in it:
+            if e.is_dir(follow_symlinks=False):
+                count += 1
+                size += _size(Path(e.path))
+    return count, size
+
+
+def _size(top: Path) -> int:
+    total = 0
+    for d, _dirs, names in os.walk(top):  # os.walk follows no link to a directory
+        for n in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(d, n)).st_size
+    return total
+
+
+def drop_unheld() -> tuple[int, int]:
+    """Remove every kept copy no live run holds (`bootseer cache prune --max-size 0`): (copies, bytes)."""
+    count = size = 0
+    entries: list[Path] = []
+    with contextlib.suppress(OSError), os.scandir(kept_root()) as it:
+        entries = [Path(e.path) for e in it if e.is_dir(follow_symlinks=False)]
+    for entry in entries:
+        fd = _lock(entry, fcntl.LOCK_EX)
+        if fd is None:
+            continue
+        try:
+            got = _size(entry)
+            shutil.rmtree(entry, ignore_errors=True)
+            count, size = count + 1, size + got
+        finally:
+            os.close(fd)
+    return count, size
 
 
 def hold_for(m: Manifest) -> tuple[Path, int] | None:
