@@ -121,16 +121,18 @@ def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> St
         ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {lower} ({e}); pulling it instead")
         return None
     lower_dev = (mount_info(lower) or {}).get("dev", "")
-    local = _kept_copy(ctx, m)
+    local, kept_fd = _kept_copy(ctx, m)
     try:
         dirs = write_dirs(ctx.run.run)
         dev = mount_overlay(lower, dirs, mp, above=(str(local),) if local else ())
     except (BootseerError, OSError) as e:
         with contextlib.suppress(BootseerError):
             umount(lower, dev=lower_dev)
+        if kept_fd >= 0:  # not under a view: not held
+            ctx.agent_fds.remove(kept_fd)
+            os.close(kept_fd)
         ctx.warn(f"checkpoint: no writable view at {mp} ({e}); pulling {m.name}:{m.tag} instead")
         return None
-    kept_fd = ctx.agent_fds[-1] if local else -1
     _hand_over(ctx, m, "overlay", dirs.root, str(dirs.upper), mountpoint=mp, dev=dev, kept_fd=kept_fd)
     ctx.add_agent_task(UnmountTask(mountpoint=lower, pid=pid, dev=lower_dev, rundir=True))
     ctx.exports["BOOTSEER_CKPT_DIR"] = mp
@@ -140,19 +142,19 @@ def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> St
     return StageResult("mounted", summary=summary, extra={**extra, "mountpoint": mp, "local_copy": bool(local)})
 
 
-def _kept_copy(ctx: StageContext, m: Manifest) -> Path | None:
-    """This node's own copy of what the run that pushed `m` saved (kept.py), held for this run (its
-    shared lock goes to the agent, which keeps it until the launcher has ended); None: none usable."""
+def _kept_copy(ctx: StageContext, m: Manifest) -> tuple[Path | None, int]:
+    """This node's own copy of what the run that pushed `m` saved (kept.py) and the fd of its shared
+    lock, which goes to the agent (it releases it once the view is down); (None, -1): none usable."""
     from .kept import hold_for
 
     if not ctx.settings.checkpoint.keep_local or not ctx.settings.exec.agent:
-        return None
+        return None, -1
     held = hold_for(m)
     if held is None:
-        return None
+        return None, -1
     upper, fd = held
     ctx.agent_fds.append(fd)
-    return upper
+    return upper, fd
 
 
 def _lower_mountpoint(ctx: StageContext) -> str:

@@ -240,7 +240,7 @@ def finish(
 
     j = Journal.load(root / "journal.json")
     if store.exists(manifest_rel(j.name, j.tag)) or not os.path.isdir(j.path):
-        _done(root, j)  # pushed already (a push cut off after its manifest), or nothing left to push
+        _done(root)  # pushed already (a push cut off after its manifest), or nothing left to push
         return None
     lower = None
     if j.kind == "overlay":
@@ -255,7 +255,7 @@ def finish(
         changed = not is_current_tree(Path(j.path))
         files, dirs = local_view(Path(j.path), log) if changed else ([], [])
     if not changed:
-        _done(root, j)
+        _done(root)
         return None
     try:
         m = _push(store, settings, j, files, dirs, lower, progress)
@@ -268,7 +268,7 @@ def finish(
         from .kept import keep
 
         keep(Path(j.path), j.name, m.tag, retire_to=root.parent)
-    _done(root, j)
+    _done(root)
     return m
 
 
@@ -298,7 +298,7 @@ def _push(
     )
 
 
-def _done(root: Path, j: Journal) -> None:
+def _done(root: Path) -> None:
     """The write-back is in the store (or there was none): the journal goes, and the directory (for an
     overlay, its upper directory: bootseer's staging copy of what is now a tag) is renamed aside for
     `discard_done` to remove.
@@ -306,7 +306,6 @@ def _done(root: Path, j: Journal) -> None:
     Not removed here: unlinking a checkpoint the job fsync-ed costs ~0.3 s per GB on ext4, which is no
     part of the push (the tag is in the store already) and, for an earlier run's write-back finished by
     a start (`finish_pending`), would hold that start; the agent removes it once its event is recorded."""
-    del j  # every kind alike: the journal says what is pending, the rename takes the rest out of sight
     with contextlib.suppress(OSError):
         (root / "journal.json").unlink()
     aside = root.parent / f"{DONE_PREFIX}{root.name}-{os.urandom(4).hex()}"
