@@ -3,8 +3,8 @@
 `bootseer exec` writes `agent.json` into the run directory (the launcher's pid, the settings exec ran
 with, a list of tasks) and starts `bootseer agent --run-dir D` in its own session. The agent runs each
 task in a thread, uploads the run's stage events once the start is over (and again at the end), and
-when the launcher's pid ends (normally, by failure or by SIGKILL) tells every task to stop, waits for them to clean up
-(unmount, stop seeding) and exits.
+when the launcher's pid ends (normally, by failure or by SIGKILL) tells every task to stop, waits for
+them to clean up (unmount, stop seeding) and exits.
 
 A task is `{"kind": K, **fields}`: the capability table (capabilities.py) declares each kind once, with
 its spec (a frozen dataclass, which the agent rebuilds from the fields) and its handler,
