@@ -35,13 +35,13 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .upperdir import OPAQUE_FILE, WHITEOUT, walk
+
 if TYPE_CHECKING:
     from .layout import FileEntry, Manifest
 
 TAG_FILE = "tag.json"
 LOCK_FILE = "lock"
-WHITEOUT = ".wh."  # fuse-overlayfs's marker files (writeback.py reads them alike)
-OPAQUE_FILE = ".wh..wh..opq"
 
 
 def kept_root() -> Path:
@@ -138,12 +138,9 @@ def usage() -> tuple[int, int]:
 
 
 def _size(top: Path) -> int:
-    total = 0
-    for d, _dirs, names in os.walk(top):  # os.walk follows no link to a directory
-        for n in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(d, n)).st_size
-    return total
+    with contextlib.suppress(OSError):
+        return sum(st.st_size for _, _, st in walk(top) if stat.S_ISREG(st.st_mode))
+    return 0
 
 
 def drop_unheld() -> tuple[int, int]:
@@ -187,20 +184,12 @@ def usable_for(upper: Path, m: Manifest, fuse_markers: bool | None = None) -> bo
     markers = os.geteuid() != 0 if fuse_markers is None else fuse_markers
     files = {f.path: f for f in m.files}
     dirs = set(m.dirs)
-    stack = [""]
     try:
-        while stack:
-            rel_dir = stack.pop()
-            with os.scandir(upper / rel_dir if rel_dir else upper) as it:
-                for e in it:
-                    rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
-                    st = e.stat(follow_symlinks=False)
-                    if stat.S_ISDIR(st.st_mode):
-                        if rel not in dirs:
-                            return False
-                        stack.append(rel)
-                    elif not _shows(rel, e.name, st, files, dirs, markers):
-                        return False
+        for rel, name, st in walk(upper):
+            if stat.S_ISDIR(st.st_mode) and rel not in dirs:
+                return False
+            if not stat.S_ISDIR(st.st_mode) and not _shows(rel, name, st, files, dirs, markers):
+                return False
     except OSError:
         return False
     return True

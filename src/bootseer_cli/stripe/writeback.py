@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BootseerError
 from .layout import FileEntry, Manifest, manifest_rel
 from .push import Origin
+from .upperdir import OPAQUE_FILE, OPAQUE_XATTRS, WHITEOUT, walk
 
 if TYPE_CHECKING:
     from ..settings import CheckpointSettings
@@ -50,9 +51,6 @@ if TYPE_CHECKING:
 JOURNAL_VERSION = 1
 RECOVER_LIMIT = 16  # write-backs finished per start (each may be a whole checkpoint)
 SCAN_LIMIT = 1024  # journal directories read per start (a few hundred bytes each)
-OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque", "user.fuseoverlayfs.opaque")
-WHITEOUT = ".wh."  # fuse-overlayfs's whiteout files where it cannot make a 0/0 device (a plain user)
-OPAQUE_FILE = ".wh..wh..opq"
 DONE_PREFIX = ".done-"  # a finished write-back's directory, renamed aside until `discard_done` removes it
 
 View = tuple[list[tuple[str, Origin, int]], list[str], bool]  # files (sorted), dirs, changed
@@ -110,21 +108,6 @@ def locked(root: Path, wait: bool) -> Iterator[bool]:
         os.close(fd)
 
 
-def _entries(root: Path) -> Iterator[tuple[str, str, os.stat_result]]:
-    """(relative path, name, lstat) of everything under `root`, parents first; links are not followed."""
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        with os.scandir(root / rel_dir if rel_dir else root) as it:
-            items = sorted(it, key=lambda e: e.name)
-        for e in items:
-            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
-            st = e.stat(follow_symlinks=False)
-            yield rel, e.name, st
-            if stat.S_ISDIR(st.st_mode):
-                stack.append(rel)
-
-
 def _opaque(path: Path) -> bool:
     for attr in OPAQUE_XATTRS:
         with contextlib.suppress(OSError):
@@ -151,7 +134,7 @@ def overlay_view(parent: Manifest, upper: Path, log: Callable[[str], None]) -> V
     dirs: set[str] = set()
     gone: set[str] = set()  # whited out, or replaced by an upper file: nothing of the lower at or below
     opaque: set[str] = set()  # upper directories whose lower contents are hidden
-    for rel, name, st in _entries(upper):
+    for rel, name, st in walk(upper):
         rel_dir = rel.rpartition("/")[0]
         if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
             gone.add(rel)
@@ -212,7 +195,7 @@ def local_view(dest: Path, log: Callable[[str], None]) -> tuple[list[tuple[str, 
     files: dict[str, tuple[Origin, int]] = {}
     links: dict[str, str] = {}
     dirs: list[str] = []
-    for rel, _name, st in _entries(dest):
+    for rel, _name, st in walk(dest):
         if stat.S_ISREG(st.st_mode):
             files[rel] = (dest / rel, st.st_size)
         elif stat.S_ISDIR(st.st_mode):
