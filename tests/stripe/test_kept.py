@@ -6,7 +6,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from bootseer_cli.stripe.kept import hold_for, keep, kept_root, usable_for
+from bootseer_cli.stripe.kept import PART, WHOLE, hold_for, judge, keep, kept_root, usable_for
 from bootseer_cli.stripe.layout import FileEntry, Manifest
 
 
@@ -67,6 +67,27 @@ def test_a_whiteout_of_a_path_the_tag_lacks_is_fine(tmp_path: Path) -> None:
     assert not usable_for(up, m)
 
 
+def test_a_copy_holding_every_file_and_directory_of_the_tag_is_whole(tmp_path: Path) -> None:
+    """WHOLE: the copy alone is the tag (the view needs no stripe mount); any file or directory of the
+    tag missing, or any whiteout or marker in it, and it is only PART of the view."""
+    up, m = _copy(tmp_path)
+    assert judge(up, m) == PART  # extra.pt is only in the stripes
+    (up / "extra.pt").write_bytes(b"xtra")
+    whole = Manifest(m.name, m.tag, 512, [], [*m.files[:2], _entry(up, "extra.pt", 8)], [], m.dirs)
+    assert judge(up, whole) == WHOLE
+    assert judge(up, Manifest(m.name, m.tag, 512, [], whole.files, [], [*m.dirs, "empty"])) == PART
+    os.mknod(up / "gone.pt", 0o600 | 0o020000, os.makedev(0, 0))  # hides a path T lacks: fine, not whole
+    assert judge(up, whole) == PART
+    os.unlink(up / "gone.pt")
+    (up / ".wh.old.pt").write_bytes(b"")
+    assert judge(up, whole, fuse_markers=True) == PART
+
+
+def _entry(up: Path, rel: str, off: int) -> FileEntry:
+    st = (up / rel).stat()
+    return FileEntry(rel, off, st.st_size, "0" * 64, st.st_mtime_ns)
+
+
 def test_one_copy_per_checkpoint_and_never_one_a_run_holds(tmp_path: Path, isolated_cache: Path) -> None:
     retired = tmp_path / "retired"
     retired.mkdir()
@@ -74,12 +95,12 @@ def test_one_copy_per_checkpoint_and_never_one_a_run_holds(tmp_path: Path, isola
     first = keep(up, "job", "t2", retired)
     assert first is not None and not up.exists()
     held = hold_for(m)
-    assert held is not None and held[0] == first / "upper"
+    assert held is not None and held.upper == first / "upper" and not held.whole
     up2, _ = _copy(tmp_path / "b")
     second = keep(up2, "job", "t3", retired)
     assert sorted(kept_root().iterdir()) == sorted([first, second])  # the held copy stays
     assert hold_for(Manifest("job", "t9", 512, [], [], [], [])) is None  # another tag: no copy
-    os.close(held[1])
+    os.close(held.fd)
     up3, _ = _copy(tmp_path / "c")
     third = keep(up3, "job", "t4", retired)
     assert list(kept_root().iterdir()) == [third]  # both older ones retired, once no run holds them
@@ -109,6 +130,6 @@ def test_cache_info_counts_them_and_prune_to_nothing_removes_the_unheld(tmp_path
     assert info.returncode == 0 and "kept    2 checkpoint save(s)" in info.stdout, info.stdout + info.stderr
     r = cli("cache", "prune", "--max-size", "0")
     assert r.returncode == 0 and "removed 1 kept checkpoint save(s)" in r.stdout, r.stdout + r.stderr
-    assert list(kept_root().iterdir()) == [held[0].parent]  # the held one stays
+    assert list(kept_root().iterdir()) == [held.upper.parent]  # the held one stays
     assert not other.exists()
-    os.close(held[1])
+    os.close(held.fd)

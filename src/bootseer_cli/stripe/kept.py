@@ -14,7 +14,9 @@ overlay's whiteouts (0/0 character devices, for paths T does not have) and, for 
 (fuse-overlayfs), fuse-overlayfs's own marker files. Anything else (a file changed since the push, a
 link, a path T lacks, marker files under root's kernel overlay) and the copy is not used: the view is
 T's stripes alone, as without a copy. This is the env stamp's rule (size and mtime of files only this
-user can write: the copy lies in the user's private cache), not a digest check.
+user can write: the copy lies in the user's private cache), not a digest check. A copy that holds every
+file and directory of T and no whiteout is all of T (`judge` says WHOLE): the view then stacks it alone,
+with no stripe mount under it.
 
 How many: one per checkpoint name. `keep` retires the name's older copies, except one a live run still
 has under its view: each start that stacks a copy holds a shared lock on the copy's `lock` file (handed
@@ -32,6 +34,7 @@ import json
 import os
 import shutil
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -162,7 +165,17 @@ def drop_unheld() -> tuple[int, int]:
     return count, size
 
 
-def hold_for(m: Manifest) -> tuple[Path, int] | None:
+@dataclass(frozen=True)
+class Held:
+    """A kept copy a start stacks under its view: the copy, the fd of its shared lock, and whether it
+    holds all of the tag (`whole`: the view needs no stripe mount below it, see `judge`)."""
+
+    upper: Path
+    fd: int
+    whole: bool
+
+
+def hold_for(m: Manifest) -> Held | None:
     """The kept copy of exactly `m.name:m.tag`, usable over `m`'s stripes, with an fd holding its shared
     lock (the caller hands it to the agent: the copy stays while the run's view stands); else None."""
     for entry in _entries(m.name):
@@ -171,28 +184,55 @@ def hold_for(m: Manifest) -> tuple[Path, int] | None:
         fd = _lock(entry, fcntl.LOCK_SH)
         if fd is None:
             continue
-        if os.path.isdir(entry) and usable_for(entry / "upper", m):  # still there after the lock: not retired
-            return entry / "upper", fd
+        verdict = judge(entry / "upper", m) if os.path.isdir(entry) else ""  # still there after the lock: not retired
+        if verdict:
+            return Held(entry / "upper", fd, verdict == WHOLE)
         os.close(fd)
     return None
 
 
+PART = "part"
+WHOLE = "whole"
+
+
 def usable_for(upper: Path, m: Manifest, fuse_markers: bool | None = None) -> bool:
-    """Whether stacking `upper` over `m`'s stripes shows exactly `m` (see the module's docstring).
+    """Whether stacking `upper` over `m`'s stripes shows exactly `m` (see the module's docstring)."""
+    return bool(judge(upper, m, fuse_markers))
+
+
+def judge(upper: Path, m: Manifest, fuse_markers: bool | None = None) -> str:
+    """ "" (not usable), PART (usable over `m`'s stripes) or WHOLE: the copy alone is `m`.
+
+    WHOLE: every file of `m` is in the copy with its size and mtime, every directory of `m` is there,
+    and the copy holds no whiteout or marker at all. A job whose saves rewrite the whole checkpoint
+    (Lightning's `last.ckpt`, nanoGPT's `ckpt.pt`) leaves such a copy, and its restart then needs
+    neither the stripe mount's server nor the store: the copy is the view's only lower layer. A
+    whiteout there would be the bottom layer's, which the overlays do not all hide, so none is allowed.
+
     `fuse_markers`: whether fuse-overlayfs will read it (a plain user's view; default: not root),
     which understands its own `.wh.` marker files where the kernel's overlay would show them."""
     markers = os.geteuid() != 0 if fuse_markers is None else fuse_markers
     files = {f.path: f for f in m.files}
     dirs = set(m.dirs)
+    seen_files = seen_dirs = 0
+    hides = False
     try:
         for rel, name, st in walk(upper):
-            if stat.S_ISDIR(st.st_mode) and rel not in dirs:
-                return False
-            if not stat.S_ISDIR(st.st_mode) and not _shows(rel, name, st, files, dirs, markers):
-                return False
+            if stat.S_ISDIR(st.st_mode):
+                if rel not in dirs:
+                    return ""
+                seen_dirs += 1
+                continue
+            if not _shows(rel, name, st, files, dirs, markers):
+                return ""
+            if stat.S_ISREG(st.st_mode) and not name.startswith(WHITEOUT):
+                seen_files += 1
+            else:
+                hides = True
     except OSError:
-        return False
-    return True
+        return ""
+    whole = not hides and seen_files == len(files) and seen_dirs == len(dirs)
+    return WHOLE if whole else PART
 
 
 def _shows(rel: str, name: str, st: os.stat_result, files: dict[str, FileEntry], dirs: set[str], markers: bool) -> bool:

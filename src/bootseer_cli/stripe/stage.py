@@ -10,11 +10,12 @@ directory in `$BOOTSEER_CKPT_DIR`.
 The directory is writable (a trainer resumes from `out_dir/ckpt.pt` and saves the next one there): in
 mount mode an overlay (overlay.py) whose lower layer is the read-only stripe mount, at
 `<runtime>/ckpt-<run id>.ro` (with, on the node whose run saved the tag, that save's own local copy
-stacked over it: kept.py), and whose upper layer is on local disk; in pull mode the pulled directory
-itself. Either way a journal is written first and the agent's "ckpt-writeback" task pushes what the
-job wrote as a new tag after the launcher ends (writeback.py); a write-back an earlier run's agent
-left unfinished is pushed here, before `latest` is resolved. Where no overlay can be made (no
-fuse-overlayfs for a plain user, an upper directory the kernel refuses) the stage pulls instead.
+stacked over it, or alone where it is all of the tag: kept.py), and whose upper layer is on local disk;
+in pull mode the pulled directory itself. Either way a journal is written first and the agent's
+"ckpt-writeback" task pushes what the job wrote as a new tag after the launcher ends (writeback.py); a
+write-back an earlier run's agent left unfinished is pushed here, before `latest` is resolved. Where no
+overlay can be made (no fuse-overlayfs for a plain user, an upper directory the kernel refuses) the
+stage pulls instead.
 Nothing the job wrote is removed: a pulled directory holding the job's files is kept (and said).
 
 Where: unless `[checkpoint] mountpoint` is configured, each run gets its own `<runtime>/ckpt-<run id>`
@@ -35,6 +36,7 @@ from ..stage import StageContext, StageResult
 from .agent_tasks import UnmountTask, WritebackTask
 
 if TYPE_CHECKING:
+    from .kept import Held
     from .layout import Manifest
 
 
@@ -96,65 +98,104 @@ def _mountpoint(ctx: StageContext) -> str:
 
 def _mount(ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any]) -> StageResult | None:
     """The writable view: the detached read-only mount (owned by this pid, the launcher's after execvp)
-    under an overlay at `mp`; None: no mount here, pull (a pulled directory is writable too)."""
-    from .mount import mount_detached, mount_info, umount
-    from .overlay import mount_overlay, overlay_missing, write_dirs
+    under an overlay at `mp`; None: no mount here, pull (a pulled directory is writable too).
 
-    missing = fuse_missing() or overlay_missing()
+    On the node whose run saved `m` whole (kept.py `WHOLE`), the view is that save alone under the
+    overlay: no stripe mount, no server, nothing read from the store."""
+    from .overlay import overlay_missing
+
+    missing = overlay_missing()
+    if missing:
+        ctx.warn(f"checkpoint: FUSE unavailable ({missing}); pulling {m.name}:{m.tag} to {mp} instead of mounting")
+        extra["fallback"] = missing
+        return None
+    held = _kept_copy(ctx, m)
+    try:
+        result = _mount_view(ctx, m, mp, extra, held)
+    except BaseException:
+        _release(ctx, held)
+        raise
+    if result is None:
+        _release(ctx, held)
+    return result
+
+
+def _mount_view(
+    ctx: StageContext, m: Manifest, mp: str, extra: dict[str, Any], held: Held | None
+) -> StageResult | None:
+    from .mount import mount_detached, mount_info, umount
+    from .overlay import mount_overlay, write_dirs
+
+    whole = held is not None and held.whole
+    missing = fuse_missing() if not whole or os.geteuid() != 0 else ""  # a plain user's overlay is FUSE too
     if missing:  # say so in one line rather than wait for a mount that cannot appear
         ctx.warn(f"checkpoint: FUSE unavailable ({missing}); pulling {m.name}:{m.tag} to {mp} instead of mounting")
         extra["fallback"] = missing
         return None
-    lower = _lower_mountpoint(ctx)
-    try:
-        pid = mount_detached(
-            m,
-            lower,
-            ctx.store.uri_with_credentials(),  # into the server's 0600 spec file, never its argv
-            targets=list(ctx.settings.checkpoint.targets),
-            owner_pid=os.getpid(),  # exec keeps this pid for the launcher
-            log_path=ctx.run.run_dir / "ckpt-mount.log",
-            allow_other=ctx.settings.checkpoint.allow_other,
-            above=mp,  # taken down with the mount when the launcher ends, even where no agent runs
-        )
-    except BootseerError as e:
-        ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {lower} ({e}); pulling it instead")
-        return None
-    lower_dev = (mount_info(lower) or {}).get("dev", "")
-    local, kept_fd = _kept_copy(ctx, m)
+    lower = ""
+    if not whole:
+        lower = _lower_mountpoint(ctx)
+        try:
+            pid = mount_detached(
+                m,
+                lower,
+                ctx.store.uri_with_credentials(),  # into the server's 0600 spec file, never its argv
+                targets=list(ctx.settings.checkpoint.targets),
+                owner_pid=os.getpid(),  # exec keeps this pid for the launcher
+                log_path=ctx.run.run_dir / "ckpt-mount.log",
+                allow_other=ctx.settings.checkpoint.allow_other,
+                above=mp,  # taken down with the mount when the launcher ends, even where no agent runs
+            )
+        except BootseerError as e:
+            ctx.warn(f"cannot mount checkpoint {m.name}:{m.tag} at {lower} ({e}); pulling it instead")
+            return None
+    lower_dev = (mount_info(lower) or {}).get("dev", "") if lower else ""
     try:
         dirs = write_dirs(ctx.run.run)
-        dev = mount_overlay(lower, dirs, mp, above=(str(local),) if local else ())
+        if lower:
+            dev = mount_overlay(lower, dirs, mp, above=(str(held.upper),) if held else ())
+        else:
+            assert held is not None
+            dev = mount_overlay(str(held.upper), dirs, mp)
     except (BootseerError, OSError) as e:
-        with contextlib.suppress(BootseerError):
-            umount(lower, dev=lower_dev)
-        if kept_fd >= 0:  # not under a view: not held
-            ctx.agent_fds.remove(kept_fd)
-            os.close(kept_fd)
+        if lower:
+            with contextlib.suppress(BootseerError):
+                umount(lower, dev=lower_dev)
         ctx.warn(f"checkpoint: no writable view at {mp} ({e}); pulling {m.name}:{m.tag} instead")
         return None
+    kept_fd = held.fd if held else -1
     _hand_over(ctx, m, "overlay", dirs.root, str(dirs.upper), mountpoint=mp, dev=dev, kept_fd=kept_fd)
-    ctx.add_agent_task(UnmountTask(mountpoint=lower, pid=pid, dev=lower_dev, rundir=True))
+    if lower:
+        ctx.add_agent_task(UnmountTask(mountpoint=lower, pid=pid, dev=lower_dev, rundir=True))
     ctx.exports["BOOTSEER_CKPT_DIR"] = mp
     # no line of its own: exec prints one summary line (the job finds the path in $BOOTSEER_CKPT_DIR,
     # `bootseer report` in the event)
-    summary = f"mounted {m.name}:{m.tag}" + (", its newest save from local disk" if local else "")
-    return StageResult("mounted", summary=summary, extra={**extra, "mountpoint": mp, "local_copy": bool(local)})
+    if whole:
+        summary = f"mounted {m.name}:{m.tag}, all of it from local disk (this node's own save)"
+    else:
+        summary = f"mounted {m.name}:{m.tag}" + (", its newest save from local disk" if held else "")
+    facts = {"mountpoint": mp, "local_copy": held is not None, "stripe_mount": bool(lower)}
+    return StageResult("mounted", summary=summary, extra={**extra, **facts})
 
 
-def _kept_copy(ctx: StageContext, m: Manifest) -> tuple[Path | None, int]:
-    """This node's own copy of what the run that pushed `m` saved (kept.py) and the fd of its shared
-    lock, which goes to the agent (it releases it once the view is down); (None, -1): none usable."""
+def _kept_copy(ctx: StageContext, m: Manifest) -> Held | None:
+    """This node's own copy of what the run that pushed `m` saved (kept.py), holding its shared lock,
+    whose fd goes to the agent (it releases it once the view is down); None: none usable."""
     from .kept import hold_for
 
     if not ctx.settings.checkpoint.keep_local or not ctx.settings.exec.agent:
-        return None, -1
+        return None
     held = hold_for(m)
-    if held is None:
-        return None, -1
-    upper, fd = held
-    ctx.agent_fds.append(fd)
-    return upper, fd
+    if held is not None:
+        ctx.agent_fds.append(held.fd)
+    return held
+
+
+def _release(ctx: StageContext, held: Held | None) -> None:
+    """A copy not under a view after all: not held."""
+    if held is not None and held.fd in ctx.agent_fds:
+        ctx.agent_fds.remove(held.fd)
+        os.close(held.fd)
 
 
 def _lower_mountpoint(ctx: StageContext) -> str:
