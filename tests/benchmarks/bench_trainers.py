@@ -25,6 +25,9 @@ the ranks picked different files. The manifest now records each file's mtime, an
 tested (tests/trainers: test_mounted_checkpoint_keeps_the_order_of_its_saves); the flag only keeps the
 figures comparable.
 
+`--env-mode mount` runs every node with `[env] mode = "mount"` (issue 48): the warm start publishes the
+squashfs image too, a fresh node mounts it over its (empty) venv directory instead of extracting.
+
 `--compile` runs the HF model under `torch.compile` (`TrainingArguments(torch_compile=True)`): the compile
 stage publishes the warm start's Inductor cache, a fresh node restores it.
 
@@ -64,7 +67,9 @@ def timed(node: TrainerNode, max_steps: int, bootseer: bool, setup: bool = False
     return first_step_s(run)
 
 
-def bench(trainer: str, store: TrainerStore, reps: int, compiled: bool = False) -> dict[str, list[float]]:
+def bench(
+    trainer: str, store: TrainerStore, reps: int, compiled: bool = False, env_mode: str = ""
+) -> dict[str, list[float]]:
     """Each start trains 4 steps past the checkpoint it resumes from (`latest` in the store with bootseer;
     its own directory without), so that every start resumes and reaches a training step."""
     cluster, make = make_nodes(store, trainer)
@@ -75,6 +80,8 @@ def bench(trainer: str, store: TrainerStore, reps: int, compiled: bool = False) 
             n.program_args = ("--one-last",)
         elif compiled:
             n.program_args = ("--compile",)
+        if env_mode:  # every node, the warm one too: in mount mode it publishes the squashfs image
+            n.env_extra["BOOTSEER_ENV_MODE"] = env_mode
         return n
 
     out: dict[str, list[float]] = {k: [] for k in KINDS}
@@ -126,11 +133,12 @@ def main() -> None:
     ap.add_argument("--only", default="hf,lightning")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--compile", action="store_true", help="the HF model under torch.compile (TrainingArguments)")
+    ap.add_argument("--env-mode", choices=("extract", "mount"), default="", help="[env] mode for every node")
     a = ap.parse_args()
     os.environ.pop("BOOTSEER_STORE", None)
     store = TrainerStore(Path(tempfile.mkdtemp(prefix="bench-trainers-")))
     print(f"load average at start: {os.getloadavg()}", flush=True)
-    results = {t: bench(t, store, a.reps, a.compile) for t in a.only.split(",")}
+    results = {t: bench(t, store, a.reps, a.compile, a.env_mode) for t in a.only.split(",")}
     print(f"load average at end: {os.getloadavg()}\n")
     print(table(results))
     if a.json:

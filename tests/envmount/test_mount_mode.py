@@ -194,6 +194,26 @@ def test_a_root_holding_files_is_not_hidden_the_env_is_extracted(base: Path, whe
     agents_done(nd)
 
 
+def test_an_empty_mount_point_takes_the_overlay(base: Path, wheels: Path) -> None:
+    """A root that is an empty mount point (a container's volume; each trainer node of the benchmarks binds
+    its own venv directory at the root) hides nothing: the image is mounted over it (before: "already a
+    mount point", the env extracted), and once the job ended the mount below is as it was, still empty."""
+    root = base / "env"
+    _publish(base, root, wheels)
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "bootseer-test", str(root)], check=True)
+    try:
+        below = devices_at(str(root))
+        nd = node(base, "fresh")
+        r = bootseer(["exec", "--config", str(base / "bootseer-mount.toml"), "--", *_job(base, root)], nd)
+        assert r.returncode == 0 and r.stdout.split()[:2] == ["ok", "1.17.0"], r.stdout + r.stderr
+        assert "mounted image" in r.stderr and "not mounted:" not in r.stderr, r.stderr
+        agents_done(nd)
+        assert devices_at(str(root)) == below and list(root.iterdir()) == []  # the job's writes: its upper dir
+    finally:
+        subprocess.run(["umount", str(root)], capture_output=True)
+
+
 def test_the_ref_of_extract_mode_names_no_image(base: Path, wheels: Path) -> None:
     root = base / "env"
     cfg = config(base, root, wheels, mode="extract")

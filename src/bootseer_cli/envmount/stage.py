@@ -11,9 +11,9 @@ When mounting is not possible here, `try_mount` says why in one line and the cal
 - the ref names no image (published by extract mode, or the builder had no mksquashfs);
 - no agent (`[exec] agent = false`): nothing would take the mounts down when the job ends;
 - this node can mount neither with the kernel nor with FUSE (mounts.py `method_here`);
-- a root already holds files, or is a link or a mount point: an overlay there would hide them
+- a root already holds files (a mount point or not), or is a link: an overlay there would hide them
   from the job (and from any other job using them) for as long as it runs, so the env is extracted
-  next to them, as without mount mode;
+  next to them, as without mount mode (an empty mount point takes the overlay);
 - a mount fails (what failed is undone first).
 """
 
@@ -49,14 +49,15 @@ def _blocked_root(roots: list[str]) -> str:
         if not os.path.isdir(r):
             return f"{r} is not a directory"
         info = mount_info(r)
-        if info is not None:
-            if live_mount(r, info["dev"]):
-                continue  # another live run's env here: this run's overlay stacks over it, its own
-            return f"{r} is already a mount point"
+        if info is not None and live_mount(r, info["dev"]):
+            continue  # another live run's env here: this run's overlay stacks over it, its own
+        # An empty mount point (a container's volume, a node's bind mount of its own venv directory)
+        # hides nothing either: the overlay stacks over it, and the mount below is as it was afterwards.
         with os.scandir(r) as it:  # bootseer's own per-tree files (the tree lock's file) hide nothing of the job's
             first = next((e for e in it if not e.name.startswith(OWN_PREFIX)), None)
         if first is not None:
-            return f"{r} already holds files the image would hide ({first.name}, ...)"
+            where = "is a mount point that holds" if info is not None else "already holds"
+            return f"{r} {where} files the image would hide ({first.name}, ...)"
     return ""
 
 
