@@ -83,6 +83,25 @@ def test_a_copy_holding_every_file_and_directory_of_the_tag_is_whole(tmp_path: P
     assert judge(up, whole, fuse_markers=True) == PART
 
 
+def test_kept_without_the_whiteouts_of_what_the_job_deleted(tmp_path: Path, isolated_cache: Path) -> None:
+    """The tag was pushed from the view the copy was the upper layer of: each whiteout or fuse-overlayfs
+    marker there names a path the tag lacks, and is dropped, so the copy can be WHOLE."""
+    up, m = _copy(tmp_path)
+    (up / "extra.pt").write_bytes(b"xtra")
+    whole = Manifest(m.name, m.tag, 512, [], [*m.files[:2], _entry(up, "extra.pt", 8)], [], m.dirs)
+    os.mknod(up / "old.pt", 0o600 | 0o020000, os.makedev(0, 0))  # the kernel overlay's deletion
+    (up / "checkpoint-2" / ".wh..wh..opq").write_bytes(b"")  # fuse-overlayfs's opaque mark
+    assert judge(up, whole, fuse_markers=True) == PART
+    entry = keep(up, "job", "t2", tmp_path, pushed=whole)
+    assert entry is not None and judge(entry / "upper", whole) == WHOLE
+    assert sorted(str(p.relative_to(entry / "upper")) for p in (entry / "upper").rglob("*")) == [
+        "checkpoint-2",
+        "checkpoint-2/state.pt",
+        "ckpt.pt",
+        "extra.pt",
+    ]
+
+
 def _entry(up: Path, rel: str, off: int) -> FileEntry:
     st = (up / rel).stat()
     return FileEntry(rel, off, st.st_size, "0" * 64, st.st_mtime_ns)

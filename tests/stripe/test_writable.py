@@ -180,28 +180,34 @@ def test_a_restart_on_the_same_node_reads_its_own_save_from_local_disk(tmp_path:
     _resumes_on_a_fresh_node(tmp_path, store, "mount", 5)
 
 
-# A trainer in the manner of Lightning's `last.ckpt` (or nanoGPT's `ckpt.pt`): every save rewrites the
-# whole checkpoint. It says whether its run's stripe mount (`ckpt-<run id>.ro`) is mounted.
+# A trainer in the manner of Lightning's ModelCheckpoint(save_last=True, save_top_k=1): every save
+# rewrites `last.ckpt`, adds `step-N.ckpt` and deletes the one before. It says whether its run's stripe
+# mount (`ckpt-<run id>.ro`) is mounted.
 LAST_CKPT = """
 import os, torch
 d = os.environ["BOOTSEER_CKPT_DIR"]
 ck = torch.load(os.path.join(d, "last.ckpt"))
-torch.save({"step": ck["step"] + 1, "w": ck["w"] + 1}, os.path.join(d, "last.ckpt"))
+step = ck["step"] + 1
+torch.save({"step": step, "w": ck["w"] + 1}, os.path.join(d, "last.ckpt"))
+torch.save({"step": step}, os.path.join(d, f"step-{step}.ckpt"))
+os.unlink(os.path.join(d, f"step-{ck['step']}.ckpt"))
 lower = "/ckpt-" + os.environ["BOOTSEER_RUN_ID"] + ".ro "
-print(ck["step"] + 1, sorted(os.listdir(d)), any(lower in ln for ln in open("/proc/self/mountinfo")))
+print(step, ",".join(sorted(os.listdir(d))), any(lower in ln for ln in open("/proc/self/mountinfo")))
 """
 
 
 def test_a_restart_whose_own_save_is_the_whole_tag_needs_no_stripe_mount(tmp_path: Path, mounts: Path) -> None:
-    """A job whose saves rewrite the whole checkpoint leaves a kept copy that is all of the tag it
-    became: the restart on that node mounts the view over that copy alone, with no stripe mount (no
-    FUSE server, no store read), resumes from it, and its own save is pushed as the next tag."""
+    """A job whose saves rewrite the whole checkpoint (deleting the save they replace) leaves a kept copy
+    that is all of the tag it became: the restart on that node mounts the view over that copy alone,
+    with no stripe mount (no FUSE server, no store read), resumes from it, and its own save is pushed
+    as the next tag. The deletion's whiteout is not kept: it would have made the copy only a part."""
     from bootseer_cli.stripe.push import push
 
     store = file_store(tmp_path)
     src = tmp_path / "src"
     src.mkdir()
     torch.save({"step": 1, "w": torch.zeros(64, 1024)}, src / "last.ckpt")
+    torch.save({"step": 1}, src / "step-1.ckpt")
     push(store, src, "job", "v1", stripes=3, cell_size=CELL)
     script = tmp_path / "last.py"
     script.write_text(LAST_CKPT)
@@ -212,17 +218,17 @@ def test_a_restart_whose_own_save_is_the_whole_tag_needs_no_stripe_mount(tmp_pat
         r = run_cli("exec", "--config", str(cfg), "--", sys.executable, str(script), env=on)
         assert r.returncode == 0, r.stderr
         _agents_done(on)
-        return r.stdout.strip().split(None, 1)
+        return r.stdout.split()
 
-    assert start(node) == ["2", "['last.ckpt'] True"]  # from the store's stripes
+    assert start(node) == ["2", "last.ckpt,step-2.ckpt", "True"]  # from the store's stripes
     ev = _last_checkpoint_event(node)
     assert ev["local_copy"] is False and ev["stripe_mount"] is True
-    assert start(node) == ["3", "['last.ckpt'] False"]  # step 2's save, the view's only lower layer
+    assert start(node) == ["3", "last.ckpt,step-3.ckpt", "False"]  # step 2's save, the view's only layer
     ev = _last_checkpoint_event(node)
     assert ev["local_copy"] is True and ev["stripe_mount"] is False, ev
     assert "all of it from local disk" in str(ev["detail"])
     assert load_manifest(store, "job", "latest").tag != ev["checkpoint"].split(":")[1]  # step 3 pushed
-    assert start(_node(tmp_path, "fresh")) == ["4", "['last.ckpt'] True"]  # another node: the store's
+    assert start(_node(tmp_path, "fresh")) == ["4", "last.ckpt,step-4.ckpt", "True"]  # another node
 
 
 def test_pulled_checkpoint_takes_a_save_which_is_pushed_as_latest(tmp_path: Path) -> None:

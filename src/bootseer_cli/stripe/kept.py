@@ -58,10 +58,11 @@ def _prefix(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()[:16] + "-"
 
 
-def keep(upper: Path, name: str, tag: str, retire_to: Path) -> Path | None:
-    """Move `upper` (pushed as `name:tag`) into a new kept entry, then retire the name's other entries
-    that no run holds (renamed into `retire_to`, the caller's directory of things to remove). Returns
-    the entry, or None when it could not be made (the caller removes `upper` as before)."""
+def keep(upper: Path, name: str, tag: str, retire_to: Path, pushed: Manifest | None = None) -> Path | None:
+    """Move `upper` (pushed as `name:tag`, whose manifest is `pushed`) into a new kept entry, then retire
+    the name's other entries that no run holds (renamed into `retire_to`, the caller's directory of
+    things to remove). Returns the entry, or None when it could not be made (the caller removes `upper`
+    as before)."""
     from ..paths import make_private_dir
 
     try:
@@ -72,10 +73,35 @@ def keep(upper: Path, name: str, tag: str, retire_to: Path) -> Path | None:
         os.rename(upper, entry / "upper")
     except OSError:
         return None
+    if pushed is not None:
+        _drop_whiteouts(entry / "upper", pushed)
     for other in _entries(name):
         if other != entry:
             _retire(other, retire_to)
     return entry
+
+
+def _drop_whiteouts(upper: Path, pushed: Manifest) -> None:
+    """Remove the copy's whiteouts and fuse-overlayfs's marker files: each names a path the tag lacks
+    (the tag was pushed from this very view, where they deleted it), so over the tag's stripes they hide
+    nothing, and as the view's only layer they would be the bottom layer's, which not every overlay
+    hides. Without them, a save that deleted the checkpoint it replaced (Lightning's `save_top_k`, HF's
+    `save_total_limit`) still leaves a copy that is all of its tag (`judge`: WHOLE)."""
+    files = {f.path for f in pushed.files}
+    dirs = set(pushed.dirs)
+    with contextlib.suppress(OSError):
+        marks = [
+            rel
+            for rel, name, st in walk(upper)
+            if rel not in files
+            and rel not in dirs
+            and (
+                (stat.S_ISCHR(st.st_mode) and st.st_rdev == 0)
+                or (stat.S_ISREG(st.st_mode) and name.startswith(WHITEOUT))
+            )
+        ]
+        for rel in marks:
+            os.unlink(upper / rel)
 
 
 def _write_tag(entry: Path, name: str, tag: str) -> None:

@@ -250,7 +250,7 @@ def finish(
     elif settings.keep_local:  # the next start on this node reads this save from local disk (kept.py)
         from .kept import keep
 
-        keep(Path(j.path), j.name, m.tag, retire_to=root.parent)
+        keep(Path(j.path), j.name, m.tag, retire_to=root.parent, pushed=m)
     _done(root)
     return m
 
