@@ -6,8 +6,13 @@ import fcntl
 import os
 from pathlib import Path
 
-from bootseer_cli.stripe.kept import PART, WHOLE, hold_for, judge, keep, kept_root, usable_for
+from bootseer_cli.stripe.kept import PART, WHOLE, hold_for, judge, keep, kept_root
 from bootseer_cli.stripe.layout import FileEntry, Manifest
+
+
+def usable_for(upper: Path, m: Manifest, fuse_markers: bool | None = None) -> bool:
+    """Whether stacking the copy over `m`'s stripes shows exactly `m`."""
+    return bool(judge(upper, m, fuse_markers))
 
 
 def _copy(tmp_path: Path) -> tuple[Path, Manifest]:

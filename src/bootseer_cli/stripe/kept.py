@@ -6,7 +6,7 @@ local disk: for a checkpoint of hundreds of GB, a restart would fetch it again. 
 has pushed an overlay's upper directory as tag T, the upper directory is not removed but renamed into
 `<cache root>/ckpt-kept/<entry>/upper` (`keep`), beside a `tag.json` naming (checkpoint, T); and the
 next start that mounts exactly T on this node stacks it as the top lower layer of the writable view,
-over the stripe mount (`usable_for`): the merged view is T's, its newest files read from local disk.
+over the stripe mount (`judge`): the merged view is T's, its newest files read from local disk.
 
 When the copy is used: every regular file in it has the size and mtime (in ns) that T's signed manifest
 records for that path, every directory is a directory of T, and it holds nothing else than the
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 TAG_FILE = "tag.json"
 LOCK_FILE = "lock"
+PART = "part"  # `judge`: usable stacked over the tag's stripes
+WHOLE = "whole"  # `judge`: the copy alone is the tag
 
 
 def kept_root() -> Path:
@@ -217,17 +219,9 @@ def hold_for(m: Manifest) -> Held | None:
     return None
 
 
-PART = "part"
-WHOLE = "whole"
-
-
-def usable_for(upper: Path, m: Manifest, fuse_markers: bool | None = None) -> bool:
-    """Whether stacking `upper` over `m`'s stripes shows exactly `m` (see the module's docstring)."""
-    return bool(judge(upper, m, fuse_markers))
-
-
 def judge(upper: Path, m: Manifest, fuse_markers: bool | None = None) -> str:
-    """ "" (not usable), PART (usable over `m`'s stripes) or WHOLE: the copy alone is `m`.
+    """ "" (not usable: stacked over `m`'s stripes it would show something else than `m`), PART (usable
+    over `m`'s stripes; see the module's docstring) or WHOLE: the copy alone is `m`.
 
     WHOLE: every file of `m` is in the copy with its size and mtime, every directory of `m` is there,
     and the copy holds no whiteout or marker at all. A job whose saves rewrite the whole checkpoint
