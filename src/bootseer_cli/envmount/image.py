@@ -20,6 +20,11 @@ directory swapped for a link on the way is an error, never read through), into a
 (squashfs-tools 4.5.1's own `-cpiostyle` list input hangs). GNU tar, which built the image before,
 opened the listed paths by name: a root capture could be made to read through a link a job swapped in.
 
+A capture that is already the whole tree (`Captured.whole`: the setup made the roots from nothing) is
+packed from its own blob instead (`whole`): the same writer over the same scan wrote it, so the tree is
+not scanned, read and compressed a second time; in `exec` the agent packs it, from the pending blob,
+behind the launcher (envsnap/agent_tasks.py).
+
 The ref field is `fs_image: {digest, size, format}`; `format` is "squashfs-zstd". Before the ref is
 written, `publish()` uploads the image (`upload_images`) from the node cache's pending area, where
 the builder left it (a capture handed to the agent waits there too).
@@ -48,6 +53,11 @@ FORMAT = "squashfs-zstd"
 SUFFIX = ".squashfs"
 OWN_PREFIX = ".bootseer-env"  # the stamp, the carried paths, the journal: per tree, never in an image
 BUILD_TIMEOUT_S = 3600.0
+# mksquashfs's zstd default is level 15: on 2 cores it packed a CPU torch venv (939 MB) in 53 s against
+# 2.2 s for `tar -I 'zstd -T0' -cf`. Level 3 (zstd's own default, the snapshot's level) packs it in
+# 2.4 s into 260 MB instead of 224 MB, and a cold `import torch` from either image takes the same time
+# (decompression speed hardly depends on the level): the measurements are in BENCHMARKS.md.
+ZSTD_LEVEL = 3
 PENDING_DIR = "pending"  # envsnap/publish.py's PENDING_DIR, named here: publish imports this module
 
 
@@ -101,8 +111,14 @@ def tree_paths(roots: list[str], exclude: list[str]) -> Iterator[str]:
                 yield p.lstrip("/")
 
 
-def build_image(roots: list[str], exclude: list[str], dest_dir: Path) -> Image:
-    """Pack the roots' trees into a squashfs image (zstd) under `dest_dir`, named by its digest."""
+def build_image(roots: list[str], exclude: list[str], dest_dir: Path, whole: Path | None = None) -> Image:
+    """Pack the roots' trees into a squashfs image (zstd) under `dest_dir`, named by its digest.
+
+    `whole`: a capture's blob that already holds every path of the trees (the capture of a setup that
+    made them from nothing, `Captured.whole`): its tar stream is packed as it is, so the tree is not
+    scanned, read and compressed a second time; written by the same no-follow writer from the same
+    scan, it is the archive `_tree_archive` would write. Without it (a layer, a tree the setup only
+    added to) the trees are archived whole first."""
     from ..digests import sha256_file
 
     why = missing_builder()
@@ -111,9 +127,11 @@ def build_image(roots: list[str], exclude: list[str], dest_dir: Path) -> Image:
     dest_dir.mkdir(parents=True, exist_ok=True)
     tmp = dest_dir / f".image-{uuid.uuid4().hex}{SUFFIX}"
     source = dest_dir / f".image-{uuid.uuid4().hex}.tar.zst"
-    mk = ["mksquashfs", "-", str(tmp), "-tar", "-comp", "zstd", "-noappend", "-quiet", "-no-progress"]
+    mk = ["mksquashfs", "-", str(tmp), "-tar", "-comp", "zstd", "-Xcompression-level", str(ZSTD_LEVEL)]
+    mk += ["-noappend", "-quiet", "-no-progress"]
     try:
-        _tree_archive(roots, exclude, source)
+        if whole is None:
+            _tree_archive(roots, exclude, source)
         # The snapshot format keeps no owners (a restore makes the files the restoring user's); the
         # image's files are the tree's owner's (its first root's), as an extraction by that user makes
         # them, so that user's writable layer may write into them (fuse-overlayfs checks the lower's owner).
@@ -123,7 +141,7 @@ def build_image(roots: list[str], exclude: list[str], dest_dir: Path) -> Image:
         with subprocess.Popen(mk, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as m:
             assert m.stdin is not None and m.stderr is not None
             try:
-                _feed_tar(source, m.stdin)
+                _feed_tar(whole or source, m.stdin)
             except BrokenPipeError:  # mksquashfs stopped reading: its exit status and stderr say why
                 pass
             finally:
@@ -173,12 +191,12 @@ def pending_dir(cache: BlobCache) -> Path:
 
 
 def image_for_publish(
-    roots: list[str], exclude: list[str], cache: BlobCache, warn: Callable[[str], None]
+    roots: list[str], exclude: list[str], cache: BlobCache, warn: Callable[[str], None], whole: Path | None = None
 ) -> dict[str, Any]:
     """The ref field of a freshly built image of the roots (waiting in the pending area), or {} with a
-    warning: a snapshot without an image is still restored, by extraction."""
+    warning: a snapshot without an image is still restored, by extraction. `whole`: see `build_image`."""
     try:
-        return build_image(roots, exclude, pending_dir(cache)).field()
+        return build_image(roots, exclude, pending_dir(cache), whole).field()
     except BootseerError as e:
         warn(f"env: {e}; this snapshot will be extracted, not mounted")
         return {}
@@ -197,5 +215,5 @@ def upload_images(store: Store, cache: BlobCache, extra: dict[str, Any] | None) 
         if cache.get(digest) is not None or store.has_blob(digest):
             return
         raise BootseerError(f"env image {digest[:12]} is neither pending nor stored")
-    store.put_blob_file(path, digest)
+    store.put_blob_file(path, digest, own=True)  # a local store links it: the cache adopts it next
     cache.adopt(path, digest, store)

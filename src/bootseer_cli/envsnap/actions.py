@@ -140,7 +140,8 @@ def snapshot_here(settings: Settings, warn: Say) -> Published:
         from ..envmount.image import image_for_publish
         from .setup import excluded_paths
 
-        extra.update(image_for_publish(roots, excluded_paths(settings.store), cache, warn))
+        whole = cap.blob if cap.whole else None
+        extra.update(image_for_publish(roots, excluded_paths(settings.store), cache, warn, whole))
     publish(settings.p2p, st, cache, cap, key, roots, extra=extra)
     write_stamp(EnvTree(roots), [key, now], cap.digest, cap.entries, cap.deletion_paths)
     return Published(key, cap.digest, cap.size, cap.files, cap.deletions, time.monotonic() - t0)

@@ -318,6 +318,9 @@ class Captured:
     seconds: dict[str, float] = field(default_factory=dict)  # scan, write, outside_wait: for profiles
     # files a layer's setup rewrote with its parent's bytes (rewrites.py): not in the blob, in the stamp
     unchanged: list[ArchiveEntry] = field(default_factory=list)
+    # the blob holds every path under the roots (bootseer's per-tree files aside) and deletes nothing:
+    # it is the whole tree, and the env image (envmount/image.py) is packed from it as it is
+    whole: bool = False
 
 
 def _refuse_unportable(after: Manifest, changed: list[str], roots: list[str]) -> None:
@@ -394,7 +397,19 @@ def capture(
         d.deleted,
         seconds={"scan": t1 - t0, "write": t2 - t1, "outside_wait": time.monotonic() - t2},
         unchanged=unchanged,
+        whole=_is_whole(after, d.changed, d.deleted, roots),
     )
+
+
+def _is_whole(after: Manifest, changed: list[str], deleted: list[str], roots: list[str]) -> bool:
+    """Whether the blob of `changed` is the whole tree `after` (its per-tree `.bootseer-env.*` files aside)."""
+    from ..envmount.image import OWN_PREFIX
+
+    if deleted:
+        return False
+    own = tuple(os.path.join(r, OWN_PREFIX) for r in roots)
+    tree = {p for p in after if not p.startswith(own)}
+    return len(changed) == len(tree) and tree.issuperset(changed)
 
 
 def _tmp_blob(cache: BlobCache) -> Path:

@@ -104,7 +104,7 @@ def publish(
     if isinstance(cap, Captured):
         cap = Upload.of(cap)
     with byte_bar(cap.size, "upload", enabled=progress) as advance:
-        store.put_blob_file(cap.blob, cap.digest, progress=advance)
+        store.put_blob_file(cap.blob, cap.digest, progress=advance, own=True)
     path = cache.adopt(cap.blob, cap.digest, store)  # a local store: one copy, linked
     torrent = delivery.after_publish(p2p, store, cap.digest, path) or {}
     from ..envmount.image import upload_images
