@@ -46,6 +46,11 @@ from this machine (say the CUDA torch that the node's own Python holds):
     SP=$(python3 -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')
     python tests/benchmarks/bench_envsnap.py --vs-tar --fresh-fs --copy-dirs $SP/torch $SP/nvidia $SP/triton
 
+`--snapshot` adds `bootseer snapshot` as a user runs it, in extract mode and in mount mode (the capture,
+the squashfs image, the publish into an emptied local store: issue 48's figure against `tar -cf`):
+
+    python tests/benchmarks/bench_envsnap.py --vs-tar --only capture --snapshot --copy-dirs $SP/torch ...
+
 Everything it creates lives under the target's parent directory and is removed at the end.
 """
 
@@ -462,6 +467,14 @@ class TarBench:
             ],
         }
 
+    def snapshot_config(self) -> Path:
+        """`bootseer snapshot` publishes into a store of its own, emptied before each step: the main store
+        holds the prepared blob, and a publish that finds its blob present sends nothing."""
+        cfg = self.work / "snapshot.toml"
+        store = (self.work / "snap-store").as_uri()
+        cfg.write_text(self.cfg.read_text().replace(self.store.as_uri(), store))
+        return cfg
+
     def setup_step(self, name: str, env: dict[str, str]) -> None:
         """The untimed state before a step: an absent target (restore; with --fresh-fs an empty new
         filesystem mounted there) or the laid-down tree (capture)."""
@@ -472,6 +485,8 @@ class TarBench:
         shutil.rmtree(self.node_cache / "bootseer" / "blobs", ignore_errors=True)
         shutil.rmtree(self.work / "capture-cache", ignore_errors=True)
         (self.work / "out.tar.zst").unlink(missing_ok=True)
+        shutil.rmtree(self.work / "snap-store", ignore_errors=True)
+        shutil.rmtree(self.node_cache / "bootseer" / "pending", ignore_errors=True)
         if name.startswith("capture: "):
             run(["tar", "-I", "zstd", "-xf", str(self.tar_archive), "-C", "/"], env)
         self.dropped = drop_caches() and self.dropped
@@ -524,6 +539,7 @@ def vs_tar(
     seed: int | None = None,
     big_writers: list[str] | None = None,
     only: str | None = None,
+    snapshot: bool = False,
 ) -> None:
     seed = random.randrange(1000) if seed is None else seed
     work = target.parent / "work-vs-tar"
@@ -551,6 +567,12 @@ def vs_tar(
                 b.against = str(Path(against).resolve())
                 for k in ("restore: bootseer restore", "capture: bootseer capture"):
                     methods[f"{k} (against)"] = methods[k]
+            if snapshot:  # issue 48: `bootseer snapshot` as a user runs it (capture, image, local publish)
+                bs = [sys.executable, "-m", "bootseer_cli", "snapshot", "--config", str(b.snapshot_config())]
+                for mode in ("extract", "mount"):
+                    name = f"capture: bootseer snapshot ({mode} mode)"
+                    methods[name] = bs
+                    b.step_env[name] = {"BOOTSEER_ENV_MODE": mode, "BOOTSEER_TRUST_VERIFY": "off"}
             for spec in big_writers or []:  # this checkout's capture with the large-file writers forced
                 n = int(spec.rstrip("r"))
                 how = "reports as they write" if spec.endswith("r") else "one report each, at its end"
@@ -682,6 +704,11 @@ def main() -> None:
     ap.add_argument(
         "--only", choices=["restore", "capture"], default=None, help="--vs-tar: only the restores, or the captures"
     )
+    ap.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="--vs-tar: also `bootseer snapshot` in extract and mount mode (capture, image, publish to a local store)",
+    )
     args = ap.parse_args()
     for spec in args.big_writers or []:
         if not spec.rstrip("r").isdigit() or int(spec.rstrip("r")) < 1 or spec.count("r") > 1:
@@ -703,6 +730,7 @@ def main() -> None:
             args.seed,
             args.big_writers,
             args.only,
+            args.snapshot,
         )
         return
     if args.extract:

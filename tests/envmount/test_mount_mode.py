@@ -327,3 +327,38 @@ def test_the_snapshot_verb_publishes_the_image_too(base: Path, wheels: Path) -> 
     r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], nd)
     assert r.returncode == 0 and r.stdout.split()[-1] == "True", r.stdout + r.stderr
     agents_done(nd)
+
+
+def test_the_launcher_starts_before_the_image_is_packed(base: Path, wheels: Path) -> None:
+    """Before: the builder's start packed the image (mksquashfs) before exec, so the launcher waited for
+    it (53 s for a CPU torch venv at zstd level 15). A capture that is the whole tree is now packed by
+    the agent from the pending blob, behind the launcher. Here mksquashfs (a wrapper on PATH around the
+    real one) waits until the launcher has started, 60 s at most: before, the build failed and the ref
+    named no image; now the ref names it and a fresh node mounts it."""
+    root = base / "env"
+    started = base / "launcher-started"
+    wrappers = base / "bin"
+    wrappers.mkdir()
+    real = shutil.which("mksquashfs")
+    assert real is not None, "mksquashfs is required (apt-get install squashfs-tools)"
+    (wrappers / "mksquashfs").write_text(
+        f'#!/bin/sh\nfor i in $(seq 600); do [ -e "{started}" ] && exec "{real}" "$@"; sleep 0.1; done\n'
+        'echo "the launcher never started" >&2; exit 1\n'
+    )
+    (wrappers / "mksquashfs").chmod(0o755)
+    path = f"{wrappers}:{os.environ['PATH']}"
+    cfg = config(base, root, wheels)
+    builder = node(base, "builder")
+    launcher = ["sh", "-c", f'touch "{started}" && exec "$0" "$@"', *_job(base, root)]
+    r = bootseer(["exec", "--config", str(cfg), "--", *launcher], builder, path=path)
+    assert r.returncode == 0 and r.stdout.split()[:2] == ["ok", "1.17.0"], r.stdout + r.stderr
+    agents_done(builder)
+    log = "".join(p.read_text() for p in Path(builder["XDG_CACHE_HOME"]).rglob("agent.log"))
+    assert "env image packed" in log, log
+    ref = _ref(base)
+    assert ref[FIELD]["format"] == FORMAT, ref
+    shutil.rmtree(root)
+    nd = node(base, "fresh")
+    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], nd)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "True", r.stdout + r.stderr  # mounted, not extracted
+    agents_done(nd)

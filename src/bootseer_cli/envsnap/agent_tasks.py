@@ -16,6 +16,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BootseerError
@@ -42,6 +43,9 @@ class PublishTask:
     lease_expires: float
     lease_ttl_s: float
     ref_extra: dict[str, Any] = field(default_factory=dict)  # parent, chain, depth, inputs (publish.py)
+    # `[env] mode = "mount"` and the capture is the whole tree: pack the env image from the pending blob
+    # here, behind the launcher, and name it in the ref (envmount/image.py)
+    image_from_blob: bool = False
 
 
 def _lease_of(task: PublishTask, agent: Agent) -> Lease:
@@ -49,6 +53,21 @@ def _lease_of(task: PublishTask, agent: Agent) -> Lease:
     from ..store.core import Lease
 
     return Lease(agent.store, task.lease_key, task.lease_owner, task.lease_expires, task.lease_ttl_s)
+
+
+def _image(agent: Agent, roots: list[str], blob: Path) -> dict[str, Any]:
+    """The ref field of the env image packed from the pending whole-tree blob ({} when it cannot be
+    built: logged, and the snapshot is extracted on other nodes)."""
+    from ..envmount.image import image_for_publish
+    from ..store.cache import cache_for
+    from .setup import excluded_paths
+
+    t0 = time.monotonic()
+    settings = agent.settings
+    made = image_for_publish(roots, excluded_paths(settings.store), cache_for(settings.store), agent.log, blob)
+    if made:
+        agent.log(f"env-publish: env image packed in {fmt_seconds(time.monotonic() - t0)}")
+    return made
 
 
 def publish_task(task: PublishTask, agent: Agent) -> None:
@@ -74,7 +93,9 @@ def publish_task(task: PublishTask, agent: Agent) -> None:
         agent.log(f"env-publish: uploading env {key[:12]} ({fmt_bytes(up.size)}), lease renewed every {ttl / 3:.1f} s")
         with LeaseKeeper(lease, ttl, on_renew=touch):  # released on the way out, after the ref
             roots = [str(r) for r in task.roots]
-            publish(settings.p2p, agent.store, cache_for(settings.store), up, key, roots, extra=task.ref_extra)
+            cache = cache_for(settings.store)
+            extra = {**task.ref_extra, **(_image(agent, roots, up.blob) if task.image_from_blob else {})}
+            publish(settings.p2p, agent.store, cache, up, key, roots, extra=extra)
     except (BootseerError, OSError) as e:  # the lease is released: the next node builds and publishes
         agent.log(f"env-publish: env {key[:12]} not published: {e}")
         record_event(agent.run, "env-publish", t0, time.time(), "failed", bytes=up.size, reason=str(e))

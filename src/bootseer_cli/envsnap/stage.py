@@ -349,8 +349,14 @@ def _capture_and_hand_over(ctx: StageContext, keeper: LeaseKeeper, b: Built) -> 
     b.stamp(ctx, cap, _keys_now(ctx, key))
     from dataclasses import replace
 
+    from ..envmount.image import missing_builder
     from .agent_tasks import PublishTask
 
+    # Mount mode: the image of a capture that is the whole tree is packed from the pending blob by the
+    # agent, behind the launcher, before it writes the ref (the job never waits for mksquashfs); a
+    # layer's image reads the tree, which the job may change once it runs, so it is packed here. Without
+    # mksquashfs the warning is the start's own (`_image_extra`), not a line in the agent's log.
+    image_later = ctx.settings.env.mode == "mount" and cap.whole and not missing_builder()
     lease = keeper.lease
     task = PublishTask(
         env_key=key,
@@ -360,7 +366,8 @@ def _capture_and_hand_over(ctx: StageContext, keeper: LeaseKeeper, b: Built) -> 
         lease_owner=lease.owner,
         lease_expires=lease.expires,
         lease_ttl_s=keeper.ttl_s,
-        ref_extra={**b.ref_extra(ctx), **_image_extra(ctx, b)},
+        ref_extra={**b.ref_extra(ctx), **({} if image_later else _image_extra(ctx, b, cap))},
+        image_from_blob=image_later,
     )
 
     def stop_renewing() -> None:
@@ -394,7 +401,8 @@ def _capture_and_publish(ctx: StageContext, store: Store, b: Built) -> StageResu
     if isinstance(cap, StageResult):
         return cap
     try:
-        publish(ctx.settings.p2p, store, ctx.cache, cap, key, roots, extra={**b.ref_extra(ctx), **_image_extra(ctx, b)})
+        extra = {**b.ref_extra(ctx), **_image_extra(ctx, b, cap)}
+        publish(ctx.settings.p2p, store, ctx.cache, cap, key, roots, extra=extra)
     except BootseerError as e:
         ctx.warn(f"env: setup done and captured, but not published: {e}")
         cap.blob.unlink(missing_ok=True)
@@ -413,15 +421,17 @@ def _capture_and_publish(ctx: StageContext, store: Store, b: Built) -> StageResu
     )
 
 
-def _image_extra(ctx: StageContext, b: Built) -> dict[str, Any]:
+def _image_extra(ctx: StageContext, b: Built, cap: Captured) -> dict[str, Any]:
     """`[env] mode = "mount"`: the ref's `fs_image` field, the image built now from the set-up roots
-    (envmount/image.py); {} in extract mode or when it cannot be built (warned: the snapshot is extracted)."""
+    (envmount/image.py; packed from the capture's blob when that is the whole tree); {} in extract mode
+    or when it cannot be built (warned: the snapshot is extracted)."""
     if ctx.settings.env.mode != "mount":
         return {}
     from ..envmount.image import image_for_publish
     from .setup import excluded_paths
 
-    return image_for_publish(b.roots, excluded_paths(ctx.settings.store), ctx.cache, ctx.warn)
+    whole = cap.blob if cap.whole else None
+    return image_for_publish(b.roots, excluded_paths(ctx.settings.store), ctx.cache, ctx.warn, whole)
 
 
 def _keys_now(ctx: StageContext, key: str) -> list[str]:
