@@ -635,7 +635,8 @@ def report_vs_tar(
         heads = " | ".join(f"bootseer ÷ {r.removeprefix(kind + ': ')}" for r in refs)
         print(f"| method | wall s (median) | runs | CPU s | {heads} |")
         print("|---|---:|---|---:|" + "---:|" * len(refs))
-        variants = sorted(n for n in wall if n.startswith(ours) and n != ours)  # (against), --big-writers
+        # (against), --big-writers, --snapshot
+        variants = sorted(n for n in wall if n.startswith((ours, "capture: bootseer snapshot")) and n != ours)
         for name in [*refs, *variants, ours]:
             xs = wall[name]
             cells = []
