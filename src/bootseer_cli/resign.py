@@ -121,10 +121,9 @@ def named_blobs(rel: str, doc: dict[str, Any]) -> list[Blob]:
             if not is_digest(value):
                 raise IntegrityError(f"its {name} {str(value)[:20]!r} is not a sha256 digest")
             out.append(("", str(value)))
-    from .envmount.image import image_of  # `[env] mode = "mount"`: the image the ref names is a blob too
+    from .envmount.image import image_stack  # `[env] mode = "mount"`: the images the ref names are blobs too
 
-    image = image_of(doc)
-    return [*out, ("", image[0])] if image else out
+    return [*out, *(("", digest) for digest, _ in image_stack(doc) or [])]
 
 
 class BlobCheck:

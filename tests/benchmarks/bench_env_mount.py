@@ -13,6 +13,9 @@ Each round, in a rotating order, with the tree removed and `sync; echo 3 > drop_
 - `mount`: `bootseer exec` in mode "mount" (root: the kernel's squashfs on a loop device + overlayfs);
 - `fuse`: the same exec with `mount` off PATH, so the image goes through `squashfuse_ll` + `fuse-overlayfs`
   (the plain user's path).
+`--layer PACKAGE` adds step `layer`: the builder publishes the env again with PACKAGE (a directory of
+this interpreter's site-packages) copied in, a layer over the env above, whose image holds only that
+change and is mounted over the env's (issue 48 item 3); the two images' sizes are printed.
 Printed: each step's median wall time, the ratio to `extract` and to `tar`, and for the two exec steps the
 env stage's own seconds (its event). Lazy ranged fill (the image only in the store) is a later step.
 """
@@ -104,6 +107,28 @@ def setup(work: Path, packages: list[str]) -> tuple[Path, Path, Path]:
     return cfg, cache, tar
 
 
+def layer_config(work: Path, cfg: Path, cache: Path, extra: str) -> tuple[Path, str]:
+    """--layer: the setup plus one more package copied in (`extra`, from this interpreter's site-packages),
+    published by the builder as a layer over the env above: its config, and the two images' sizes."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    root = work / "env"
+    text = cfg.read_text()
+    setup = text.split("setup = [")[1].rstrip().rstrip("]")
+    cfg2 = work / "bootseer-layer.toml"
+    cfg2.write_text(text.replace(f"setup = [{setup}]", f'setup = [{setup}, "cp -a {site / extra} {root}/site/"]'))
+    if not (work / "published-layer").exists():
+        _empty(root)  # the builder's tree: the env above, then the bump over it
+        r = _bootseer(["exec", "--config", str(cfg), "--", "true"], cache, "extract")
+        r2 = _bootseer(["exec", "--config", str(cfg2), "--", "true"], cache, "mount") if not r.returncode else r
+        if r2.returncode or "layer" not in r2.stderr:
+            raise SystemExit(f"the layer was not published: {r2.stderr[-2000:]}")
+        _agents_done(cache)
+        (work / "published-layer").touch()
+    refs = [json.loads(p.read_text()) for p in (work / "store").rglob("refs/env/*.json")]
+    sizes = sorted((r.get("fs_image") or {}).get("size", 0) for r in refs)
+    return cfg2, f"images: {', '.join(f'{n / 1e6:.1f} MB' for n in sizes)} (the layer's, the whole tree's)"
+
+
 def _empty(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir()
@@ -120,14 +145,18 @@ def step(name: str, work: Path, cfg: Path, cache: Path, tar: Path, imports: str)
         subprocess.run(["tar", "-I", "zstd -T0", "-C", "/", "-xf", str(tar)], check=True)
         subprocess.run([sys.executable, "-c", prog], check=True)
         return time.perf_counter() - t, None
-    mode = "mount" if name == "fuse" else name
+    mode = "mount" if name in ("fuse", "layer") else name
     path = _fuse_path(work) if name == "fuse" else None
+    if name == "layer":  # the env with one package more, a layer: its image stacked over the one above
+        cfg = work / "bootseer-layer.toml"
     r = _bootseer(["exec", "--config", str(cfg), "--", sys.executable, "-c", prog], cache, mode, path)
     took = time.perf_counter() - t
     if r.returncode:
         raise SystemExit(r.stderr[-3000:])
     _agents_done(cache)
-    how = {"mount": "kernel squashfs", "fuse": "fuse squashfs + fuse overlay"}.get(name, "restored")
+    how = {"mount": "kernel squashfs", "fuse": "fuse squashfs + fuse overlay", "layer": "2 images"}.get(
+        name, "restored"
+    )
     if how not in r.stderr:
         raise SystemExit(f"{name}: not what was measured: {r.stderr[-1500:]}")
     return took, _env_stage_s(cache)
@@ -158,12 +187,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/bootseer-bench-env-mount"))
     ap.add_argument("--steps", default="tar,extract,mount,fuse")
+    ap.add_argument(
+        "--layer",
+        default="",
+        metavar="PACKAGE",
+        help="also a layer adding PACKAGE (a directory of site-packages): step 'layer' mounts its image over the env's",
+    )
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (drop_caches, kernel mounts)")
     a.work.mkdir(parents=True, exist_ok=True)
     cfg, cache, tar = setup(a.work, a.packages.split(","))
     names = a.steps.split(",")
+    if a.layer:
+        _, sizes = layer_config(a.work, cfg, cache, a.layer)
+        print(sizes)
+        names += [] if "layer" in names else ["layer"]
     walls: dict[str, list[float]] = {n: [] for n in names}
     stages: dict[str, list[float]] = {n: [] for n in names}
     for i in range(a.rounds):

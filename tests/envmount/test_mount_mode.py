@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from bootseer_cli.digests import sha256_file
-from bootseer_cli.envmount.image import FIELD, FORMAT
+from bootseer_cli.envmount.image import FIELD, FORMAT, image_stack
 from bootseer_cli.envmount.mounts import devices_at
 from bootseer_cli.store.core import Store
 
@@ -231,8 +231,9 @@ def test_the_image_waits_in_the_pending_area_publish_sweeps() -> None:
 
 
 def test_a_squashed_chain_keeps_its_image(base: Path, wheels: Path) -> None:
-    """A layer at `[env] max_layers` is squashed under the same key: the new ref still names the image
-    (before: the squash's ref dropped it, and every mount-mode node extracted from then on)."""
+    """A layer at `[env] max_layers` is squashed under the same key: the new ref still names the images
+    (before: the squash's ref dropped them, and every mount-mode node extracted from then on): the
+    layer's own image over its parent's (test_layer_images.py), which a fresh node mounts."""
     root = base / "env"
     _publish(base, root, wheels)
     cfg = config(base, root, wheels)
@@ -250,7 +251,15 @@ def test_a_squashed_chain_keeps_its_image(base: Path, wheels: Path) -> None:
         Store((base / "store").as_uri()).read_ref("env", p.name[:-5]) for p in (base / "store").rglob("refs/env/*.json")
     ]
     [squashed] = [ref for ref in refs if ref.get("squashed")]
-    assert squashed.get("depth") == 0 and squashed[FIELD]["format"] == FORMAT, squashed
+    [parent] = [ref for ref in refs if not ref.get("squashed")]
+    stack = image_stack(squashed)
+    assert squashed.get("depth") == 0 and stack is not None and len(stack) == 2, squashed
+    assert stack[1][0] == parent[FIELD]["digest"] and parent[FIELD]["format"] == FORMAT
+    shutil.rmtree(root)
+    nd = node(base, "fresh")
+    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], nd)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "True" and "2 images" in r.stderr, r.stdout + r.stderr
+    agents_done(nd)
 
 
 def test_two_runs_on_one_root_stack_and_each_takes_down_only_its_own(base: Path, wheels: Path) -> None:

@@ -129,12 +129,13 @@ def mount_lower(image: str, lower: str) -> tuple[str, str]:
     raise BootseerError("; ".join(reasons))
 
 
-def mount_overlay(lowerdir: str, upper: str, work: str, mountpoint: str) -> tuple[str, str]:
-    """The writable view at `mountpoint`: (device, "kernel" | "fuse"); raises with every reason."""
-    paths = [lowerdir, upper, work, mountpoint]
+def mount_overlay(lowerdirs: list[str], upper: str, work: str, mountpoint: str) -> tuple[str, str]:
+    """The writable view at `mountpoint` over `lowerdirs` (top first): (device, "kernel" | "fuse");
+    raises with every reason."""
+    paths = [*lowerdirs, upper, work, mountpoint]
     if any(c in p for p in paths for c in ",:"):
         raise BootseerError(f"cannot overlay {mountpoint}: a path holds ',' or ':'")
-    opts = f"lowerdir={lowerdir},upperdir={upper},workdir={work}"
+    opts = f"lowerdir={':'.join(lowerdirs)},upperdir={upper},workdir={work}"
     attempts: list[tuple[str, list[str]]] = []
     if os.geteuid() == 0:
         kernel = ["mount", "-t", "overlay", "-o", f"{opts},{KERNEL_OVERLAY_OPTIONS}", SOURCE_RW, mountpoint]

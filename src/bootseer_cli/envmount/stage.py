@@ -63,10 +63,10 @@ def _blocked_root(roots: list[str]) -> str:
 
 def why_not(ctx: StageContext, ref: dict[str, Any], roots: list[str]) -> str:
     """Why this start cannot mount the ref's image ("" when it can try)."""
-    from .image import image_of
+    from .image import image_stack
     from .mounts import method_here
 
-    if image_of(ref) is None:
+    if image_stack(ref) is None:
         return "the snapshot has no squashfs image (published in extract mode)"
     if not ctx.settings.exec.agent:
         return "mount mode needs the agent ([exec] agent) to take the mounts down"
@@ -78,30 +78,32 @@ def try_mount(
     ctx: StageContext, store: Store, key: str, roots: list[str], ref: dict[str, Any]
 ) -> tuple[StageResult | None, str]:
     """(the stage's result, "") with the env mounted at the roots, or (None, why not) to extract instead."""
-    from .image import image_of
+    from .image import image_stack
     from .runs import RunMounts, sweep
 
     sweep(keep=ctx.run.run, log=ctx.info)  # the mounts of killed runs go before this one looks at the roots
     why = why_not(ctx, ref, roots)
     if why:
         return None, why
-    digest, size = image_of(ref)  # type: ignore[misc]
+    stack = image_stack(ref) or []  # top first: a layer's image over its parent's, down to a whole one
     t0 = time.time()
-    try:
-        fetched = _local_image(ctx, store, digest, size)
-    except StageFatal:
-        raise
-    except Exception as e:  # the store, the swarm, the cache: extraction may still work (its own blob)
-        return None, f"image {digest[:12]} not fetched: {e}"
+    fetched: list[Fetched] = []
+    for digest, size in stack:
+        try:
+            fetched.append(_local_image(ctx, store, digest, size))
+        except StageFatal:
+            raise
+        except Exception as e:  # the store, the swarm, the cache: extraction may still work (its own blob)
+            return None, f"image {digest[:12]} not fetched: {e}"
     t1 = time.time()
     rm = RunMounts.create(ctx.run.run, os.getpid())  # exec keeps this pid for the launcher
     try:
-        how = _mount_all(rm, str(fetched.path), roots)
+        how = _mount_all(rm, [str(f.path) for f in fetched], roots)
     except (BootseerError, OSError) as e:
         rm.teardown()
         return None, f"mount failed: {e}"
     ctx.add_agent_task(MountTask(root=str(rm.root)))
-    return _mounted_result(fetched, digest, size, how, t1 - t0, time.time() - t1), ""
+    return _mounted_result(fetched, stack, how, t1 - t0, time.time() - t1), ""
 
 
 def _identity(path: Path) -> str:
@@ -136,41 +138,65 @@ def _local_image(ctx: StageContext, store: Store, digest: str, size: int) -> Fet
     return fetched
 
 
-def _mount_all(rm: RunMounts, image: str, roots: list[str]) -> str:
-    """The image at `lower/`, an overlay over each root; returns how ("kernel squashfs + kernel overlay")."""
+def _mount_all(rm: RunMounts, images: list[str], roots: list[str]) -> str:
+    """Each image at `lower/<i>` (top first), an overlay over each root; returns how ("kernel squashfs +
+    kernel overlay"). A layer's image lacks a root it changed nothing in: that root's overlay stacks
+    the images that hold it."""
     from .mounts import mount_lower, mount_overlay
 
-    lower = rm.dir("lower")
-    rm.add(lower, "")  # recorded before it exists: a kill in between leaves the path for the sweep
-    dev, lower_how = mount_lower(image, lower)
-    rm.mounts[-1]["dev"] = dev
-    rm.save()
+    lowers, lower_how = [], set()
+    for i, image in enumerate(images):
+        lower = rm.dir("lower", str(i))
+        rm.add(lower, "")  # recorded before it exists: a kill in between leaves the path for the sweep
+        dev, how = mount_lower(image, lower)
+        rm.mounts[-1]["dev"] = dev
+        rm.save()
+        lowers.append(lower)
+        lower_how.add(how)
     over = set()
     for i, root in enumerate(roots):
-        if os.path.realpath(lower + root) != os.path.realpath(lower) + root:  # no link in the image leads out
-            raise BootseerError(f"the image holds no plain directory at {root}")
+        layers = []
+        for lower in lowers:
+            at = lower + root
+            if not os.path.lexists(at) and lower is not lowers[-1]:
+                continue  # a layer that changed nothing under this root
+            if os.path.realpath(at) != os.path.realpath(lower) + root or not os.path.isdir(at):
+                raise BootseerError(f"the image holds no plain directory at {root}")  # no link leads out
+            layers.append(at)
         os.makedirs(root, mode=0o755, exist_ok=True)
-        dev, how = mount_overlay(lower + root, rm.dir("upper", str(i)), rm.dir("work", str(i)), root)
+        dev, how = mount_overlay(layers, rm.dir("upper", str(i)), rm.dir("work", str(i)), root)
         rm.add(root, dev)
         over.add(how)
-    return f"{lower_how} squashfs + {'/'.join(sorted(over))} overlay"
+    n = f"{len(images)} images: " if len(images) > 1 else ""
+    return f"{n}{'/'.join(sorted(lower_how))} squashfs + {'/'.join(sorted(over))} overlay"
 
 
-def _mounted_result(fetched: Fetched, digest: str, size: int, how: str, fetch_s: float, mount_s: float) -> StageResult:
+def _mounted_result(
+    fetched: list[Fetched], stack: list[tuple[str, int]], how: str, fetch_s: float, mount_s: float
+) -> StageResult:
     from ..stage import StageResult
     from ..units import fmt_bytes
 
-    got = fetched.bytes_from_store + fetched.bytes_from_peers
-    src = "node cache" if fetched.source == "cache" else fetched.source
+    from_store = sum(f.bytes_from_store for f in fetched)
+    from_peers = sum(f.bytes_from_peers for f in fetched)
+    srcs = sorted({"node cache" if f.source == "cache" else f.source for f in fetched})
+    size = sum(n for _, n in stack)
+    names = " over ".join(d[:12] for d, _ in stack)
     return StageResult(
         outcome="restored",
-        summary=f"mounted image {digest[:12]} ({fmt_bytes(size)}, from {src}; {how}) in {mount_s:.2f} s",
+        summary=f"mounted image {names} ({fmt_bytes(size)}, from {'/'.join(srcs)}; {how}) in {mount_s:.2f} s",
         cache="hit",
-        bytes=got,
-        bytes_from_store=fetched.bytes_from_store,
-        bytes_from_peers=fetched.bytes_from_peers,
-        reason=fetched.note,
-        extra={"mode": "mount", "how": how, "fetch_s": round(fetch_s, 3), "mount_s": round(mount_s, 3)},
+        bytes=from_store + from_peers,
+        bytes_from_store=from_store,
+        bytes_from_peers=from_peers,
+        reason="; ".join(f.note for f in fetched if f.note),
+        extra={
+            "mode": "mount",
+            "how": how,
+            "images": len(stack),
+            "fetch_s": round(fetch_s, 3),
+            "mount_s": round(mount_s, 3),
+        },
     )
 
 

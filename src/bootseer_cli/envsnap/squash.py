@@ -128,8 +128,9 @@ def squash(
 
 
 def _kept_image(store: Store, env_key: str) -> dict[str, Any]:
-    """The layer's `fs_image` (envmount/image.py: an image always holds the whole tree), kept by the
-    squashed ref so `[env] mode = "mount"` nodes go on mounting; {} when it has none."""
+    """The layer's `fs_image` (envmount/image.py: a whole tree's image, or the layer's own with the
+    images below it), kept by the squashed ref so `[env] mode = "mount"` nodes go on mounting the
+    same tree; {} when it has none."""
     from ..envmount.image import FIELD
     from .catalog import REF_KIND
 

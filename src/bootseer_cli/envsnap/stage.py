@@ -423,15 +423,23 @@ def _capture_and_publish(ctx: StageContext, store: Store, b: Built) -> StageResu
 
 def _image_extra(ctx: StageContext, b: Built, cap: Captured) -> dict[str, Any]:
     """`[env] mode = "mount"`: the ref's `fs_image` field, the image built now from the set-up roots
-    (envmount/image.py; packed from the capture's blob when that is the whole tree); {} in extract mode
-    or when it cannot be built (warned: the snapshot is extracted)."""
+    (envmount/image.py; packed from the capture's blob when that is the whole tree; a layer over a
+    parent with an image gets an image of its own changes, stacked over the parent's); {} in extract
+    mode or when it cannot be built (warned: the snapshot is extracted)."""
     if ctx.settings.env.mode != "mount":
         return {}
     from ..envmount.image import image_for_publish
     from .setup import excluded_paths
 
+    layer = None
+    if b.over is not None and not cap.whole:  # a layer's own image over the parent's, when it has one
+        from ..envmount.image import LayerSource, below_of
+
+        below = below_of(b.over.choice.ref)
+        if below is not None:
+            layer = LayerSource(cap.blob, list(cap.deletion_paths), below)
     whole = cap.blob if cap.whole else None
-    return image_for_publish(b.roots, excluded_paths(ctx.settings.store), ctx.cache, ctx.warn, whole)
+    return image_for_publish(b.roots, excluded_paths(ctx.settings.store), ctx.cache, ctx.warn, whole, layer)
 
 
 def _keys_now(ctx: StageContext, key: str) -> list[str]:
