@@ -18,21 +18,34 @@ from pathlib import Path
 import pytest
 
 from tests.support import pkgindex
-from tests.support.mounts import mounted_under
+from tests.support.mounts import mounted_under as all_mounted_under
+
+SHARED = "/env-images/"  # a node's image lowers (envmount/lowers.py): they outlive the runs by design
+
+
+def mounted_under(prefix: str) -> list[str]:
+    """The mounts below `prefix` a run should have taken down: all of them but the nodes' shared image
+    lowers (lowers.py keeps those for the next start; `shared_lowers_under` lists them)."""
+    return [mp for mp in all_mounted_under(prefix) if SHARED not in mp + "/"]
+
+
+def shared_lowers_under(prefix: str) -> list[str]:
+    return [mp for mp in all_mounted_under(prefix) if SHARED in mp + "/"]
+
 
 WHEELS = ["six==1.17.0", "idna==3.20"]
 
 
 def unmount_all(prefix: str) -> None:
-    for mp in reversed(mounted_under(prefix)):
+    for mp in reversed(all_mounted_under(prefix)):
         for argv in (["fusermount3", "-uz", mp], ["umount", "-l", mp]):
-            if mp in mounted_under(prefix):
+            if mp in all_mounted_under(prefix):
                 subprocess.run(argv, capture_output=True)
 
 
 @pytest.fixture
 def base(tmp_path: Path) -> Iterator[Path]:
-    """The test's directory; nothing stays mounted under it afterwards."""
+    """The test's directory; no run's mount stays under it afterwards (the shared image lowers go too)."""
     yield tmp_path
     left = mounted_under(str(tmp_path))
     unmount_all(str(tmp_path))

@@ -1,10 +1,12 @@
 """One run's env mounts: its directory in the node cache, its teardown, and the sweep of dead runs.
 
-`<cache root>/env-mount/<run id>/` (0700, local disk, this user's) holds `lower/` (the image's mount
-point), `upper/<i>` and `work/<i>` (root i's overlay: what the job wrote into its env, a `.pyc`, a late
-`pip install`; scratch, removed with the run, never written into the image) and `state.json`: the
-owner (the launcher's pid and start time: a reused pid is not mistaken for it) and each mount made,
-in order, with its device number. The state is written before each mount is made and after, so a
+`<cache root>/env-mount/<run id>/` (0700, local disk, this user's) holds `upper/<i>` and `work/<i>`
+(root i's overlay: what the job wrote into its env, a `.pyc`, a late `pip install`; scratch, removed
+with the run, never written into the image) and `state.json`: the owner (the launcher's pid and start
+time: a reused pid is not mistaken for it) and each mount made, in order, with its device number. The
+images' lowers it stacks on are the node's (lowers.py), recorded as `shared`: its teardown leaves them
+(their decompressed pages serve the next start), and the sweep takes them down once idle.
+The state is written before each mount is made and after, so a
 run killed at any point leaves a record the next start can undo: `sweep` takes down the mounts of
 runs whose owner is gone (each only if the device at its path is still the recorded one), newest
 first, and removes their directories once nothing is mounted there.
@@ -16,7 +18,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,8 +55,12 @@ class RunMounts:
     @classmethod
     def load(cls, root: Path) -> RunMounts:
         doc = json.loads((root / STATE).read_text())
-        mounts = [{"path": str(m["path"]), "dev": str(m["dev"])} for m in doc.get("mounts", [])]
+        mounts = [{k: str(m[k]) for k in ("path", "dev", "shared") if k in m} for m in doc.get("mounts", [])]
         return cls(root, str(doc.get("owner", "")), mounts)
+
+    def shared(self) -> list[str]:
+        """The shared lowers (lowers.py) this run stacks on: it never unmounts them."""
+        return [m["path"] for m in self.mounts if m.get("shared")]
 
     def save(self) -> None:
         """state.json replaced whole (a new private file, then rename): never half written."""
@@ -97,6 +103,8 @@ class RunMounts:
 
         left: list[dict[str, str]] = []
         for m in reversed(self.mounts):
+            if m.get("shared"):
+                continue  # a node's image lower (lowers.py): it outlives the run, the sweep takes it down
             dev = m["dev"] or self._private_dev(m["path"])
             if left and m["path"].startswith(str(self.root) + "/"):
                 left.append(m)  # the lower stays while an overlay of ours still stands on it
@@ -110,11 +118,18 @@ class RunMounts:
                 if log:
                     log(f"env: {e}")
         self.mounts = list(reversed(left))
-        if left or mount_info(str(self.root / "lower")) is not None:
+        if left or mount_info(str(self.root / "lower")) is not None or _mounted_below(str(self.root)):
             self.save()
             return False
         shutil.rmtree(self.root, ignore_errors=True)
         return True
+
+
+def _mounted_below(prefix: str) -> bool:
+    """Whether anything is mounted below `prefix` (never remove a directory a mount still covers)."""
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        return any(line.split()[4].startswith(prefix + "/") for line in f)
+    return True
 
 
 def live_mount(path: str, dev: str) -> bool:
@@ -130,9 +145,22 @@ def live_mount(path: str, dev: str) -> bool:
     return False
 
 
-def sweep(keep: str, log: Callable[[str], None] | None = None) -> int:
-    """Take down the mounts of ended runs (not `keep`, this run) and remove their directories; returns
-    how many runs were cleaned. A run whose owner is alive is left alone."""
+def sweep(keep: str, log: Callable[[str], None] | None = None, lowers: Sequence[str] = ()) -> int:
+    """Take down the mounts of ended runs (not `keep`, this run) and remove their directories, then the
+    shared image lowers no live run stacks on and no start used lately (lowers.py; `lowers`: the ones
+    this start is about to use); returns how many runs were cleaned. A run whose owner is alive is left
+    alone."""
+    from .lowers import sweep_lowers
+
+    in_use = set(lowers)
+    cleaned = _sweep_runs(keep, in_use, log)
+    with contextlib.suppress(OSError):
+        sweep_lowers(in_use, log=log)
+    return cleaned
+
+
+def _sweep_runs(keep: str, in_use: set[str], log: Callable[[str], None] | None) -> int:
+    """`sweep`'s runs; the shared lowers live runs stack on are added to `in_use`."""
     base = mount_root()
     try:
         names = sorted(os.listdir(base))
@@ -150,6 +178,7 @@ def sweep(keep: str, log: Callable[[str], None] | None = None) -> int:
         if rm is None:
             continue  # no record (a start that died before its first write): nothing mounted by it
         if rm.owner_alive():
+            in_use.update(rm.shared())
             continue
         with contextlib.suppress(OSError):
             cleaned += rm.teardown(log)

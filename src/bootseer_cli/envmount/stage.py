@@ -2,8 +2,9 @@
 
 On a node whose roots lack the env, with a ref that names an image (image.py): fetch the image whole
 into the node cache through delivery.py, verified by digest like every blob (filling it lazily by
-ranges, hot ranges first, is the next step of issue 48), mount it read-only once, and over each root
-a writable overlay whose upper directory is this run's (runs.py). The mounts live as long as the
+ranges, hot ranges first, is the next step of issue 48), mount it read-only once per node (lowers.py:
+it stays for the next start, whose imports then find their pages decompressed), and over each root a
+writable overlay whose upper directory is this run's (runs.py). The overlays live as long as the
 launcher: the agent's "env-umount" task takes them down when it ends; a run killed with its agent
 leaves a record the next start's sweep undoes.
 
@@ -79,13 +80,15 @@ def try_mount(
 ) -> tuple[StageResult | None, str]:
     """(the stage's result, "") with the env mounted at the roots, or (None, why not) to extract instead."""
     from .image import image_stack
+    from .lowers import lowers_root
     from .runs import RunMounts, sweep
 
-    sweep(keep=ctx.run.run, log=ctx.info)  # the mounts of killed runs go before this one looks at the roots
+    stack = image_stack(ref) or []  # top first: a layer's image over its parent's, down to a whole one
+    # the mounts of killed runs go before this one looks at the roots; the image lowers it uses stay
+    sweep(keep=ctx.run.run, log=ctx.info, lowers=[str(lowers_root() / d) for d, _ in stack])
     why = why_not(ctx, ref, roots)
     if why:
         return None, why
-    stack = image_stack(ref) or []  # top first: a layer's image over its parent's, down to a whole one
     t0 = time.time()
     fetched: list[Fetched] = []
     for digest, size in stack:
@@ -98,7 +101,7 @@ def try_mount(
     t1 = time.time()
     rm = RunMounts.create(ctx.run.run, os.getpid())  # exec keeps this pid for the launcher
     try:
-        how = _mount_all(rm, [str(f.path) for f in fetched], roots)
+        how = _mount_all(rm, [(str(f.path), d) for f, (d, _) in zip(fetched, stack, strict=True)], roots)
     except (BootseerError, OSError) as e:
         rm.teardown()
         return None, f"mount failed: {e}"
@@ -138,18 +141,18 @@ def _local_image(ctx: StageContext, store: Store, digest: str, size: int) -> Fet
     return fetched
 
 
-def _mount_all(rm: RunMounts, images: list[str], roots: list[str]) -> str:
-    """Each image at `lower/<i>` (top first), an overlay over each root; returns how ("kernel squashfs +
-    kernel overlay"). A layer's image lacks a root it changed nothing in: that root's overlay stacks
-    the images that hold it."""
-    from .mounts import mount_lower, mount_overlay
+def _mount_all(rm: RunMounts, images: list[tuple[str, str]], roots: list[str]) -> str:
+    """Each image (path, digest; top first) at its shared lower (lowers.py: mounted once per node, kept
+    for the next start's warm pages), an overlay over each root; returns how ("kernel squashfs + kernel
+    overlay"). A layer's image lacks a root it changed nothing in: that root's overlay stacks the images
+    that hold it."""
+    from .lowers import shared_lower
+    from .mounts import mount_overlay
 
     lowers, lower_how = [], set()
-    for i, image in enumerate(images):
-        lower = rm.dir("lower", str(i))
-        rm.add(lower, "")  # recorded before it exists: a kill in between leaves the path for the sweep
-        dev, how = mount_lower(image, lower)
-        rm.mounts[-1]["dev"] = dev
+    for image, digest in images:
+        lower, dev, how = shared_lower(image, digest)
+        rm.mounts.append({"path": lower, "dev": dev, "shared": "1"})
         rm.save()
         lowers.append(lower)
         lower_how.add(how)
