@@ -134,7 +134,8 @@ def test_a_layer_is_an_image_over_its_parents_and_mounts_as_the_chain_extracts(
 
 
 def test_whiteouts_go_on_the_topmost_deleted_paths() -> None:
-    assert whiteouts(["/e/a/x", "/e/a", "/e/b.py", "/e/ab/y", "/e/a/z/w"]) == ["/e/a", "/e/ab/y", "/e/b.py"]
+    deleted = ["/e/a/x", "/e/a", "/e/b.py", "/e/ab/y", "/e/a/z/w", "/e/a-b", "/e/a/y"]  # '-' sorts before '/'
+    assert whiteouts(deleted) == ["/e/a", "/e/a-b", "/e/ab/y", "/e/b.py"]
 
 
 def test_resign_checks_every_image_of_a_stack_and_a_malformed_one_names_none() -> None:

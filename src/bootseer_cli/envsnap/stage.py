@@ -353,9 +353,10 @@ def _capture_and_hand_over(ctx: StageContext, keeper: LeaseKeeper, b: Built) -> 
     from .agent_tasks import PublishTask
 
     # Mount mode: the image of a capture that is the whole tree is packed from the pending blob by the
-    # agent, behind the launcher, before it writes the ref (the job never waits for mksquashfs); a
-    # layer's image reads the tree, which the job may change once it runs, so it is packed here. Without
-    # mksquashfs the warning is the start's own (`_image_extra`), not a line in the agent's log.
+    # agent, behind the launcher, before it writes the ref (the job never waits for mksquashfs). An image
+    # that reads the tree (a setup that only added to it, a layer over a parent without an image) is
+    # packed here, before the job can change the tree; a layer's own image is small, and packed here
+    # too. Without mksquashfs the warning is the start's own (`_image_extra`), not the agent log's.
     image_later = ctx.settings.env.mode == "mount" and cap.whole and not missing_builder()
     lease = keeper.lease
     task = PublishTask(
