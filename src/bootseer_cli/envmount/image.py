@@ -246,17 +246,10 @@ def _pack(mk: list[str], feed: Callable[[IO[bytes]], None]) -> None:
 def whiteouts(deletions: list[str]) -> list[str]:
     """The paths that need a whiteout in a layer's image: each deleted path with no deleted ancestor
     (a whiteout on a directory hides all of it below; one under it would need it to be a directory)."""
+    from ..envsnap.manifest import below_any
+
     deleted = set(deletions)
-
-    def under_deleted(p: str) -> bool:
-        parent = os.path.dirname(p)
-        while parent not in ("/", ""):
-            if parent in deleted:
-                return True
-            parent = os.path.dirname(parent)
-        return False
-
-    return sorted(p for p in deleted if not under_deleted(p))
+    return sorted(p for p in deleted if not below_any(p, deleted))
 
 
 def _tree_archive(roots: list[str], exclude: list[str], dest: Path) -> None:

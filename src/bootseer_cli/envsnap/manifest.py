@@ -14,7 +14,7 @@ import json
 import os
 import stat
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -61,6 +61,17 @@ Manifest = dict[str, Entry]
 def under(path: str, roots: Iterable[str]) -> bool:
     """Whether `path` is one of `roots` or lies below one (lexically: no symlink is resolved)."""
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def below_any(path: str, tops: Collection[str]) -> bool:
+    """Whether an ancestor of `path` (not `path` itself) is in `tops`: one set lookup per component,
+    for many paths against many tops (`under` is a scan of the roots)."""
+    parent = os.path.dirname(path)
+    while parent not in ("/", ""):
+        if parent in tops:
+            return True
+        parent = os.path.dirname(parent)
+    return False
 
 
 def _entry(st: os.stat_result, path: str, dir_fd: int | None = None) -> Entry:

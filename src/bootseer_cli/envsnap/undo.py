@@ -21,7 +21,7 @@ from ..errors import interrupts_deferred
 from .apply import State
 from .dirfd import DirFds, NotADir, fd_budget, remove_at, rename_at
 from .format import UnsafeArchive
-from .manifest import DIR, UNDO_PREFIX, under
+from .manifest import DIR, UNDO_PREFIX, below_any, under
 
 
 class Undo:
@@ -83,15 +83,6 @@ class Undo:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _below(path: str, tops: set[str]) -> bool:
-    parent = os.path.dirname(path)
-    while parent not in ("/", ""):
-        if parent in tops:
-            return True
-        parent = os.path.dirname(parent)
-    return False
-
-
 def plan_changes(st: State, undo: Undo) -> None:
     """What the extraction will move aside (what the snapshot deletes or replaces) and what it will
     create (entries and parents that do not exist, or lie below something moved), before any change.
@@ -100,7 +91,7 @@ def plan_changes(st: State, undo: Undo) -> None:
     `lstat` per directory level that exists, not one per entry."""
     moved: set[str] = set()
     for path in st.plan.deletions:
-        if os.path.lexists(path) and not (moved and _below(path, moved)):
+        if os.path.lexists(path) and not (moved and below_any(path, moved)):
             undo.plan_move(path)
             moved.add(path)
     absent: set[str] = set()
@@ -109,7 +100,7 @@ def plan_changes(st: State, undo: Undo) -> None:
         if path.rpartition("/")[0] in absent:
             absent.add(path)
             continue
-        if moved and _below(path, moved):
+        if moved and below_any(path, moved):
             continue
         try:
             cur = os.lstat(path)
@@ -144,7 +135,7 @@ def plan_changes(st: State, undo: Undo) -> None:
     for path in st.plan.entries:
         p = path
         while p not in kept and p not in st.new:
-            if p not in absent and p not in moved and not (moved and _below(p, moved)) and os.path.lexists(p):
+            if p not in absent and p not in moved and not (moved and below_any(p, moved)) and os.path.lexists(p):
                 kept.add(p)
                 break
             if p not in moved:
