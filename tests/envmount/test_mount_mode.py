@@ -371,3 +371,21 @@ def test_the_launcher_starts_before_the_image_is_packed(base: Path, wheels: Path
     r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], nd)
     assert r.returncode == 0 and r.stdout.split()[-1] == "True", r.stdout + r.stderr  # mounted, not extracted
     agents_done(nd)
+
+
+def test_the_report_says_where_the_env_was_mounted(base: Path, wheels: Path) -> None:
+    """Issue 48 item 4: `bootseer report` shows the nodes whose env was mounted, how, and the mount time
+    (before: a mounted env read as any restore, with nothing of the mount in the report)."""
+    root = base / "env"
+    _publish(base, root, wheels)
+    nd = node(base, "fresh")
+    cfg = base / "bootseer-mount.toml"
+    r = bootseer(["exec", "--config", str(cfg), "--", *_job(base, root)], nd)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "True", r.stdout + r.stderr
+    agents_done(nd)
+    text = bootseer(["report", "--config", str(cfg), "--last"], nd)
+    assert text.returncode == 0, text.stderr
+    [line] = [ln for ln in text.stdout.splitlines() if "env mounted" in ln]
+    assert "on 1 of 1 node" in line and "kernel squashfs + kernel overlay" in line and "mount p50" in line, line
+    doc = json.loads(bootseer(["report", "--config", str(cfg), "--last", "--json"], nd).stdout)
+    assert doc["env_mounted"] == 1 and isinstance(doc["env_mount_p50_s"], float) and doc["env_mount_p50_s"] >= 0, doc

@@ -92,8 +92,27 @@ def analyze_job(
         verdict="",
         store_remote=is_remote(store_uri),
     )
+    report.env_mounted, report.env_mount_how, report.env_mount_p50_s = env_mounts(starts)
     report.verdict = verdict(report)
     return report
+
+
+def env_mounts(starts: list[NodeStart]) -> tuple[int, str, float]:
+    """(nodes whose env was mounted, how they mounted it, the median mount seconds) from the env
+    stage's events (envmount/stage.py puts `mode`, `how` and `mount_s` in their extra)."""
+    from .starts import event_extra
+
+    hows: list[str] = []
+    seconds: list[float] = []
+    for s in starts:
+        for e in s.events:
+            x = event_extra(e) if e.get("stage") == "env" else {}
+            if x.get("mode") == "mount":
+                hows.append(str(x.get("how") or "?"))
+                seconds.append(float(x["mount_s"]) if isinstance(x.get("mount_s"), int | float) else 0.0)
+                break
+    how = ", ".join(sorted(set(hows)))
+    return len(hows), how, percentile(seconds, 50) if seconds else 0.0
 
 
 def is_remote(uri: str | None) -> bool:

@@ -177,6 +177,11 @@ class JobReport:
     # The store the events (and so the job's snapshots) came from is remote (not file://): only then
     # can peers take load off it, so only then does the advice name [p2p].
     store_remote: bool = False
+    # `[env] mode = "mount"` (issue 48): the nodes whose env stage mounted the image rather than extract
+    # it, how, and the median of their mount time (the fetch of an image not yet local is apart)
+    env_mounted: int = 0
+    env_mount_how: str = ""
+    env_mount_p50_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -52,7 +52,8 @@ def cache_class(event: dict[str, Any]) -> str | None:
     return None
 
 
-def _extra(event: dict[str, Any]) -> dict[str, Any]:
+def event_extra(event: dict[str, Any]) -> dict[str, Any]:
+    """An event's `extra` (a JSON object written by the stage), {} when it has none or a bad one."""
     try:
         value = json.loads(event.get("extra") or "{}")
     except ValueError:
@@ -161,7 +162,7 @@ def node_starts(events: list[dict[str, Any]]) -> list[NodeStart]:
         rank = int(evs[0].get("rank") or 0)
         local_ranks: set[str] = set()
         for e in evs:
-            x = _extra(e)
+            x = event_extra(e)
             if e["stage"] == TOTAL_STAGE and isinstance(x.get("gpus"), int) and x["gpus"] > 0:
                 gpus, gpus_from = int(x["gpus"]), str(x.get("gpus_from") or "launcher")
             if e["stage"] == TOTAL_STAGE and isinstance(x.get("node_rank"), int) and not rank:

@@ -162,6 +162,11 @@ def job_text(r: JobReport) -> str:
             f"note: {r.nodes - r.ready_called - r.first_step_detected} node(s) neither called bootseer_cli.ready() "
             "nor made an optimizer step; for those, ready = when exec handed over to the launcher"
         )
+    if r.env_mounted:
+        lines.append(
+            f"note: env mounted, not extracted, on {r.env_mounted} of {count(r.nodes, 'node')} ({r.env_mount_how}); "
+            f"mount p50 {fmt_seconds(r.env_mount_p50_s)}"
+        )
     rows = [[*c[:10], f"{c.straggler} (+{c.cost})"] for c in map(stage_cells, r.stages)]
     header = ["stage", "nodes", "p50", "p90", "max", "hits", "miss", "fail", "from store", "from peers"]
     lines += ["", *_table([*header, "straggler (cost to job)"], rows, left=1, last_left=True)]
