@@ -51,6 +51,9 @@ def test_a_restart_stacks_on_the_same_lower_and_an_idle_one_goes_at_a_later_swee
     [dev] = devices_at(lower)
     _start(base, root, nd)  # the restart: its overlay stacks on the lower the first run left
     assert shared_lowers_under(str(base)) == [lower] and devices_at(lower) == [dev]
+    doctor = bootseer(["doctor", "--config", str(base / "bootseer-mount.toml")], nd)
+    [line] = [ln for ln in doctor.stdout.splitlines() if "env images" in ln]
+    assert "1 image(s) kept mounted" in line and os.path.dirname(lower) in line, line  # the admin is told
 
     monkeypatch.setenv("XDG_CACHE_HOME", nd["XDG_CACHE_HOME"])
     from bootseer_cli.envmount.runs import sweep

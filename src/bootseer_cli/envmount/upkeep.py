@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from ..upkeep import Check
@@ -21,7 +22,7 @@ def doctor(settings: Settings) -> list[Check]:
     note = f"; a builder here cannot make images ({build})" if build else ""
     methods = {"kernel": "kernel squashfs on a loop device + overlayfs", "fuse": "FUSE: squashfuse + fuse-overlayfs"}
     if how:
-        return [Check("env mode", "ok", f"mount ({methods[how]}); [env] mode = {wanted}{note}")]
+        return [Check("env mode", "ok", f"mount ({methods[how]}); [env] mode = {wanted}{note}"), *_lowers()]
     status = "warn" if wanted == "mount" else "ok"
     return [
         Check(
@@ -31,3 +32,25 @@ def doctor(settings: Settings) -> list[Check]:
             "install squashfuse and fuse-overlayfs (and give a container /dev/fuse) to mount envs",
         )
     ]
+
+
+def _lowers() -> list[Check]:
+    """The images this node cache keeps mounted for its next starts (lowers.py), when there are any:
+    mounts that outlive the jobs should not surprise whoever cleans the node."""
+    from .lowers import IDLE_S, lowers_root
+    from .mounts import mount_info
+
+    root = lowers_root()
+    try:
+        names = [n for n in os.listdir(root) if not n.startswith(".") and not n.endswith(".json")]
+    except OSError:
+        return []
+    mounted = [n for n in names if mount_info(str(root / n)) is not None]
+    if not mounted:
+        return []
+    detail = (
+        f"{len(mounted)} image(s) kept mounted at {root} for this node's next starts (their pages stay "
+        f"decompressed); a start unmounts one no run has used for {IDLE_S / 3600:.0f} h (unmount them before "
+        "removing the node cache by hand)"
+    )
+    return [Check("env images", "ok", detail)]
