@@ -22,6 +22,7 @@ import pytest
 
 from bootseer_cli.envmount import lowers
 from bootseer_cli.envmount.mounts import devices_at
+from tests.support.slowdown import scaled
 
 from .conftest import agents_done, bootseer, mounted_under, node, shared_lowers_under
 from .test_mount_mode import _job, _publish
@@ -84,12 +85,11 @@ def test_a_lower_whose_fuse_server_died_is_mounted_again(base: Path, wheels: Pat
     assert pids, "no squashfuse server for the lower"
     for pid in pids:
         os.kill(int(pid), signal.SIGKILL)  # the job's cgroup ended, say: the mount stays, and answers nothing
-    for _ in range(100):
-        try:
-            os.listdir(lower)
-        except OSError:
-            break
+    deadline = time.monotonic() + scaled(30)
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
+    with pytest.raises(OSError):
+        os.listdir(lower)  # the dead lower, as the next start finds it
 
     assert "fuse squashfs" in _start(base, root, nd, path=str(fuse))  # the job ran on a live mount
     assert shared_lowers_under(str(base)) == [lower] and os.listdir(lower)  # the new server answers
