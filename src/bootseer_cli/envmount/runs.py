@@ -6,10 +6,11 @@ with the run, never written into the image) and `state.json`: the owner (the lau
 time: a reused pid is not mistaken for it) and each mount made, in order, with its device number. The
 images' lowers it stacks on are the node's (lowers.py), recorded as `shared`: its teardown leaves them
 (their decompressed pages serve the next start), and the sweep takes them down once idle.
-The state is written before each mount is made and after, so a
-run killed at any point leaves a record the next start can undo: `sweep` takes down the mounts of
-runs whose owner is gone (each only if the device at its path is still the recorded one), newest
-first, and removes their directories once nothing is mounted there.
+
+The state is written before each mount is made and after, so a run killed at any point leaves a
+record the next start can undo: `sweep` takes down the mounts of runs whose owner is gone (each only
+if the device at its path is still the recorded one), newest first, and removes their directories
+once nothing is mounted there.
 """
 
 from __future__ import annotations
