@@ -95,3 +95,28 @@ def test_a_lower_whose_fuse_server_died_is_mounted_again(base: Path, wheels: Pat
     assert shared_lowers_under(str(base)) == [lower] and os.listdir(lower)  # the new server answers
     again = subprocess.run(["pgrep", "-f", f"squashfuse.* {lower}"], capture_output=True, text=True).stdout.split()
     assert again and not set(again) & set(pids), (again, pids)
+
+
+def test_a_start_does_not_wait_forever_on_the_lowers_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another start holding the node's lowers lock (a mount that hangs) costs this start its deadline,
+    then a BootseerError (the env stage extracts instead), never an endless wait."""
+    from bootseer_cli.envmount import mounts
+    from bootseer_cli.errors import BootseerError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(mounts, "MOUNT_TIMEOUT_S", 0.1)
+    root = lowers.lowers_root()
+    root.mkdir(parents=True, mode=0o700)
+    (root / lowers.LOCK).touch()
+    holder = subprocess.Popen(["flock", str(root / lowers.LOCK), "sleep", "600"])
+    try:
+        for _ in range(200):  # until the holder has it
+            if subprocess.run(["flock", "-n", str(root / lowers.LOCK), "true"]).returncode:
+                break
+            time.sleep(0.05)
+        with pytest.raises(BootseerError, match="stayed locked"):
+            lowers.shared_lower(str(tmp_path / "no.squashfs"), "d" * 64)
+        assert lowers.sweep_lowers(set()) == 0  # the sweep gives up as quietly
+    finally:
+        holder.kill()
+        holder.wait()

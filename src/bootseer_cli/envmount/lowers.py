@@ -40,9 +40,21 @@ def lowers_root() -> Path:
 
 @contextlib.contextmanager
 def _locked(root: Path) -> Iterator[None]:
+    """The node's lowers to ourselves, waited for at most `LOCK_WAIT_S` (a holder mounts: two mount
+    commands' deadlines); BootseerError past it, so the start extracts instead of hanging."""
+    from .mounts import MOUNT_TIMEOUT_S
+
     fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + 2 * MOUNT_TIMEOUT_S + 5
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise BootseerError(f"{root} stayed locked by another start") from None
+                time.sleep(0.05)
         yield
     finally:
         os.close(fd)
@@ -103,7 +115,7 @@ def sweep_lowers(in_use: set[str], idle_s: float = IDLE_S, log: Callable[[str], 
     except OSError:
         return 0
     gone = 0
-    with _locked(root):
+    with contextlib.suppress(BootseerError), _locked(root):  # another start holds it: its sweep is as good
         for name in names:
             path = root / name
             rec = _record(path)
